@@ -1,0 +1,5 @@
+//! `strata-ffi`: bindgen bindings to native libraries (SPDK, ibverbs) behind features, and the client's C
+//! ABI.
+//!
+//! Empty until a native binding is needed. See `ARCHITECTURE.md`.
+#![deny(missing_docs, unsafe_code)]

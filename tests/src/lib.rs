@@ -1,0 +1,2 @@
+//! Integration tests that cross crates live in `tests/`; this library is empty.
+#![deny(missing_docs)]

@@ -1,0 +1,121 @@
+//! `strata-bench`: Strata's fio-style benchmark CLI. Subcommands: `alloc` (allocator workloads). The block
+//! mode (fio options and job files) and `kv` land with the block-layer and storage-node issues.
+
+use std::io::{IsTerminal, Write};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use strata_tools::alloc_bench::{self, AllocBenchConfig, AllocReport, Mode, Workload};
+use strata_tools::byte_size::parse_byte_size;
+
+#[derive(Parser, Debug)]
+#[command(name = "strata-bench", version, about = "Strata's fio-style benchmark CLI")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Replay KV-cache allocation workloads against strata-alloc and report utilisation per mode.
+    ///
+    /// Utilisation at first failure: allocated / capacity when the first request fails, filling from empty.
+    /// Steady state: then random eviction and re-allocation until churn-factor × capacity bytes were
+    /// allocated; the mean utilisation at each failure over the second half of the churn.
+    Alloc(AllocArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct AllocArgs {
+    /// Workloads to replay (comma-separated); all by default.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    workload: Vec<Workload>,
+    /// Modes to measure (comma-separated): bins = OffsetAllocator behaviour, classes = Strata's front.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    mode: Vec<Mode>,
+    /// Arena size, e.g. 8GiB.
+    #[arg(long, default_value = "8GiB", value_parser = parse_byte_size)]
+    arena: u64,
+    /// Arena alignment; every size rounds up to it.
+    #[arg(long, default_value = "4KiB", value_parser = parse_byte_size)]
+    alignment: u64,
+    /// Churn volume in arena capacities.
+    #[arg(long, default_value_t = 10)]
+    churn_factor: u64,
+    /// Seed of the request stream and of eviction; one seed reproduces a run.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// normal: a table; json: one JSON object per line.
+    #[arg(long = "output-format", value_enum, default_value_t = OutputFormat::Normal)]
+    output_format: OutputFormat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum OutputFormat {
+    Normal,
+    Json,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Alloc(args) => run_alloc(args),
+    }
+}
+
+fn run_alloc(args: AllocArgs) -> anyhow::Result<()> {
+    let workloads = if args.workload.is_empty() { Workload::ALL.to_vec() } else { args.workload };
+    let modes = if args.mode.is_empty() { Mode::ALL.to_vec() } else { args.mode };
+    let config = AllocBenchConfig {
+        arena_bytes: args.arena,
+        alignment_bytes: args.alignment,
+        churn_factor: args.churn_factor,
+        seed: args.seed,
+    };
+    let interactive = std::io::stderr().is_terminal();
+    let mut stdout = std::io::stdout().lock();
+    if args.output_format == OutputFormat::Normal {
+        writeln!(
+            stdout,
+            "arena {} B, alignment {} B, churn {}x capacity, seed {}",
+            config.arena_bytes, config.alignment_bytes, config.churn_factor, config.seed
+        )?;
+        writeln!(
+            stdout,
+            "{:<18} {:<8} {:>14} {:>13} {:>13} {:>10} {:>8}",
+            "workload", "mode", "first-failure", "steady-state", "steady-min", "ops/s", "classes"
+        )?;
+    }
+    for &workload in &workloads {
+        for &mode in &modes {
+            if interactive {
+                eprint!("\rreplaying {} ({})...\x1b[K", workload.name(), mode.name());
+            }
+            let report = alloc_bench::run(workload, mode, &config)
+                .with_context(|| format!("replaying {} in {} mode", workload.name(), mode.name()))?;
+            if interactive {
+                eprint!("\r\x1b[K");
+            }
+            print_report(&mut stdout, &report, args.output_format)?;
+        }
+    }
+    Ok(())
+}
+
+fn print_report(out: &mut impl Write, report: &AllocReport, format: OutputFormat) -> anyhow::Result<()> {
+    match format {
+        OutputFormat::Json => writeln!(out, "{}", serde_json::to_string(report)?)?,
+        OutputFormat::Normal => writeln!(
+            out,
+            "{:<18} {:<8} {:>14.4} {:>13.4} {:>13.4} {:>9.2}M {:>8}",
+            report.workload,
+            report.mode,
+            report.utilization_at_first_failure,
+            report.steady_state_utilization,
+            report.steady_state_min_utilization,
+            report.ops_per_sec / 1e6,
+            report.size_classes
+        )?,
+    }
+    Ok(())
+}
