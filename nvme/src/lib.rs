@@ -1,5 +1,31 @@
-//! `strata-nvme`: block devices (io_uring O_DIRECT, memory, NVMe-oF host, SPDK), NVMe command and structure
-//! types, the NVMe/TCP PDU codec, and the NVMe-oF target, host and discovery.
+//! `strata-nvme`: block devices and (as the NVMe-oF issue lands) NVMe structures, the NVMe/TCP codec, and the
+//! NVMe-oF target and host.
 //!
-//! Empty until the block-layer issue lands: no code here pretends to do I/O. See `ARCHITECTURE.md`.
+//! The I/O layering follows STYLE.md: a [`BlockDevice`] knows its [`Geometry`] and moves owned, aligned
+//! [`IoBuffer`]s; cross-cutting behaviour wraps a device instead of being a flag inside each backend
+//! ([`StatsDevice`], [`FaultDevice`], [`QueueDepthLimit`]); the placement code above (the engine's region
+//! log, the bench) is generic over the device.
+//!
+//! Backends: [`MemoryDevice`] (a RAM namespace) and [`UringDevice`] (glommio `DmaFile`, O_DIRECT, io_uring).
+//! The NVMe-oF host and SPDK backends will implement the same trait.
 #![deny(missing_docs, unsafe_code)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+mod buffer;
+mod device;
+pub mod environment;
+mod error;
+mod faults;
+mod memory;
+mod queue_depth;
+mod stats;
+mod uring;
+
+pub use crate::buffer::IoBuffer;
+pub use crate::device::{BlockDevice, Geometry};
+pub use crate::error::{BlockError, BlockErrorKind, BlockOp, BlockResult};
+pub use crate::faults::{FaultConfig, FaultDevice, FaultStats};
+pub use crate::memory::MemoryDevice;
+pub use crate::queue_depth::QueueDepthLimit;
+pub use crate::stats::{DeviceStats, OpStats, StatsDevice, latency_histogram};
+pub use crate::uring::{UringDevice, UringOptions};

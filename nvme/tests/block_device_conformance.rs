@@ -1,0 +1,261 @@
+//! One conformance suite, run for every backend (`memory`, `uring`) and through every wrapper: read after
+//! write, unaligned and out-of-range requests refused with typed errors that change nothing, flush,
+//! write_zeroes, deallocate.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use glommio::{LocalExecutorBuilder, Placement};
+use strata_nvme::{
+    BlockDevice, BlockErrorKind, BlockOp, FaultConfig, FaultDevice, IoBuffer, MemoryDevice, QueueDepthLimit,
+    StatsDevice, UringDevice, UringOptions,
+};
+
+const CAPACITY: u64 = 4 << 20;
+
+fn run<F: Future<Output = ()> + 'static>(make: impl FnOnce() -> F + Send + 'static) {
+    LocalExecutorBuilder::new(Placement::Unbound).spawn(make).unwrap().join().unwrap();
+}
+
+fn scratch_file(name: &str) -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "conformance-{name}-{}-{}.img",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+async fn uring(name: &str) -> (UringDevice, PathBuf) {
+    let path = scratch_file(name);
+    let device =
+        UringDevice::open(&path, &UringOptions { size_bytes: Some(CAPACITY), read_only: false }).await.unwrap();
+    (device, path)
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|index| (index as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+async fn write_bytes(device: &impl BlockDevice, offset: u64, bytes: &[u8]) {
+    let mut buf = device.alloc_buffer(bytes.len());
+    buf.as_mut_slice().copy_from_slice(bytes);
+    let (_, result) = device.write(buf, offset).await;
+    result.unwrap();
+}
+
+async fn read_bytes(device: &impl BlockDevice, offset: u64, len: usize) -> Vec<u8> {
+    let (buf, result) = device.read(device.alloc_buffer(len), offset).await;
+    result.unwrap();
+    assert_eq!(buf.len(), len);
+    buf.as_slice().to_vec()
+}
+
+/// The whole suite, for any device of at least `CAPACITY` bytes.
+async fn conformance(device: &impl BlockDevice) {
+    let geometry = device.geometry();
+    let block = geometry.logical_block_bytes;
+    assert!(geometry.capacity_bytes >= CAPACITY);
+    assert!(block >= 512 && block.is_power_of_two());
+    assert!(geometry.max_transfer_bytes >= 1 << 20);
+
+    // Read after write: single blocks, multi-block transfers, the last block, overwrites.
+    let blocks = [(0u64, block as usize), (block * 3, 8 * block as usize), (CAPACITY - block, block as usize)];
+    for (seed, &(offset, len)) in blocks.iter().enumerate() {
+        write_bytes(device, offset, &pattern(seed as u8, len)).await;
+    }
+    for (seed, &(offset, len)) in blocks.iter().enumerate() {
+        assert_eq!(read_bytes(device, offset, len).await, pattern(seed as u8, len), "offset {offset}");
+    }
+    write_bytes(device, block * 3, &pattern(99, block as usize)).await;
+    let mixed = read_bytes(device, block * 3, 2 * block as usize).await;
+    assert_eq!(&mixed[..block as usize], &pattern(99, block as usize)[..]);
+    assert_eq!(&mixed[block as usize..], &pattern(1, 8 * block as usize)[block as usize..2 * block as usize]);
+    let large = pattern(7, 1 << 20);
+    write_bytes(device, 1 << 20, &large).await;
+    assert_eq!(read_bytes(device, 1 << 20, 1 << 20).await, large);
+
+    // Unaligned offset or length: a typed error naming the operation, device and offset; nothing written.
+    let before = read_bytes(device, 0, 2 * block as usize).await;
+    let mut buf = device.alloc_buffer(block as usize);
+    buf.as_mut_slice().fill(0xEE);
+    let (buf, result) = device.write(buf, 1).await;
+    let error = result.unwrap_err();
+    assert!(matches!(error.kind, BlockErrorKind::Unaligned { offset: 1, .. }), "{error}");
+    assert_eq!((error.op, error.offset), (BlockOp::Write, 1));
+    assert!(error.to_string().contains(device.name()), "{error}");
+    let (_, result) = device.read(device.alloc_buffer(100), 0).await;
+    assert!(matches!(result.unwrap_err().kind, BlockErrorKind::Unaligned { len: 100, .. }));
+    // An unaligned buffer address (a view starting one byte in).
+    let mut misaligned = IoBuffer::aligned(block as usize + 1, 4096);
+    misaligned.advance(1);
+    let (_, result) = device.write(misaligned, 0).await;
+    assert!(matches!(result.unwrap_err().kind, BlockErrorKind::MisalignedBuffer { .. }));
+    drop(buf);
+    assert_eq!(read_bytes(device, 0, 2 * block as usize).await, before, "a refused write changed data");
+
+    // Out of range.
+    for offset in [CAPACITY, CAPACITY - block] {
+        let (_, result) = device.read(device.alloc_buffer(2 * block as usize), offset).await;
+        let error = result.unwrap_err();
+        assert!(matches!(error.kind, BlockErrorKind::OutOfRange { .. }), "{error}");
+        assert_eq!(error.offset, offset);
+    }
+    assert!(matches!(device.write_zeroes(CAPACITY, block).await.unwrap_err().kind, BlockErrorKind::OutOfRange { .. }));
+    assert!(matches!(
+        device.deallocate(u64::MAX - block + 1, block).await.unwrap_err().kind,
+        BlockErrorKind::OutOfRange { .. }
+    ));
+
+    // Flush.
+    device.flush().await.unwrap();
+
+    // Write zeroes and deallocate: the range reads as zeroes, its neighbours are untouched.
+    for (index, zeroing) in ["write_zeroes", "deallocate"].into_iter().enumerate() {
+        let base = 2 << 20;
+        let offset = base + index as u64 * (256 << 10);
+        let around = pattern(40 + index as u8, 64 * block as usize);
+        write_bytes(device, offset, &around).await;
+        let (start, len) = (offset + 8 * block, 16 * block);
+        match zeroing {
+            "write_zeroes" => device.write_zeroes(start, len).await.unwrap(),
+            _ => device.deallocate(start, len).await.unwrap(),
+        }
+        let after = read_bytes(device, offset, 64 * block as usize).await;
+        let (zeroed_from, zeroed_to) = (8 * block as usize, 24 * block as usize);
+        assert!(after[zeroed_from..zeroed_to].iter().all(|&byte| byte == 0), "{zeroing} left data");
+        assert_eq!(&after[..zeroed_from], &around[..zeroed_from], "{zeroing} touched the blocks before");
+        assert_eq!(&after[zeroed_to..], &around[zeroed_to..], "{zeroing} touched the blocks after");
+    }
+}
+
+#[test]
+fn memory_device_conforms() {
+    run(|| async { conformance(&MemoryDevice::new(CAPACITY, 512)).await });
+    run(|| async { conformance(&MemoryDevice::new(CAPACITY, 4096)).await });
+}
+
+#[test]
+fn uring_device_conforms() {
+    run(|| async {
+        let (device, path) = uring("plain").await;
+        conformance(&device).await;
+        drop(device);
+        std::fs::remove_file(path).unwrap();
+    });
+}
+
+#[test]
+fn uring_device_accepts_heap_buffers_too() {
+    run(|| async {
+        let (device, path) = uring("heap").await;
+        let mut buf = IoBuffer::aligned(8192, 4096);
+        buf.as_mut_slice().copy_from_slice(&pattern(3, 8192));
+        let (_, result) = device.write(buf, 8192).await;
+        result.unwrap();
+        assert_eq!(read_bytes(&device, 8192, 8192).await, pattern(3, 8192));
+        std::fs::remove_file(path).unwrap();
+    });
+}
+
+#[test]
+fn wrapped_devices_conform_and_count() {
+    run(|| async {
+        let device = StatsDevice::new(QueueDepthLimit::new(
+            FaultDevice::new(MemoryDevice::new(CAPACITY, 4096), FaultConfig::default()),
+            4,
+        ));
+        conformance(&device).await;
+        let stats = device.stats();
+        assert!(stats.write.count >= 5 && stats.read.count >= 5, "{stats:?}");
+        assert!(stats.write.errors >= 2 && stats.read.errors >= 3, "refused requests are counted as errors: {stats:?}");
+        assert!(stats.read.bytes >= 1 << 20);
+        assert_eq!(stats.read.latency_ns.len(), stats.read.count);
+        assert_eq!((stats.flush.count, stats.write_zeroes.count, stats.deallocate.count), (1, 2, 2));
+        assert_eq!(device.inner().inner().fault_stats().injected_errors, 0);
+    });
+    run(|| async {
+        let (device, path) = uring("wrapped").await;
+        conformance(&StatsDevice::new(QueueDepthLimit::new(device, 2))).await;
+        std::fs::remove_file(path).unwrap();
+    });
+}
+
+/// Counts operations in flight beneath the bound, and the most seen at once.
+struct InFlightProbe<D> {
+    inner: D,
+    in_flight: std::cell::Cell<u64>,
+    most: std::cell::Cell<u64>,
+}
+
+impl<D: BlockDevice> InFlightProbe<D> {
+    fn enter(&self) {
+        self.in_flight.set(self.in_flight.get() + 1);
+        self.most.set(self.most.get().max(self.in_flight.get()));
+    }
+
+    fn leave(&self) {
+        self.in_flight.set(self.in_flight.get() - 1);
+    }
+}
+
+impl<D: BlockDevice> BlockDevice for InFlightProbe<D> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn geometry(&self) -> strata_nvme::Geometry {
+        self.inner.geometry()
+    }
+    fn alloc_buffer(&self, len: usize) -> IoBuffer {
+        self.inner.alloc_buffer(len)
+    }
+    async fn read(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, strata_nvme::BlockResult<()>) {
+        self.enter();
+        let result = self.inner.read(buf, offset).await;
+        self.leave();
+        result
+    }
+    async fn write(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, strata_nvme::BlockResult<()>) {
+        self.enter();
+        let result = self.inner.write(buf, offset).await;
+        self.leave();
+        result
+    }
+    async fn flush(&self) -> strata_nvme::BlockResult<()> {
+        self.inner.flush().await
+    }
+    async fn write_zeroes(&self, offset: u64, len: u64) -> strata_nvme::BlockResult<()> {
+        self.inner.write_zeroes(offset, len).await
+    }
+    async fn deallocate(&self, offset: u64, len: u64) -> strata_nvme::BlockResult<()> {
+        self.inner.deallocate(offset, len).await
+    }
+}
+
+#[test]
+fn the_queue_depth_bound_holds_under_concurrency() {
+    run(|| async {
+        let (device, path) = uring("depth").await;
+        let probe = InFlightProbe { inner: device, in_flight: Default::default(), most: Default::default() };
+        let device = std::rc::Rc::new(QueueDepthLimit::new(probe, 3));
+        let mut tasks = Vec::new();
+        for task in 0..16u64 {
+            let device = device.clone();
+            tasks.push(glommio::spawn_local(async move {
+                for round in 0..8u64 {
+                    let offset = (task * 8 + round) * 4096;
+                    let (_, result) = device.read(device.alloc_buffer(4096), offset).await;
+                    result.unwrap();
+                }
+            }));
+        }
+        for task in tasks {
+            task.await;
+        }
+        assert_eq!(device.available(), 3, "every slot is returned");
+        assert_eq!(device.inner().most.get(), 3, "16 tasks on 3 slots: exactly 3 in flight at most");
+        std::fs::remove_file(path).unwrap();
+    });
+}
