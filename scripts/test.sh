@@ -5,8 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian packages the tests use as oracles or services. Each issue that adds such a test adds its package here
-# (fio for the block layer, tshark and QEMU for NVMe/TCP interoperability, etcd for the cluster).
-debian_packages=()
+# (tshark and QEMU for NVMe/TCP interoperability and etcd for the cluster will come).
+#   fio: the oracle of strata-bench's JSON contract (tools/tests/json_matches_fio_field_names.rs).
+debian_packages=(fio)
 
 missing=()
 for package in "${debian_packages[@]}"; do

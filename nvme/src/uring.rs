@@ -88,6 +88,18 @@ impl UringDevice {
         &self.path
     }
 
+    /// A checked range read into glommio's own registered buffer.
+    async fn read_aligned(&self, offset: u64, len: usize) -> BlockResult<IoBuffer> {
+        match self.file.read_at_aligned(offset, len).await {
+            Ok(result) if result.len() == len => Ok(IoBuffer::from_read(result)),
+            Ok(result) => {
+                let kind = BlockErrorKind::ShortTransfer { done: result.len() as u64, len: len as u64 };
+                Err(BlockError::new(BlockOp::Read, &self.name, offset, kind))
+            }
+            Err(error) => Err(self.io_error(BlockOp::Read, offset, error.into())),
+        }
+    }
+
     fn io_error(&self, op: BlockOp, offset: u64, error: std::io::Error) -> BlockError {
         // glommio's errors convert to an `io::Error` that keeps the kind but not always the raw errno.
         if error.raw_os_error() == Some(libc::EOPNOTSUPP) || error.kind() == std::io::ErrorKind::Unsupported {
@@ -160,18 +172,18 @@ impl BlockDevice for UringDevice {
     }
 
     async fn read(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>) {
-        let len = buf.len();
-        if let Err(error) = self.geometry.check(BlockOp::Read, &self.name, offset, len as u64, Some(&buf)) {
+        if let Err(error) = self.geometry.check(BlockOp::Read, &self.name, offset, buf.len() as u64, Some(&buf)) {
             return (buf, Err(error));
         }
-        match self.file.read_at_aligned(offset, len).await {
-            Ok(result) if result.len() == len => (IoBuffer::from_read(result), Ok(())),
-            Ok(result) => {
-                let kind = BlockErrorKind::ShortTransfer { done: result.len() as u64, len: len as u64 };
-                (buf, Err(BlockError::new(BlockOp::Read, &self.name, offset, kind)))
-            }
-            Err(error) => (buf, Err(self.io_error(BlockOp::Read, offset, error.into()))),
+        match self.read_aligned(offset, buf.len()).await {
+            Ok(read) => (read, Ok(())),
+            Err(error) => (buf, Err(error)),
         }
+    }
+
+    async fn read_new(&self, offset: u64, len: usize) -> BlockResult<IoBuffer> {
+        self.geometry.check(BlockOp::Read, &self.name, offset, len as u64, None)?;
+        self.read_aligned(offset, len).await
     }
 
     async fn write(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>) {

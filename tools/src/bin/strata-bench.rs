@@ -1,15 +1,33 @@
-//! `strata-bench`: Strata's fio-style benchmark CLI. Subcommands: `alloc` (allocator workloads). The block
-//! mode (fio options and job files) and `kv` land with the block-layer and storage-node issues.
+//! `strata-bench`: Strata's fio-style benchmark CLI. Block mode takes fio's options and job files
+//! (`strata-bench --name=x --filename=f --rw=randread ...` or `strata-bench job.fio`); subcommands: `alloc`
+//! (allocator workloads). `kv` lands with the storage node.
 
 use std::io::{IsTerminal, Write};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use strata_tools::alloc_bench::{self, AllocBenchConfig, AllocReport, Mode, Workload};
+use strata_tools::block_bench;
 use strata_tools::byte_size::parse_byte_size;
 
+const BLOCK_MODE_HELP: &str = "\
+Block mode (no subcommand): fio's options and job files, run on Strata's io_uring block layer.
+  strata-bench --name=NAME --filename=PATH --rw=read|write|randread|randwrite|randrw|rw [--rwmixread=N]
+               [--bs=4k] [--iodepth=N] [--numjobs=N] [--size=4g] [--offset=N] [--runtime=15] [--time_based]
+               [--ramp_time=N] [--direct=1] [--ioengine=uring] [--random_distribution=random|zipf:1.2]
+               [--verify=crc32c] [--randseed=N] [--group_reporting] [--output-format=normal|json]
+               [--spin_before_park=50us]   (Strata's own: busy-poll before parking; trades CPU for latency)
+  strata-bench JOBFILE.fio [--output-format=json]
+Options before the first --name apply to every job. The exit status is 1 when a job failed or a block
+failed verification.";
+
 #[derive(Parser, Debug)]
-#[command(name = "strata-bench", version, about = "Strata's fio-style benchmark CLI")]
+#[command(
+    name = "strata-bench",
+    version,
+    about = "Strata's fio-style benchmark CLI",
+    after_help = BLOCK_MODE_HELP
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -56,11 +74,30 @@ enum OutputFormat {
     Json,
 }
 
+const SUBCOMMANDS_AND_CLAP_FLAGS: [&str; 6] = ["alloc", "help", "-h", "--help", "-V", "--version"];
+
 fn main() -> anyhow::Result<()> {
+    let arguments: Vec<String> = std::env::args().skip(1).collect();
+    let wants_clap = arguments.first().is_none_or(|first| SUBCOMMANDS_AND_CLAP_FLAGS.contains(&first.as_str()));
+    if !wants_clap {
+        return run_block_mode(&arguments);
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Alloc(args) => run_alloc(args),
     }
+}
+
+fn run_block_mode(arguments: &[String]) -> anyhow::Result<()> {
+    let plan = block_bench::options::parse_command_line(arguments)?;
+    let outcome = block_bench::run(&plan, block_bench::stderr_is_terminal())?;
+    print!("{}", outcome.report);
+    std::io::stdout().flush()?;
+    if !outcome.clean {
+        // fio's convention: a failed job or a verify mismatch makes the run fail.
+        std::process::exit(1);
+    }
+    Ok(())
 }
 
 fn run_alloc(args: AllocArgs) -> anyhow::Result<()> {

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# strata-bench against fio, side by side on one pre-written file: for each row, fio (--ioengine=io_uring)
+# and strata-bench (--ioengine=uring) run alternately, PAIRS times each, with the same options; the table
+# shows the median of each and the ratio of medians. Alternating pairs, not one long run of each, because
+# this machine is shared and noisy.
+#
+#   scripts/bench-vs-fio.sh [FILE]        FILE defaults to ./target/bench-vs-fio.img (4 GiB, written once)
+#   RUNTIME=15 PAIRS=3 SIZE=4g            environment overrides
+#   ROWS=qd1                               only the rows whose name matches this (grep -E) pattern
+#   STRATA_EXTRA=--spin_before_park=50us   options for strata-bench only (Strata's own settings)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+file=${1:-target/bench-vs-fio.img}
+runtime=${RUNTIME:-15}
+pairs=${PAIRS:-3}
+size=${SIZE:-4g}
+
+if ! command -v fio >/dev/null; then
+    echo "installing fio"
+    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q fio
+fi
+cargo build --release -q --bin strata-bench
+bench=target/release/strata-bench
+mkdir -p "$(dirname "$file")"
+if [ ! -f "$file" ] || [ "$(stat -c %s "$file")" -lt "$(numfmt --from=iec "${size^^}")" ]; then
+    echo "writing $file ($size) once with fio, so both tools read the same real blocks"
+    fio --name=layout --filename="$file" --size="$size" --rw=write --bs=1m --iodepth=8 --direct=1 \
+        --ioengine=io_uring --output-format=json >/dev/null
+fi
+
+rows=(
+    "4k-randread-qd32|--rw=randread --bs=4k --iodepth=32"
+    "4k-randread-qd1|--rw=randread --bs=4k --iodepth=1"
+    "4k-randwrite-qd32|--rw=randwrite --bs=4k --iodepth=32"
+    "1m-read-qd8|--rw=read --bs=1m --iodepth=8"
+    "1m-write-qd8|--rw=write --bs=1m --iodepth=8"
+)
+results=$(mktemp -d)
+common="--direct=1 --size=$size --runtime=$runtime --time_based --filename=$file --output-format=json"
+selected=()
+for row in "${rows[@]}"; do
+    if [[ -z "${ROWS:-}" ]] || grep -Eq "${ROWS}" <<<"${row%%|*}"; then selected+=("$row"); fi
+done
+rows=("${selected[@]}")
+for row in "${rows[@]}"; do
+    name=${row%%|*}
+    options=${row#*|}
+    for pair in $(seq 1 "$pairs"); do
+        echo "row $name, pair $pair/$pairs" >&2
+        # shellcheck disable=SC2086
+        fio --name="$name" $options $common --ioengine=io_uring >"$results/$name.fio.$pair.json"
+        # shellcheck disable=SC2086
+        "$bench" --name="$name" $options $common --ioengine=uring ${STRATA_EXTRA:-} >"$results/$name.strata.$pair.json"
+    done
+done
+
+python3 - "$results" "$pairs" "${rows[@]}" <<'PY'
+import json, statistics, sys
+results, pairs, rows = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+
+def figures(path):
+    job = json.load(open(path))["jobs"][0]
+    side = job["read"] if job["read"]["total_ios"] > 0 else job["write"]
+    ios = side["total_ios"]
+    runtime_s = side["runtime"] / 1000.0
+    cpu_us_per_io = (job["usr_cpu"] + job["sys_cpu"]) / 100.0 * runtime_s / ios * 1e6 if ios else float("nan")
+    return {
+        "iops": side["iops"],
+        "mib_s": side["bw_bytes"] / 2**20,
+        "p99_us": side["clat_ns"]["percentile"]["99.000000"] / 1000.0,
+        "mean_us": side["clat_ns"]["mean"] / 1000.0,
+        "cpu_us_per_io": cpu_us_per_io,
+    }
+
+print(f"{'row':<18} {'metric':<14} {'fio':>10} {'strata':>10} {'ratio':>7}   (medians of {pairs} alternating pairs)")
+for row in rows:
+    name = row.split("|")[0]
+    fio = [figures(f"{results}/{name}.fio.{p}.json") for p in range(1, pairs + 1)]
+    strata = [figures(f"{results}/{name}.strata.{p}.json") for p in range(1, pairs + 1)]
+    for metric in ["iops", "mib_s", "mean_us", "p99_us", "cpu_us_per_io"]:
+        a = statistics.median(f[metric] for f in fio)
+        b = statistics.median(f[metric] for f in strata)
+        print(f"{name:<18} {metric:<14} {a:>10.1f} {b:>10.1f} {b / a if a else float('nan'):>7.3f}")
+PY
+echo "raw JSON: $results"

@@ -1,0 +1,201 @@
+//! `strata-bench` block mode as a storage engineer runs it: fio's options and job files, fio's JSON field
+//! names, verification that fails the run on a corrupted block, and clear errors.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn strata_bench(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_strata-bench")).args(args).output().expect("strata-bench runs")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("bench-cli-{name}-{}.img", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+fn json(output: &Output) -> Value {
+    assert!(
+        output.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        String::from_utf8_lossy(&output.stdout)
+    );
+    serde_json::from_slice(&output.stdout).expect("valid JSON on stdout")
+}
+
+#[test]
+fn a_verified_write_then_read_reports_fio_json_fields() {
+    let file = scratch("verify");
+    let filename = format!("--filename={}", file.display());
+    let written = json(&strata_bench(&[
+        "--name=seqwrite",
+        &filename,
+        "--rw=write",
+        "--bs=64k",
+        "--iodepth=4",
+        "--size=8m",
+        "--verify=crc32c",
+        "--direct=1",
+        "--ioengine=io_uring",
+        "--output-format=json",
+    ]));
+    let job = &written["jobs"][0];
+    assert_eq!(job["jobname"], "seqwrite");
+    assert_eq!(job["error"], 0);
+    let write = &job["write"];
+    assert_eq!(write["io_bytes"], 8 << 20);
+    assert_eq!(write["total_ios"], 128);
+    assert!(write["iops"].as_f64().unwrap() > 0.0);
+    assert!(write["bw"].as_u64().unwrap() > 0, "bw in KiB/s");
+    assert_eq!(write["bw"].as_u64().unwrap(), (write["bw_bytes"].as_f64().unwrap() / 1024.0).round() as u64);
+    assert!(write["runtime"].as_u64().is_some(), "runtime in ms");
+    let clat = &write["clat_ns"];
+    for key in ["min", "max", "mean"] {
+        assert!(clat[key].as_f64().unwrap() > 0.0, "clat_ns.{key}");
+    }
+    for key in ["1.000000", "50.000000", "99.000000", "99.900000", "99.990000"] {
+        assert!(clat["percentile"][key].as_u64().unwrap() > 0, "percentile {key}");
+    }
+    assert!(clat["percentile"]["50.000000"].as_u64() <= clat["percentile"]["99.000000"].as_u64());
+    assert!(job["usr_cpu"].as_f64().is_some() && job["sys_cpu"].as_f64().is_some());
+    assert_eq!(job["verify"]["mismatches"], 0);
+    assert_eq!(job["verify"]["blocks_checked"], 128);
+    assert_eq!(job["read"]["total_ios"], 0);
+
+    let read = json(&strata_bench(&[
+        "--name=randread",
+        &filename,
+        "--rw=randread",
+        "--bs=64k",
+        "--iodepth=8",
+        "--size=8m",
+        "--verify=crc32c",
+        "--runtime=1",
+        "--time_based",
+        "--random_distribution=zipf:1.1",
+        "--output-format=json",
+    ]));
+    let job = &read["jobs"][0];
+    assert!(job["read"]["total_ios"].as_u64().unwrap() > 128, "time_based keeps reading");
+    assert_eq!(job["verify"]["mismatches"], 0);
+    let runtime = job["read"]["runtime"].as_u64().unwrap();
+    assert!((900..3000).contains(&runtime), "runtime {runtime} ms for --runtime=1");
+
+    // Corrupt one byte of block 3 behind the bench's back: a verified read must fail the run and say where.
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[3 * 65536 + 1000] ^= 0xFF;
+    std::fs::write(&file, bytes).unwrap();
+    let output = strata_bench(&[
+        "--name=check",
+        &filename,
+        "--rw=read",
+        "--bs=64k",
+        "--size=8m",
+        "--verify=crc32c",
+        "--output-format=json",
+    ]);
+    assert_eq!(output.status.code(), Some(1), "a mismatch fails the run");
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let verify = &report["jobs"][0]["verify"];
+    assert_eq!(verify["mismatches"], 1);
+    assert_eq!(verify["first_mismatches"][0]["offset"], 3 * 65536);
+    assert_eq!(verify["first_mismatches"][0]["reason"], "crc32c mismatch");
+    std::fs::remove_file(file).unwrap();
+}
+
+#[test]
+fn a_job_file_runs_every_section_and_group_reporting_merges() {
+    let file = scratch("jobfile");
+    let job_file = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("bench-cli-{}.fio", std::process::id()));
+    std::fs::write(
+        &job_file,
+        format!(
+            "; two jobs sharing a global section\n[global]\nfilename={}\nsize=4m\nbs=4k\ndirect=1\nioengine=io_uring\n\n[writer]\nrw=randwrite\niodepth=4\n\n# a reader too\n[reader]\nrw=randread\niodepth=2\nruntime=1\ntime_based\n",
+            file.display()
+        ),
+    )
+    .unwrap();
+    let report = json(&strata_bench(&[job_file.to_str().unwrap(), "--output-format=json"]));
+    let jobs = report["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 2);
+    assert_eq!(jobs[0]["jobname"], "writer");
+    assert_eq!(jobs[0]["write"]["io_bytes"], 4 << 20);
+    assert_eq!(jobs[1]["jobname"], "reader");
+    assert!(jobs[1]["read"]["total_ios"].as_u64().unwrap() > 0);
+
+    let filename = format!("--filename={}", file.display());
+    let grouped = json(&strata_bench(&[
+        "--name=clones",
+        &filename,
+        "--rw=randread",
+        "--bs=4k",
+        "--size=4m",
+        "--numjobs=2",
+        "--runtime=1",
+        "--time_based",
+        "--group_reporting",
+        "--output-format=json",
+    ]));
+    assert_eq!(grouped["jobs"].as_array().unwrap().len(), 1, "group_reporting makes one entry");
+    std::fs::remove_file(file).unwrap();
+    std::fs::remove_file(job_file).unwrap();
+}
+
+#[test]
+fn the_normal_report_reads_like_fio() {
+    let file = scratch("normal");
+    let output = strata_bench(&[
+        "--name=human",
+        &format!("--filename={}", file.display()),
+        "--rw=randrw",
+        "--size=4m",
+        "--iodepth=2",
+    ]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let text = String::from_utf8(output.stdout).unwrap();
+    for expected in [
+        "human: (groupid=0, jobs=1): err= 0",
+        "read: IOPS=",
+        "write: IOPS=",
+        "clat percentiles",
+        "99.00th=[",
+        "cpu          : usr=",
+        "Run status group 0 (all jobs):",
+        "READ: bw=",
+        "WRITE: bw=",
+    ] {
+        assert!(text.contains(expected), "missing '{expected}' in:\n{text}");
+    }
+    assert!(
+        output.stderr.is_empty(),
+        "nothing extra when not on a terminal: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    std::fs::remove_file(file).unwrap();
+}
+
+#[test]
+fn bad_engines_and_options_are_refused_clearly() {
+    let file = scratch("refused");
+    let filename = format!("--filename={}", file.display());
+    for (args, expected) in [
+        (vec!["--name=x", filename.as_str(), "--size=1m", "--ioengine=libaio"], "unknown engine"),
+        (vec!["--name=x", filename.as_str(), "--size=1m", "--ioengine=nvmf"], "NVMe-oF"),
+        (vec!["--name=x", filename.as_str(), "--size=1m", "--ioengine=spdk"], "SPDK"),
+        (vec!["--name=x", filename.as_str(), "--size=1m", "--direct=0"], "direct"),
+        (vec!["--name=x", "--size=1m"], "no filename"),
+        (vec!["--name=x", filename.as_str(), "--size=1m", "--time_based"], "runtime"),
+        (vec!["--name=x", filename.as_str(), "--size=1m", "--bs=1000"], "bs"),
+        (vec!["--name=x", "--filename=/nonexistent-dir/x.img", "--size=1m"], "No such file"),
+    ] {
+        let output = strata_bench(&args);
+        assert!(!output.status.success(), "{args:?} succeeded");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expected), "{args:?}: expected '{expected}' in: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
+    }
+    let _ = std::fs::remove_file(file);
+}
