@@ -17,35 +17,31 @@ const MANTISSA_MASK: u64 = MANTISSA_VALUE - 1;
 /// The largest bin index, under which every region at least that large is filed.
 pub(crate) const LAST_BIN: u32 = (BIN_COUNT - 1) as u32;
 
-/// The bin whose value is the smallest value ≥ `size`. May exceed [`LAST_BIN`] for huge sizes; callers
-/// treat that as "too large for any bin".
-pub(crate) fn bin_round_up(size: u64) -> u32 {
+/// A size's bin with its value rounded down, and whether bits below the mantissa were dropped.
+fn bin_and_remainder(size: u64) -> (u32, bool) {
     if size < MANTISSA_VALUE {
-        return size as u32;
-    }
-    let highest_bit = 63 - size.leading_zeros();
-    let mantissa_start = highest_bit - MANTISSA_BITS;
-    let exponent = mantissa_start + 1;
-    let mut mantissa = (size >> mantissa_start) & MANTISSA_MASK;
-    let low_bits = size & ((1u64 << mantissa_start) - 1);
-    if low_bits != 0 {
-        // A mantissa of 8 carries into the exponent, which is the next bin: the sum below does it.
-        mantissa += 1;
-    }
-    (exponent << MANTISSA_BITS) + mantissa as u32
-}
-
-/// The bin whose value is the largest value ≤ `size`, clamped to [`LAST_BIN`] (regions larger than the last
-/// bin's value are all filed there; they are still at least that large, so the search stays correct).
-pub(crate) fn bin_round_down(size: u64) -> u32 {
-    if size < MANTISSA_VALUE {
-        return size as u32;
+        return (size as u32, false);
     }
     let highest_bit = 63 - size.leading_zeros();
     let mantissa_start = highest_bit - MANTISSA_BITS;
     let exponent = mantissa_start + 1;
     let mantissa = (size >> mantissa_start) & MANTISSA_MASK;
-    ((exponent << MANTISSA_BITS) + mantissa as u32).min(LAST_BIN)
+    let dropped = size & ((1u64 << mantissa_start) - 1) != 0;
+    ((exponent << MANTISSA_BITS) + mantissa as u32, dropped)
+}
+
+/// The bin whose value is the smallest value ≥ `size`. May exceed [`LAST_BIN`] for huge sizes; callers
+/// treat that as "too large for any bin".
+pub(crate) fn bin_round_up(size: u64) -> u32 {
+    // A mantissa of 8 carries into the exponent, which is the next bin: the increment does it.
+    let (bin, dropped) = bin_and_remainder(size);
+    bin + u32::from(dropped)
+}
+
+/// The bin whose value is the largest value ≤ `size`, clamped to [`LAST_BIN`] (regions larger than the last
+/// bin's value are all filed there; they are still at least that large, so the search stays correct).
+pub(crate) fn bin_round_down(size: u64) -> u32 {
+    bin_and_remainder(size).0.min(LAST_BIN)
 }
 
 /// The smallest size filed under `bin`.

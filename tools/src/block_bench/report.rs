@@ -122,34 +122,27 @@ pub fn document_json(entries: Vec<Value>) -> Value {
     })
 }
 
-fn human_bytes_binary(bytes: f64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+/// `bytes` in fio's style: `294MiB` with `base` 1024, `308MB` with 1000.
+fn human_bytes(bytes: f64, base: f64, units: [&str; 5]) -> String {
     let mut value = bytes;
     let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
+    while value >= base && unit < units.len() - 1 {
+        value /= base;
         unit += 1;
     }
     if value >= 100.0 || unit == 0 {
-        format!("{value:.0}{}", UNITS[unit])
+        format!("{value:.0}{}", units[unit])
     } else {
-        format!("{value:.1}{}", UNITS[unit])
+        format!("{value:.1}{}", units[unit])
     }
 }
 
+fn human_bytes_binary(bytes: f64) -> String {
+    human_bytes(bytes, 1024.0, ["B", "KiB", "MiB", "GiB", "TiB"])
+}
+
 fn human_bytes_decimal(bytes: f64) -> String {
-    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
-    let mut value = bytes;
-    let mut unit = 0;
-    while value >= 1000.0 && unit < UNITS.len() - 1 {
-        value /= 1000.0;
-        unit += 1;
-    }
-    if value >= 100.0 || unit == 0 {
-        format!("{value:.0}{}", UNITS[unit])
-    } else {
-        format!("{value:.1}{}", UNITS[unit])
-    }
+    human_bytes(bytes, 1000.0, ["B", "kB", "MB", "GB", "TB"])
 }
 
 fn human_count(count: f64) -> String {
