@@ -32,11 +32,15 @@ pub fn memlock_limit_bytes() -> u64 {
 /// Checks that `executors` executors can each register `io_memory_bytes` of I/O memory (glommio pins it for
 /// io_uring, and needs at least 512 KiB of memlock budget to start at all).
 pub fn check_memlock_budget(io_memory_bytes: u64, executors: u64) -> BlockResult<()> {
-    if has_cap_ipc_lock() {
+    memlock_verdict(io_memory_bytes, executors, memlock_limit_bytes(), has_cap_ipc_lock())
+}
+
+/// The decision of [`check_memlock_budget`], apart from reading the process's limits.
+fn memlock_verdict(io_memory_bytes: u64, executors: u64, limit: u64, cap_ipc_lock: bool) -> BlockResult<()> {
+    if cap_ipc_lock {
         return Ok(());
     }
     let needed = io_memory_bytes.saturating_mul(executors).max(512 << 10);
-    let limit = memlock_limit_bytes();
     if limit >= needed {
         return Ok(());
     }
@@ -93,5 +97,33 @@ fn zeroed_statfs() -> libc::statfs {
     #[allow(unsafe_code)]
     unsafe {
         std::mem::zeroed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_memlock_budget_names_the_fix_when_short() {
+        assert!(memlock_verdict(8 << 20, 2, 64 << 20, false).is_ok());
+        assert!(memlock_verdict(8 << 20, 2, 8 << 20, true).is_ok(), "CAP_IPC_LOCK lifts the limit");
+        let error = memlock_verdict(8 << 20, 2, 8 << 20, false).unwrap_err().to_string();
+        assert!(error.contains("16777216") && error.contains("ulimit -l") && error.contains("CAP_IPC_LOCK"), "{error}");
+        // glommio's own floor: even tiny I/O memory needs 512 KiB.
+        assert!(memlock_verdict(1, 1, 256 << 10, false).is_err());
+    }
+
+    #[test]
+    fn tmpfs_is_refused_for_direct_io() {
+        // Debian mounts tmpfs at /dev/shm on every machine this project runs on.
+        let on_tmpfs = std::path::Path::new("/dev/shm");
+        assert!(on_tmpfs.is_dir(), "no /dev/shm: this test needs a tmpfs mount there");
+        let path = on_tmpfs.join(format!("strata-direct-io-check-{}", std::process::id()));
+        std::fs::write(&path, [0u8; 4096]).unwrap();
+        let result = check_direct_io(&path);
+        std::fs::remove_file(&path).unwrap();
+        let error = result.unwrap_err().to_string();
+        assert!(error.contains("tmpfs") && error.contains("O_DIRECT"), "{error}");
     }
 }

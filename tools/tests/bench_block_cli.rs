@@ -199,3 +199,24 @@ fn bad_engines_and_options_are_refused_clearly() {
     }
     let _ = std::fs::remove_file(file);
 }
+
+#[test]
+fn ramp_time_runs_before_measuring() {
+    let file = scratch("ramp");
+    let started = std::time::Instant::now();
+    let report = json(&strata_bench(&[
+        "--name=ramp",
+        &format!("--filename={}", file.display()),
+        "--rw=randread",
+        "--size=4m",
+        "--ramp_time=1",
+        "--runtime=1",
+        "--time_based",
+        "--output-format=json",
+    ]));
+    let elapsed = started.elapsed();
+    let runtime = report["jobs"][0]["read"]["runtime"].as_u64().unwrap();
+    assert!((900..1600).contains(&runtime), "measured {runtime} ms, the runtime alone");
+    assert!(elapsed >= std::time::Duration::from_secs(2), "ramp and runtime both ran: {elapsed:?}");
+    std::fs::remove_file(file).unwrap();
+}
