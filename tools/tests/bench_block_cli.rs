@@ -216,7 +216,8 @@ fn ramp_time_runs_before_measuring() {
     ]));
     let elapsed = started.elapsed();
     let runtime = report["jobs"][0]["read"]["runtime"].as_u64().unwrap();
-    assert!((900..1600).contains(&runtime), "measured {runtime} ms, the runtime alone");
+    // The runtime alone (about 1 s; a timer that fires late under load only shortens it), not ramp + runtime.
+    assert!((500..1600).contains(&runtime), "measured {runtime} ms, the runtime alone");
     assert!(elapsed >= std::time::Duration::from_secs(2), "ramp and runtime both ran: {elapsed:?}");
     std::fs::remove_file(file).unwrap();
 }
