@@ -90,3 +90,22 @@ pub trait BlockDevice {
     /// Tells the device a range holds nothing worth keeping; it reads as zeroes afterwards.
     async fn deallocate(&self, offset: u64, len: u64) -> BlockResult<()>;
 }
+
+/// Forwards a wrapper's identity (`name`, `geometry`, `alloc_buffer`) to the device in its field `$inner`:
+/// wrappers change behaviour, never what the device is.
+macro_rules! forward_device_identity {
+    ($inner:ident) => {
+        fn name(&self) -> &str {
+            self.$inner.name()
+        }
+
+        fn geometry(&self) -> $crate::device::Geometry {
+            self.$inner.geometry()
+        }
+
+        fn alloc_buffer(&self, len: usize) -> $crate::buffer::IoBuffer {
+            self.$inner.alloc_buffer(len)
+        }
+    };
+}
+pub(crate) use forward_device_identity;

@@ -12,7 +12,7 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::buffer::IoBuffer;
-use crate::device::{BlockDevice, Geometry};
+use crate::device::{BlockDevice, forward_device_identity};
 use crate::error::{BlockError, BlockErrorKind, BlockOp, BlockResult};
 
 /// What to inject.
@@ -86,17 +86,7 @@ impl<D: BlockDevice> FaultDevice<D> {
 }
 
 impl<D: BlockDevice> BlockDevice for FaultDevice<D> {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-
-    fn alloc_buffer(&self, len: usize) -> IoBuffer {
-        self.inner.alloc_buffer(len)
-    }
+    forward_device_identity!(inner);
 
     async fn read(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>) {
         self.delay().await;

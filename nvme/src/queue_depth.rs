@@ -6,7 +6,7 @@
 use glommio::sync::Semaphore;
 
 use crate::buffer::IoBuffer;
-use crate::device::{BlockDevice, Geometry};
+use crate::device::{BlockDevice, forward_device_identity};
 use crate::error::{BlockError, BlockErrorKind, BlockOp, BlockResult};
 
 /// Wraps a device and bounds its operations in flight.
@@ -45,17 +45,7 @@ impl<D: BlockDevice> QueueDepthLimit<D> {
 }
 
 impl<D: BlockDevice> BlockDevice for QueueDepthLimit<D> {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-
-    fn alloc_buffer(&self, len: usize) -> IoBuffer {
-        self.inner.alloc_buffer(len)
-    }
+    forward_device_identity!(inner);
 
     async fn read(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>) {
         let Ok(_slot) = self.slots.acquire_permit(1).await else {

@@ -6,7 +6,7 @@ use std::time::Instant;
 use hdrhistogram::Histogram;
 
 use crate::buffer::IoBuffer;
-use crate::device::{BlockDevice, Geometry};
+use crate::device::{BlockDevice, forward_device_identity};
 use crate::error::BlockResult;
 
 /// A histogram of latencies in nanoseconds: 1 ns to 1 hour, 3 significant digits (0.1% resolution).
@@ -84,17 +84,7 @@ impl<D: BlockDevice> StatsDevice<D> {
 }
 
 impl<D: BlockDevice> BlockDevice for StatsDevice<D> {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-
-    fn alloc_buffer(&self, len: usize) -> IoBuffer {
-        self.inner.alloc_buffer(len)
-    }
+    forward_device_identity!(inner);
 
     async fn read(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>) {
         let started = Instant::now();
