@@ -6,7 +6,8 @@
 //! ([`StatsDevice`], [`FaultDevice`], [`QueueDepthLimit`]); the placement code above (the engine's region
 //! log, the bench) is generic over the device.
 //!
-//! Backends: [`MemoryDevice`] (a RAM namespace) and [`UringDevice`] (glommio `DmaFile`, O_DIRECT, io_uring).
+//! Backends: [`MemoryDevice`] (a RAM namespace), [`UringDevice`] (glommio `DmaFile`, O_DIRECT, io_uring) and
+//! [`RingDevice`] (our own io_uring, for executors dedicated to I/O).
 //! The NVMe-oF host and SPDK backends will implement the same trait.
 #![deny(missing_docs, unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
@@ -18,6 +19,7 @@ mod error;
 mod faults;
 mod memory;
 mod queue_depth;
+mod ring;
 mod stats;
 mod uring;
 
@@ -27,5 +29,6 @@ pub use crate::error::{BlockError, BlockErrorKind, BlockOp, BlockResult};
 pub use crate::faults::{FaultConfig, FaultDevice, FaultStats};
 pub use crate::memory::MemoryDevice;
 pub use crate::queue_depth::QueueDepthLimit;
+pub use crate::ring::RingDevice;
 pub use crate::stats::{DeviceStats, OpStats, StatsDevice, latency_histogram};
 pub use crate::uring::{UringDevice, UringOptions};

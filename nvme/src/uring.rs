@@ -51,7 +51,7 @@ impl UringDevice {
     pub async fn open(path: &Path, options: &UringOptions) -> BlockResult<Self> {
         let name = path.display().to_string();
         let open_error = |kind| BlockError::new(BlockOp::Open, &name, 0, kind);
-        let capacity_bytes = prepare(path, options).map_err(|error| open_error(BlockErrorKind::Io(error)))?;
+        let capacity_bytes = prepare_file(path, options).map_err(|error| open_error(BlockErrorKind::Io(error)))?;
         check_direct_io(path)?;
         let file = OpenOptions::new()
             .read(true)
@@ -121,7 +121,7 @@ impl UringDevice {
 }
 
 /// Creates or extends a regular file as asked and makes its first block real data; returns the capacity.
-fn prepare(path: &Path, options: &UringOptions) -> std::io::Result<u64> {
+pub(crate) fn prepare_file(path: &Path, options: &UringOptions) -> std::io::Result<u64> {
     let exists = path.exists();
     if exists && std::fs::metadata(path)?.file_type().is_block_device() {
         let mut device = std::fs::File::open(path)?;

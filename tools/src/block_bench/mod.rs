@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use glommio::{CpuSet, LocalExecutorBuilder, Placement};
 use strata_nvme::environment::check_memlock_budget;
-use strata_nvme::{BlockDevice, UringDevice, UringOptions};
+use strata_nvme::{BlockDevice, RingDevice, UringDevice, UringOptions};
 
-use self::options::{BenchPlan, JobOptions, OutputFormat, Verify};
+use self::options::{BenchPlan, IoEngine, JobOptions, OutputFormat, Verify};
 use self::runner::{JobProgress, JobResult, run_job};
 
 /// What a run produced.
@@ -179,8 +179,19 @@ pub fn run(plan: &BenchPlan, show_status: bool) -> anyhow::Result<BenchOutcome> 
                 let result = async {
                     let filename = job.filename.clone().ok_or_else(|| "no filename".to_string())?;
                     let options = UringOptions { size_bytes: region_end(&job), read_only: !job.rw.writes() };
-                    let device = UringDevice::open(&filename, &options).await.map_err(|error| error.to_string())?;
-                    run_job(Rc::new(device), &job, job_index, progress).await.map_err(|error| error.to_string())
+                    match job.ioengine {
+                        IoEngine::Uring => {
+                            let device =
+                                UringDevice::open(&filename, &options).await.map_err(|error| error.to_string())?;
+                            run_job(Rc::new(device), &job, job_index, progress).await
+                        }
+                        IoEngine::Ring => {
+                            let device = RingDevice::open(&filename, &options, job.iodepth)
+                                .map_err(|error| error.to_string())?;
+                            run_job(Rc::new(device), &job, job_index, progress).await
+                        }
+                    }
+                    .map_err(|error| error.to_string())
                 }
                 .await;
                 finished.fetch_add(1, Ordering::Relaxed);

@@ -65,6 +65,19 @@ impl ReadWrite {
 pub enum IoEngine {
     /// Strata's io_uring backend (glommio `DmaFile`). fio's `io_uring` maps here.
     Uring,
+    /// Strata's own io_uring per job (`RingDevice`): submits each I/O at once, blocks the job's executor
+    /// while waiting, as fio's engine does.
+    Ring,
+}
+
+impl IoEngine {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            IoEngine::Uring => "uring",
+            IoEngine::Ring => "ring",
+        }
+    }
 }
 
 /// fio's `random_distribution`.
@@ -335,6 +348,7 @@ impl JobOptions {
             "ioengine" => {
                 self.ioengine = match required(option, value)? {
                     "uring" | "io_uring" => IoEngine::Uring,
+                    "ring" => IoEngine::Ring,
                     engine @ "nvmf" => {
                         return Err(OptionError::Unsupported {
                             option: option.into(),
@@ -352,7 +366,7 @@ impl JobOptions {
                     other => {
                         return Err(bad(
                             option,
-                            format!("unknown engine '{other}': strata-bench has uring (alias io_uring)"),
+                            format!("unknown engine '{other}': strata-bench has uring (alias io_uring) and ring"),
                         ));
                     }
                 }

@@ -92,7 +92,7 @@ pub fn job_json(result: &JobResult, job: &JobOptions) -> Value {
             "rw": job.rw.name(),
             "bs": job.bs.to_string(),
             "iodepth": job.iodepth.to_string(),
-            "ioengine": "uring",
+            "ioengine": job.ioengine.name(),
             "direct": "1",
         },
         "read": direction_json(&result.read, result),
@@ -204,13 +204,14 @@ pub fn job_text(result: &JobResult, job: &JobOptions, clones: u32) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{}: (g=0): rw={}, bs=(R) {}B-{}B, (W) {}B-{}B, ioengine=uring, iodepth={}",
+        "{}: (g=0): rw={}, bs=(R) {}B-{}B, (W) {}B-{}B, ioengine={}, iodepth={}",
         result.name,
         job.rw.name(),
         job.bs,
         job.bs,
         job.bs,
         job.bs,
+        job.ioengine.name(),
         job.iodepth
     );
     let error_code = if result.error.is_some() { 5 } else { 0 };

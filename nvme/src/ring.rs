@@ -1,0 +1,412 @@
+//! The `ring` backend: our own io_uring per device, for executors that do nothing but block I/O.
+//!
+//! Why a second io_uring backend: glommio's reactor pays a heavy price every time its executor parks (a
+//! `membarrier`, timer re-arming, linking its three rings, several `io_uring_enter`s), which costs 20% of
+//! the IOPS fio reaches at queue depth 32 and 30% at depth 1 on this machine (docs/BENCHMARKS.md). This
+//! backend does what fio's engine does instead: each I/O is submitted as it is issued, and a reaper task
+//! collects completions; when nothing has completed it *blocks the executor* in `io_uring_enter` until
+//! one does. That is right for an executor dedicated to I/O (a bench job, an I/O core) and wrong for one
+//! that also serves the network, whose events would wait behind the block: use `uring` there.
+//!
+//! Safety of buffers: while an operation is in flight its buffer is owned by the ring's slot table, not by
+//! the future that issued it, so a future that is dropped never frees memory the kernel is writing into;
+//! the slot gives the buffer back when the completion arrives. Dropping the ring waits for every in-flight
+//! operation first.
+
+use std::cell::RefCell;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+
+use io_uring::{IoUring, opcode, squeue, types};
+
+use crate::buffer::IoBuffer;
+use crate::device::{BlockDevice, Geometry};
+use crate::environment::check_direct_io;
+use crate::error::{BlockError, BlockErrorKind, BlockOp, BlockResult};
+use crate::uring::{UringOptions, prepare_file};
+
+const MAX_TRANSFER_BYTES: u64 = 8 << 20;
+
+#[derive(Default)]
+struct Slot {
+    result: Option<i32>,
+    waker: Option<Waker>,
+    /// The buffer the kernel reads from or writes into, owned here while the operation is in flight.
+    buffer: Option<IoBuffer>,
+    /// The future that issued the operation was dropped: the reaper frees the slot on completion.
+    abandoned: bool,
+}
+
+struct RingState {
+    ring: IoUring,
+    /// Kept open for as long as operations may be in flight on it.
+    file: File,
+    slots: Vec<Slot>,
+    free_slots: Vec<u32>,
+    in_flight: u32,
+    reaper_running: bool,
+    /// The reaper, waiting for the first submission after the ring went idle.
+    idle_reaper: Option<Waker>,
+    /// Tasks waiting for a free slot.
+    slot_waiters: Vec<Waker>,
+}
+
+impl RingState {
+    /// Moves every available completion to its slot and wakes its task. Returns how many there were.
+    fn reap(&mut self) -> usize {
+        let mut reaped = 0;
+        let completions: Vec<(u64, i32)> =
+            self.ring.completion().map(|completion| (completion.user_data(), completion.result())).collect();
+        for (user_data, result) in completions {
+            let Some(slot) = self.slots.get_mut(user_data as usize) else {
+                continue;
+            };
+            self.in_flight -= 1;
+            reaped += 1;
+            if slot.abandoned {
+                *slot = Slot::default();
+                self.free_slots.push(user_data as u32);
+                if let Some(waiter) = self.slot_waiters.pop() {
+                    waiter.wake();
+                }
+                continue;
+            }
+            slot.result = Some(result);
+            if let Some(waker) = slot.waker.take() {
+                waker.wake();
+            }
+        }
+        reaped
+    }
+}
+
+impl Drop for RingState {
+    fn drop(&mut self) {
+        // Never free a buffer the kernel may still write into: wait for everything in flight. Bounded by the
+        // device completing what it was given.
+        while self.in_flight > 0 {
+            if self.ring.submit_and_wait(1).is_err() {
+                break;
+            }
+            self.reap();
+        }
+    }
+}
+
+/// A file or block device on our own io_uring, O_DIRECT. Must be opened and used on one glommio executor
+/// dedicated to I/O (see the module doc).
+pub struct RingDevice {
+    name: String,
+    path: PathBuf,
+    geometry: Geometry,
+    state: Rc<RefCell<RingState>>,
+}
+
+/// The logical block size of the device holding `path` (from sysfs; 512 when it cannot be read).
+fn logical_block_bytes(path: &Path) -> u64 {
+    let Ok(metadata) = std::fs::metadata(path) else {
+        return 512;
+    };
+    let device = if metadata.file_type().is_file() { metadata.dev() } else { metadata.rdev() };
+    let (major, minor) = (libc::major(device), libc::minor(device));
+    for candidate in [
+        format!("/sys/dev/block/{major}:{minor}/queue/logical_block_size"),
+        format!("/sys/dev/block/{major}:{minor}/../queue/logical_block_size"),
+    ] {
+        if let Some(bytes) = std::fs::read_to_string(candidate).ok().and_then(|text| text.trim().parse::<u64>().ok()) {
+            return bytes.max(512);
+        }
+    }
+    512
+}
+
+impl RingDevice {
+    /// Opens `path` with O_DIRECT on a ring of `queue_depth_max` entries (operations beyond it wait).
+    pub fn open(path: &Path, options: &UringOptions, queue_depth_max: u32) -> BlockResult<Self> {
+        let name = path.display().to_string();
+        let open_error = |kind| BlockError::new(BlockOp::Open, &name, 0, kind);
+        let capacity_bytes = prepare_file(path, options).map_err(|error| open_error(BlockErrorKind::Io(error)))?;
+        check_direct_io(path)?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(!options.read_only)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+            .map_err(|error| open_error(BlockErrorKind::Io(error)))?;
+        let depth = queue_depth_max.clamp(1, 4096).next_power_of_two();
+        let ring = IoUring::new(depth).map_err(|error| open_error(BlockErrorKind::Io(error)))?;
+        let logical_block_bytes = logical_block_bytes(path);
+        let capacity_bytes = capacity_bytes - capacity_bytes % logical_block_bytes;
+        if capacity_bytes == 0 {
+            return Err(open_error(BlockErrorKind::Environment(format!(
+                "{name} is empty: give a size (e.g. --size) to create or extend it"
+            ))));
+        }
+        let state = RingState {
+            ring,
+            file,
+            slots: (0..depth).map(|_| Slot::default()).collect(),
+            free_slots: (0..depth).rev().collect(),
+            in_flight: 0,
+            reaper_running: false,
+            idle_reaper: None,
+            slot_waiters: Vec::new(),
+        };
+        Ok(Self {
+            geometry: Geometry {
+                capacity_bytes,
+                logical_block_bytes,
+                max_transfer_bytes: MAX_TRANSFER_BYTES,
+                buffer_alignment_bytes: logical_block_bytes,
+            },
+            name,
+            path: path.to_path_buf(),
+            state: Rc::new(RefCell::new(state)),
+        })
+    }
+
+    /// The path opened.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Submits one operation built by `build` (given the fd and the buffer's address) and waits for it.
+    /// Returns the buffer and the kernel's result (bytes, or a negative errno).
+    async fn run(
+        &self,
+        mut buffer: Option<IoBuffer>,
+        build: impl FnOnce(types::Fd, *mut u8) -> squeue::Entry,
+    ) -> (Option<IoBuffer>, i32) {
+        let slot = loop {
+            if let Some(slot) = self.state.borrow_mut().free_slots.pop() {
+                break slot;
+            }
+            let state = &self.state;
+            let mut registered = false;
+            std::future::poll_fn(|context| {
+                if registered {
+                    return Poll::Ready(());
+                }
+                registered = true;
+                state.borrow_mut().slot_waiters.push(context.waker().clone());
+                Poll::Pending
+            })
+            .await;
+        };
+        // The address is taken once the buffer is writable (a read-only buffer is copied to the heap first);
+        // moving the `IoBuffer` into the slot below does not move the bytes it points to.
+        let address = buffer.as_mut().map_or(std::ptr::null_mut(), |buffer| buffer.as_mut_slice().as_mut_ptr());
+        {
+            let mut state = self.state.borrow_mut();
+            let fd = types::Fd(state.file.as_raw_fd());
+            let entry = build(fd, address).user_data(u64::from(slot));
+            state.slots[slot as usize] = Slot { result: None, waker: None, buffer: buffer.take(), abandoned: false };
+            // SAFETY: the entry's buffer (if any) is owned by slot `slot` until its completion is reaped, and the
+            // file by the state, which outlives every in-flight operation (RingState's Drop waits for them).
+            #[allow(unsafe_code)]
+            let pushed = unsafe { state.ring.submission().push(&entry) };
+            if pushed.is_err() {
+                // Cannot happen: slots never outnumber the ring's entries. Give everything back.
+                let buffer = state.slots[slot as usize].buffer.take();
+                state.free_slots.push(slot);
+                return (buffer, -libc::EBUSY);
+            }
+            let _ = state.ring.submit();
+            state.in_flight += 1;
+            if let Some(reaper) = state.idle_reaper.take() {
+                reaper.wake();
+            }
+        }
+        self.ensure_reaper();
+        let mut guard = SlotGuard { state: &self.state, slot, finished: false };
+        let state = &self.state;
+        let result = std::future::poll_fn(|context| {
+            let mut state = state.borrow_mut();
+            let entry = &mut state.slots[slot as usize];
+            match entry.result {
+                Some(result) => Poll::Ready(result),
+                None => {
+                    entry.waker = Some(context.waker().clone());
+                    Poll::Pending
+                }
+            }
+        })
+        .await;
+        guard.finished = true;
+        let mut state = self.state.borrow_mut();
+        let buffer = state.slots[slot as usize].buffer.take();
+        release_slot(&mut state, slot);
+        (buffer, result)
+    }
+
+    fn ensure_reaper(&self) {
+        if std::mem::replace(&mut self.state.borrow_mut().reaper_running, true) {
+            return;
+        }
+        let state = Rc::downgrade(&self.state);
+        glommio::spawn_local(async move {
+            loop {
+                let Some(shared) = state.upgrade() else {
+                    return;
+                };
+                let reaped = shared.borrow_mut().reap();
+                if reaped > 0 {
+                    drop(shared);
+                    // Let the woken tasks run (and submit their next I/O) before looking again.
+                    yield_once().await;
+                    continue;
+                }
+                if shared.borrow().in_flight == 0 {
+                    let mut waiting = false;
+                    std::future::poll_fn(|context| {
+                        if waiting {
+                            return Poll::Ready(());
+                        }
+                        waiting = true;
+                        shared.borrow_mut().idle_reaper = Some(context.waker().clone());
+                        Poll::Pending
+                    })
+                    .await;
+                    continue;
+                }
+                // Nothing completed and I/O is in flight: block in the kernel until something does.
+                let _ = shared.borrow().ring.submit_and_wait(1);
+            }
+        })
+        .detach();
+    }
+
+    fn result(&self, op: BlockOp, offset: u64, len: u64, result: i32) -> BlockResult<()> {
+        if result < 0 {
+            let error = std::io::Error::from_raw_os_error(-result);
+            return Err(BlockError::new(op, &self.name, offset, BlockErrorKind::Io(error)));
+        }
+        if op != BlockOp::Flush && op != BlockOp::WriteZeroes && op != BlockOp::Deallocate && result as u64 != len {
+            let kind = BlockErrorKind::ShortTransfer { done: result as u64, len };
+            return Err(BlockError::new(op, &self.name, offset, kind));
+        }
+        Ok(())
+    }
+}
+
+fn release_slot(state: &mut RingState, slot: u32) {
+    state.slots[slot as usize] = Slot::default();
+    state.free_slots.push(slot);
+    if let Some(waiter) = state.slot_waiters.pop() {
+        waiter.wake();
+    }
+}
+
+/// Frees an operation's slot if the future waiting for it is dropped: at once when the result is already
+/// in, else when the reaper sees the completion (the buffer stays owned by the slot until then).
+struct SlotGuard<'a> {
+    state: &'a RefCell<RingState>,
+    slot: u32,
+    finished: bool,
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let Ok(mut state) = self.state.try_borrow_mut() else {
+            return;
+        };
+        if state.slots[self.slot as usize].result.is_some() {
+            release_slot(&mut state, self.slot);
+        } else {
+            state.slots[self.slot as usize].abandoned = true;
+        }
+    }
+}
+
+/// Returns `Pending` once after waking itself, so the executor runs the other ready tasks first.
+async fn yield_once() {
+    let mut yielded = false;
+    std::future::poll_fn(|context| {
+        if yielded {
+            return Poll::Ready(());
+        }
+        yielded = true;
+        context.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await;
+}
+
+impl Drop for RingDevice {
+    fn drop(&mut self) {
+        // Wake an idle reaper so it sees the device is gone and ends.
+        if let Ok(mut state) = self.state.try_borrow_mut()
+            && let Some(reaper) = state.idle_reaper.take()
+        {
+            reaper.wake();
+        }
+    }
+}
+
+impl BlockDevice for RingDevice {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    fn alloc_buffer(&self, len: usize) -> IoBuffer {
+        IoBuffer::aligned(len, self.geometry.buffer_alignment_bytes.max(4096) as usize)
+    }
+
+    async fn read(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>) {
+        let len = buf.len() as u64;
+        if let Err(error) = self.geometry.check(BlockOp::Read, &self.name, offset, len, Some(&buf)) {
+            return (buf, Err(error));
+        }
+        let (buffer, result) =
+            self.run(Some(buf), |fd, address| opcode::Read::new(fd, address, len as u32).offset(offset).build()).await;
+        let result = self.result(BlockOp::Read, offset, len, result);
+        (buffer.unwrap_or_else(|| IoBuffer::aligned(0, 1)), result)
+    }
+
+    async fn write(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>) {
+        let len = buf.len() as u64;
+        if let Err(error) = self.geometry.check(BlockOp::Write, &self.name, offset, len, Some(&buf)) {
+            return (buf, Err(error));
+        }
+        let (buffer, result) = self
+            .run(Some(buf), |fd, address| {
+                opcode::Write::new(fd, address.cast_const(), len as u32).offset(offset).build()
+            })
+            .await;
+        let result = self.result(BlockOp::Write, offset, len, result);
+        (buffer.unwrap_or_else(|| IoBuffer::aligned(0, 1)), result)
+    }
+
+    async fn flush(&self) -> BlockResult<()> {
+        let (_, result) =
+            self.run(None, |fd, _| opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build()).await;
+        self.result(BlockOp::Flush, 0, 0, result)
+    }
+
+    async fn write_zeroes(&self, offset: u64, len: u64) -> BlockResult<()> {
+        self.geometry.check(BlockOp::WriteZeroes, &self.name, offset, len, None)?;
+        let (_, result) = self
+            .run(None, |fd, _| opcode::Fallocate::new(fd, len).offset(offset).mode(libc::FALLOC_FL_ZERO_RANGE).build())
+            .await;
+        self.result(BlockOp::WriteZeroes, offset, len, result)
+    }
+
+    async fn deallocate(&self, offset: u64, len: u64) -> BlockResult<()> {
+        self.geometry.check(BlockOp::Deallocate, &self.name, offset, len, None)?;
+        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        let (_, result) =
+            self.run(None, |fd, _| opcode::Fallocate::new(fd, len).offset(offset).mode(mode).build()).await;
+        self.result(BlockOp::Deallocate, offset, len, result)
+    }
+}
