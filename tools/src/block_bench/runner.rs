@@ -336,6 +336,7 @@ async fn worker<D: BlockDevice>(
     mut write_buffer: IoBuffer,
     progress: &JobProgress,
 ) {
+    let mut read_buffer: Option<IoBuffer> = None;
     loop {
         let next = state.borrow_mut().next_io(region);
         let (is_read, block) = match next {
@@ -350,9 +351,12 @@ async fn worker<D: BlockDevice>(
         let verify = state.borrow().verify;
         let started = Instant::now();
         let (latency, result) = if is_read {
-            let result = device.read_new(offset, region.bs as usize).await;
+            // The worker's read buffer goes round: backends that read into it (memory, ring) reuse it, and
+            // `uring` hands back glommio's buffer, which then only carries the length. No allocation per I/O.
+            let buffer = read_buffer.take().unwrap_or_else(|| device.alloc_buffer(region.bs as usize));
+            let (buffer, result) = device.read(buffer, offset).await;
             let latency = started.elapsed();
-            let result = result.map(|buffer| {
+            let result = result.map(|()| {
                 if verify {
                     let mut state = state.borrow_mut();
                     // A job that writes checks the blocks it wrote (their content is known); blocks it has not
@@ -368,6 +372,7 @@ async fn worker<D: BlockDevice>(
                     }
                 }
             });
+            read_buffer = Some(buffer);
             (latency, result)
         } else {
             let generation = if verify {
