@@ -71,13 +71,6 @@ pub trait BlockDevice {
     /// than the one passed in (see [`IoBuffer`]).
     async fn read(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>);
 
-    /// Reads `len` bytes at `offset` into a buffer of the device's choosing. Same as `read` with a buffer
-    /// from `alloc_buffer`; a backend that reads into buffers of its own (`uring`) skips that allocation.
-    async fn read_new(&self, offset: u64, len: usize) -> BlockResult<IoBuffer> {
-        let (buf, result) = self.read(self.alloc_buffer(len), offset).await;
-        result.map(|()| buf)
-    }
-
     /// Writes `buf` at `offset`, and gives the buffer back.
     async fn write(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>);
 

@@ -96,14 +96,6 @@ impl<D: BlockDevice> BlockDevice for FaultDevice<D> {
         self.inner.read(buf, offset).await
     }
 
-    async fn read_new(&self, offset: u64, len: usize) -> BlockResult<IoBuffer> {
-        self.delay().await;
-        if let Some(error) = self.injects_error(BlockOp::Read, offset, len as u64) {
-            return Err(error);
-        }
-        self.inner.read_new(offset, len).await
-    }
-
     async fn write(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>) {
         self.delay().await;
         if let Some(error) = self.injects_error(BlockOp::Write, offset, buf.len() as u64) {

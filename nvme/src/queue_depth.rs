@@ -54,11 +54,6 @@ impl<D: BlockDevice> BlockDevice for QueueDepthLimit<D> {
         self.inner.read(buf, offset).await
     }
 
-    async fn read_new(&self, offset: u64, len: usize) -> BlockResult<IoBuffer> {
-        let _slot = self.slots.acquire_permit(1).await.map_err(|_| self.closed(BlockOp::Read, offset))?;
-        self.inner.read_new(offset, len).await
-    }
-
     async fn write(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>) {
         let Ok(_slot) = self.slots.acquire_permit(1).await else {
             return (buf, Err(self.closed(BlockOp::Write, offset)));

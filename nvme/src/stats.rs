@@ -94,13 +94,6 @@ impl<D: BlockDevice> BlockDevice for StatsDevice<D> {
         (buf, result)
     }
 
-    async fn read_new(&self, offset: u64, len: usize) -> BlockResult<IoBuffer> {
-        let started = Instant::now();
-        let result = self.inner.read_new(offset, len).await;
-        self.stats.borrow_mut().read.record(started, len as u64, &result);
-        result
-    }
-
     async fn write(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>) {
         let started = Instant::now();
         let len = buf.len() as u64;

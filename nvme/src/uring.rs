@@ -181,11 +181,6 @@ impl BlockDevice for UringDevice {
         }
     }
 
-    async fn read_new(&self, offset: u64, len: usize) -> BlockResult<IoBuffer> {
-        self.geometry.check(BlockOp::Read, &self.name, offset, len as u64, None)?;
-        self.read_aligned(offset, len).await
-    }
-
     async fn write(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>) {
         let len = buf.len();
         if let Err(error) = self.geometry.check(BlockOp::Write, &self.name, offset, len as u64, Some(&buf)) {

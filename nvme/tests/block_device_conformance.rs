@@ -76,14 +76,6 @@ async fn conformance(device: &impl BlockDevice) {
     let large = pattern(7, 1 << 20);
     write_bytes(device, 1 << 20, &large).await;
     assert_eq!(read_bytes(device, 1 << 20, 1 << 20).await, large);
-    // read_new: the same bytes, and the same checks.
-    assert_eq!(device.read_new(1 << 20, 1 << 20).await.unwrap().as_slice(), &large[..]);
-    assert!(matches!(
-        device.read_new(CAPACITY, block as usize).await.unwrap_err().kind,
-        BlockErrorKind::OutOfRange { .. }
-    ));
-    assert!(matches!(device.read_new(1, block as usize).await.unwrap_err().kind, BlockErrorKind::Unaligned { .. }));
-
     // Unaligned offset or length: a typed error naming the operation, device and offset; nothing written.
     let before = read_bytes(device, 0, 2 * block as usize).await;
     let mut buf = device.alloc_buffer(block as usize);

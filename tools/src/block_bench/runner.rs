@@ -309,7 +309,7 @@ pub async fn run_job<D: BlockDevice + 'static>(
     let (usr_start, sys_start) = *cpu_at_start.borrow();
 
     if verify && writes && state.borrow().error.is_none() {
-        verify_written_blocks(&*device, &state, &region, job.iodepth).await;
+        verify_written_blocks(&device, &state, &region, job.iodepth).await;
     }
 
     // The ramp timer task may still hold the state; take what the result needs rather than unwrap it.
@@ -422,8 +422,8 @@ async fn worker<D: BlockDevice>(
 
 /// After a job that wrote with verify: reads back every block it wrote and checks it is the generation it
 /// wrote last (fio's verify phase). Not part of the measured figures.
-async fn verify_written_blocks<D: BlockDevice>(
-    device: &D,
+async fn verify_written_blocks<D: BlockDevice + 'static>(
+    device: &Rc<D>,
     state: &Rc<RefCell<JobState>>,
     region: &Region,
     iodepth: u32,
@@ -433,7 +433,11 @@ async fn verify_written_blocks<D: BlockDevice>(
     for _ in 0..iodepth {
         let next_block = next_block.clone();
         let state = state.clone();
-        readers.push(async move {
+        let device = device.clone();
+        let region = *region;
+        readers.push(glommio::spawn_local(async move {
+            // One buffer per reader, reused as the workers reuse theirs.
+            let mut buffer = device.alloc_buffer(region.bs as usize);
             loop {
                 let block = next_block.get();
                 if block >= region.blocks {
@@ -445,32 +449,21 @@ async fn verify_written_blocks<D: BlockDevice>(
                     continue;
                 }
                 let offset = region.offset_of(block);
-                let result = device.read_new(offset, region.bs as usize).await;
+                let (returned, result) = device.read(buffer, offset).await;
+                buffer = returned;
                 let mut state = state.borrow_mut();
                 state.verified_blocks += 1;
-                match result {
-                    Ok(buffer) => {
-                        if let Err(kind) = check_block(buffer.as_slice(), offset, Some(expected)) {
-                            state.record_mismatch(offset, kind);
-                        }
-                    }
-                    Err(error) => {
-                        state.error.get_or_insert_with(|| error.to_string());
-                        return;
-                    }
+                if let Err(error) = result {
+                    state.error.get_or_insert_with(|| error.to_string());
+                    return;
+                }
+                if let Err(kind) = check_block(buffer.as_slice(), offset, Some(expected)) {
+                    state.record_mismatch(offset, kind);
                 }
             }
-        });
+        }));
     }
-    futures_join_all(readers).await;
-}
-
-/// Runs futures concurrently on the current executor and waits for all.
-async fn futures_join_all<F: Future<Output = ()>>(futures: Vec<F>) {
-    let mut pinned: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
-    std::future::poll_fn(move |context| {
-        pinned.retain_mut(|future| future.as_mut().poll(context).is_pending());
-        if pinned.is_empty() { std::task::Poll::Ready(()) } else { std::task::Poll::Pending }
-    })
-    .await;
+    for reader in readers {
+        reader.await;
+    }
 }
