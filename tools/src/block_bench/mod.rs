@@ -131,8 +131,13 @@ fn prepare(jobs: &[JobOptions], show_progress: bool) -> anyhow::Result<()> {
         }
     }
     for (path, (end, read, job)) in needed {
-        let current = std::fs::metadata(&path).map(|metadata| metadata.len()).unwrap_or(0);
-        if current >= end || std::fs::metadata(&path).is_ok_and(|metadata| !metadata.is_file()) {
+        let metadata = std::fs::metadata(&path).ok();
+        // Block devices are used as they are; a regular file shorter than the region is laid out.
+        if metadata.as_ref().is_some_and(|metadata| !metadata.is_file()) {
+            continue;
+        }
+        let current = metadata.map_or(0, |metadata| metadata.len());
+        if current >= end {
             continue;
         }
         if read {
