@@ -53,26 +53,24 @@ struct RingState {
     idle_reaper: Option<Waker>,
     /// Tasks waiting for a free slot.
     slot_waiters: Vec<Waker>,
+    /// Completions copied out of the queue by `reap`, kept to avoid an allocation per reap.
+    completions: Vec<(u64, i32)>,
 }
 
 impl RingState {
     /// Moves every available completion to its slot and wakes its task. Returns how many there were.
     fn reap(&mut self) -> usize {
+        let mut completions = std::mem::take(&mut self.completions);
+        completions.extend(self.ring.completion().map(|completion| (completion.user_data(), completion.result())));
         let mut reaped = 0;
-        let completions: Vec<(u64, i32)> =
-            self.ring.completion().map(|completion| (completion.user_data(), completion.result())).collect();
-        for (user_data, result) in completions {
+        for &(user_data, result) in &completions {
             let Some(slot) = self.slots.get_mut(user_data as usize) else {
                 continue;
             };
             self.in_flight -= 1;
             reaped += 1;
             if slot.abandoned {
-                *slot = Slot::default();
-                self.free_slots.push(user_data as u32);
-                if let Some(waiter) = self.slot_waiters.pop() {
-                    waiter.wake();
-                }
+                self.release_slot(user_data as u32);
                 continue;
             }
             slot.result = Some(result);
@@ -80,7 +78,18 @@ impl RingState {
                 waker.wake();
             }
         }
+        completions.clear();
+        self.completions = completions;
         reaped
+    }
+
+    /// Returns a slot to the free list and wakes one task waiting for a slot.
+    fn release_slot(&mut self, slot: u32) {
+        self.slots[slot as usize] = Slot::default();
+        self.free_slots.push(slot);
+        if let Some(waiter) = self.slot_waiters.pop() {
+            waiter.wake();
+        }
     }
 }
 
@@ -155,6 +164,7 @@ impl RingDevice {
             reaper_running: false,
             idle_reaper: None,
             slot_waiters: Vec::new(),
+            completions: Vec::with_capacity(depth as usize),
         };
         Ok(Self {
             geometry: Geometry {
@@ -212,7 +222,7 @@ impl RingDevice {
             if pushed.is_err() {
                 // Cannot happen: slots never outnumber the ring's entries. Give everything back.
                 let buffer = state.slots[slot as usize].buffer.take();
-                state.free_slots.push(slot);
+                state.release_slot(slot);
                 return (buffer, -libc::EBUSY);
             }
             let _ = state.ring.submit();
@@ -239,7 +249,7 @@ impl RingDevice {
         guard.finished = true;
         let mut state = self.state.borrow_mut();
         let buffer = state.slots[slot as usize].buffer.take();
-        release_slot(&mut state, slot);
+        state.release_slot(slot);
         (buffer, result)
     }
 
@@ -293,14 +303,6 @@ impl RingDevice {
     }
 }
 
-fn release_slot(state: &mut RingState, slot: u32) {
-    state.slots[slot as usize] = Slot::default();
-    state.free_slots.push(slot);
-    if let Some(waiter) = state.slot_waiters.pop() {
-        waiter.wake();
-    }
-}
-
 /// Frees an operation's slot if the future waiting for it is dropped: at once when the result is already
 /// in, else when the reaper sees the completion (the buffer stays owned by the slot until then).
 struct SlotGuard<'a> {
@@ -318,7 +320,7 @@ impl Drop for SlotGuard<'_> {
             return;
         };
         if state.slots[self.slot as usize].result.is_some() {
-            release_slot(&mut state, self.slot);
+            state.release_slot(self.slot);
         } else {
             state.slots[self.slot as usize].abandoned = true;
         }
