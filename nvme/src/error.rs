@@ -77,6 +77,12 @@ pub enum BlockErrorKind {
         /// Bytes asked for.
         len: u64,
     },
+    /// The NVMe controller (a remote one, through the `nvmf` backend) completed the command with an error.
+    #[error("controller returned {0}")]
+    Nvme(crate::spec::NvmeStatus),
+    /// The NVMe-oF connection failed; the message says how (a later command reconnects).
+    #[error("NVMe-oF: {0}")]
+    Remote(String),
     /// An error injected by the `faults` wrapper.
     #[error("injected fault")]
     Injected,

@@ -8,7 +8,9 @@
 //!
 //! Backends: [`MemoryDevice`] (a RAM namespace), [`UringDevice`] (glommio `DmaFile`, O_DIRECT, io_uring) and
 //! [`RingDevice`] (our own io_uring, for executors dedicated to I/O).
-//! The NVMe-oF host and SPDK backends will implement the same trait.
+//! [`NvmfDevice`] (a namespace of a remote NVMe-oF/TCP controller, [`host`]) implements it too; the
+//! NVMe-oF target ([`target`]) serves any of them. [`spec`] and [`tcp`] hold the NVMe structures and the
+//! NVMe/TCP PDU codec both sides share.
 #![deny(missing_docs, unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
@@ -17,16 +19,21 @@ mod device;
 pub mod environment;
 mod error;
 mod faults;
+pub mod host;
 mod memory;
 mod queue_depth;
 mod ring;
+pub mod spec;
 mod stats;
+pub mod target;
+pub mod tcp;
 mod uring;
 
 pub use crate::buffer::IoBuffer;
 pub use crate::device::{BlockDevice, Geometry};
 pub use crate::error::{BlockError, BlockErrorKind, BlockOp, BlockResult};
 pub use crate::faults::{FaultConfig, FaultDevice, FaultStats};
+pub use crate::host::{HostOptions, NvmfAddress, NvmfDevice, NvmfError};
 pub use crate::memory::MemoryDevice;
 pub use crate::queue_depth::QueueDepthLimit;
 pub use crate::ring::RingDevice;

@@ -1,35 +1,61 @@
 //! A RAM namespace: the deterministic backend for tests, and a namespace of the NVMe-oF target.
+//!
+//! The bytes live in 64-bit atomic words behind an `Arc`, so that clones of one device on several
+//! executors (the target serves each queue pair on its own core) see one namespace without a lock and
+//! without `unsafe`. Relaxed word accesses compile to plain loads and stores; like a real device, two
+//! racing writes to the same block may interleave (at 8-byte granularity), and the caller orders them.
 
-use std::cell::RefCell;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::buffer::IoBuffer;
 use crate::device::{BlockDevice, Geometry};
 use crate::error::{BlockOp, BlockResult};
 
-/// A block device in memory. Its bytes are allocated zeroed up front (the kernel commits them as touched).
+const WORD: usize = 8;
+
+/// A block device in memory. Its words are allocated zeroed up front (the kernel commits them as
+/// touched). Cloning gives another handle on the same bytes.
+#[derive(Clone)]
 pub struct MemoryDevice {
-    name: String,
+    name: Arc<str>,
     geometry: Geometry,
-    bytes: RefCell<Vec<u8>>,
+    words: Arc<[AtomicU64]>,
 }
 
 impl MemoryDevice {
-    /// A namespace of `capacity_bytes` (a multiple of `logical_block_bytes`, a power of two).
+    /// A namespace of `capacity_bytes` (a multiple of `logical_block_bytes`, a power of two ≥ 8).
     pub fn new(capacity_bytes: u64, logical_block_bytes: u64) -> Self {
+        let words = (0..capacity_bytes as usize / WORD).map(|_| AtomicU64::new(0)).collect();
         Self {
-            name: format!("memory:{capacity_bytes}"),
+            name: format!("memory:{capacity_bytes}").into(),
             geometry: Geometry {
                 capacity_bytes,
                 logical_block_bytes,
                 max_transfer_bytes: 8 << 20,
                 buffer_alignment_bytes: logical_block_bytes,
             },
-            bytes: RefCell::new(vec![0; capacity_bytes as usize]),
+            words,
         }
     }
 
-    fn range(offset: u64, len: usize) -> std::ops::Range<usize> {
-        offset as usize..offset as usize + len
+    fn words(&self, offset: u64, len: usize) -> &[AtomicU64] {
+        let first = offset as usize / WORD;
+        &self.words[first..first + len / WORD]
+    }
+
+    fn store(&self, offset: u64, bytes: &[u8]) {
+        for (word, chunk) in self.words(offset, bytes.len()).iter().zip(bytes.chunks_exact(WORD)) {
+            let mut value = [0u8; WORD];
+            value.copy_from_slice(chunk);
+            word.store(u64::from_ne_bytes(value), Ordering::Relaxed);
+        }
+    }
+
+    fn fill_zero(&self, offset: u64, len: u64) {
+        for word in self.words(offset, len as usize) {
+            word.store(0, Ordering::Relaxed);
+        }
     }
 }
 
@@ -50,8 +76,10 @@ impl BlockDevice for MemoryDevice {
         if let Err(error) = self.geometry.check(BlockOp::Read, &self.name, offset, buf.len() as u64, Some(&buf)) {
             return (buf, Err(error));
         }
-        let range = Self::range(offset, buf.len());
-        buf.as_mut_slice().copy_from_slice(&self.bytes.borrow()[range]);
+        let words = self.words(offset, buf.len());
+        for (chunk, word) in buf.as_mut_slice().chunks_exact_mut(WORD).zip(words) {
+            chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_ne_bytes());
+        }
         (buf, Ok(()))
     }
 
@@ -59,8 +87,7 @@ impl BlockDevice for MemoryDevice {
         if let Err(error) = self.geometry.check(BlockOp::Write, &self.name, offset, buf.len() as u64, Some(&buf)) {
             return (buf, Err(error));
         }
-        let range = Self::range(offset, buf.len());
-        self.bytes.borrow_mut()[range].copy_from_slice(buf.as_slice());
+        self.store(offset, buf.as_slice());
         (buf, Ok(()))
     }
 
@@ -70,13 +97,36 @@ impl BlockDevice for MemoryDevice {
 
     async fn write_zeroes(&self, offset: u64, len: u64) -> BlockResult<()> {
         self.geometry.check(BlockOp::WriteZeroes, &self.name, offset, len, None)?;
-        self.bytes.borrow_mut()[Self::range(offset, len as usize)].fill(0);
+        self.fill_zero(offset, len);
         Ok(())
     }
 
     async fn deallocate(&self, offset: u64, len: u64) -> BlockResult<()> {
         self.geometry.check(BlockOp::Deallocate, &self.name, offset, len, None)?;
-        self.bytes.borrow_mut()[Self::range(offset, len as usize)].fill(0);
+        self.fill_zero(offset, len);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clones_on_other_threads_see_one_namespace() {
+        let device = MemoryDevice::new(1 << 16, 512);
+        let writer = device.clone();
+        std::thread::spawn(move || {
+            futures_lite::future::block_on(async {
+                let mut buf = writer.alloc_buffer(512);
+                buf.as_mut_slice().fill(0xa5);
+                writer.write(buf, 4096).await.1.unwrap();
+            })
+        })
+        .join()
+        .unwrap();
+        let (buf, result) = futures_lite::future::block_on(device.read(device.alloc_buffer(512), 4096));
+        result.unwrap();
+        assert!(buf.as_slice().iter().all(|&byte| byte == 0xa5));
     }
 }

@@ -1,0 +1,175 @@
+//! The NVMe-oF/TCP host: a userspace initiator that is itself a block device ([`NvmfDevice`]), plus
+//! discovery ([`discover`]).
+//!
+//! A controller has an admin queue (Connect, Property Get/Set for the enable handshake, Identify, Set
+//! Features, Keep Alive) and one I/O queue per executor that uses it; each queue is one TCP connection
+//! served by a reader task and a writer task on that executor. Commands are pipelined up to the queue
+//! depth; reads land straight in the caller's buffer from C2HData PDUs; writes go in the capsule when
+//! small enough and after the controller's R2T otherwise. A broken connection fails the commands in
+//! flight with a typed error; the next command reconnects, retrying until the controller-loss timeout.
+
+mod controller;
+mod device;
+mod queue;
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+pub use self::controller::{ControllerInfo, discover};
+pub use self::device::{IoQueueHandle, NvmfDevice};
+use crate::spec::NvmeStatus;
+use crate::tcp::{Digests, TransportError};
+
+/// Where a namespace is: `trtype=tcp,traddr=ADDR,trsvcid=PORT,subnqn=NQN,ns=N` (nvme-cli's names).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NvmfAddress {
+    /// Transport address and service (port).
+    pub addr: SocketAddr,
+    /// Subsystem NQN.
+    pub subnqn: String,
+    /// Namespace ID.
+    pub nsid: u32,
+}
+
+impl NvmfAddress {
+    /// Parses the fio-style `--filename` of `--ioengine=nvmf` (`ns` defaults to 1, `trsvcid` to 4420).
+    pub fn parse(text: &str) -> Result<Self, NvmfError> {
+        let invalid = |what: String| NvmfError::InvalidAddress(format!("{text:?}: {what}"));
+        let (mut traddr, mut trsvcid, mut subnqn, mut nsid) = (None, 4420u16, None, 1u32);
+        for part in text.split(',') {
+            let (key, value) = part.split_once('=').ok_or_else(|| invalid(format!("{part:?} is not key=value")))?;
+            match key {
+                "trtype" if value.eq_ignore_ascii_case("tcp") => {}
+                "trtype" => return Err(invalid(format!("transport {value:?} is not supported (tcp)"))),
+                "traddr" => traddr = Some(value.to_string()),
+                "trsvcid" => {
+                    trsvcid = value.parse().map_err(|_| invalid(format!("trsvcid {value:?} is not a port")))?
+                }
+                "subnqn" => subnqn = Some(value.to_string()),
+                "ns" | "nsid" => nsid = value.parse().map_err(|_| invalid(format!("ns {value:?} is not a number")))?,
+                _ => return Err(invalid(format!("unknown key {key:?} (trtype, traddr, trsvcid, subnqn, ns)"))),
+            }
+        }
+        let traddr = traddr.ok_or_else(|| invalid("traddr is missing".into()))?;
+        let subnqn = subnqn.ok_or_else(|| invalid("subnqn is missing".into()))?;
+        let addr = resolve(&traddr, trsvcid).map_err(invalid)?;
+        if nsid == 0 || nsid == u32::MAX {
+            return Err(invalid("ns must be a namespace ID from 1".into()));
+        }
+        Ok(Self { addr, subnqn, nsid })
+    }
+}
+
+/// Resolves `ADDR` and a port (IPv6 literals with or without brackets).
+pub fn resolve(traddr: &str, port: u16) -> Result<SocketAddr, String> {
+    let host = traddr.trim_start_matches('[').trim_end_matches(']');
+    (host, port)
+        .to_socket_addrs()
+        .map_err(|error| format!("{traddr}: {error}"))?
+        .next()
+        .ok_or_else(|| format!("{traddr} resolves to no address"))
+}
+
+/// How the host connects.
+#[derive(Clone, Debug)]
+pub struct HostOptions {
+    /// The host NQN presented at Connect (targets check it against their allow-lists).
+    pub hostnqn: String,
+    /// The host identifier (a UUID).
+    pub host_id: [u8; 16],
+    /// Header and data digests to ask for.
+    pub digests: Digests,
+    /// Entries per I/O queue (the queue depth), at most the controller's MQES + 1.
+    pub queue_entries: u16,
+    /// Keep-alive timeout for the controller in milliseconds (0: none); Keep Alive is sent every half.
+    pub keep_alive_ms: u32,
+    /// How long to keep trying to reconnect a lost controller before failing for good.
+    pub controller_loss_timeout: Duration,
+    /// Pause between reconnect attempts.
+    pub reconnect_delay: Duration,
+    /// Ask the controller to disable SQ flow control (it may then complete reads with the C2HData
+    /// SUCCESS flag, saving a response PDU per read).
+    pub disable_sq_flow_control: bool,
+}
+
+impl Default for HostOptions {
+    fn default() -> Self {
+        Self {
+            hostnqn: "nqn.2014-08.org.nvmexpress:uuid:5f9a6c2e-8d1b-4f0e-9a57-3c2d1e0f4b6a".into(),
+            host_id: [0x5f, 0x9a, 0x6c, 0x2e, 0x8d, 0x1b, 0x4f, 0x0e, 0x9a, 0x57, 0x3c, 0x2d, 0x1e, 0x0f, 0x4b, 0x6a],
+            digests: Digests::default(),
+            queue_entries: 128,
+            keep_alive_ms: 10_000,
+            controller_loss_timeout: Duration::from_secs(60),
+            reconnect_delay: Duration::from_secs(1),
+            disable_sq_flow_control: true,
+        }
+    }
+}
+
+/// What can go wrong talking to a controller.
+#[derive(Debug, thiserror::Error)]
+pub enum NvmfError {
+    /// The address string is malformed.
+    #[error("NVMe-oF address {0}")]
+    InvalidAddress(String),
+    /// TCP connect failed.
+    #[error("connect to {addr}: {source}")]
+    Connect {
+        /// The address.
+        addr: SocketAddr,
+        /// The socket error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The connection failed or the controller broke the protocol.
+    #[error("NVMe/TCP connection: {0}")]
+    Transport(#[from] TransportError),
+    /// A command completed with an error status.
+    #[error("{command} failed: {status}")]
+    Status {
+        /// The command.
+        command: &'static str,
+        /// Its status.
+        status: NvmeStatus,
+    },
+    /// The controller answered something this host cannot use.
+    #[error("controller: {0}")]
+    Protocol(String),
+    /// The connection was lost while the command was in flight.
+    #[error("the connection to the controller was lost ({0})")]
+    Disconnected(String),
+    /// The controller did not become ready in time.
+    #[error("{0} timed out")]
+    Timeout(&'static str),
+    /// Reconnecting failed for the whole controller-loss timeout.
+    #[error("controller lost: no reconnect succeeded within {after:?}; last error: {last}")]
+    ControllerLost {
+        /// The controller-loss timeout.
+        after: Duration,
+        /// The last reconnect error.
+        last: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_parse_with_nvme_cli_names() {
+        let address = NvmfAddress::parse("trtype=tcp,traddr=127.0.0.1,trsvcid=4421,subnqn=nqn.x:y,ns=2").unwrap();
+        assert_eq!(address.addr, "127.0.0.1:4421".parse().unwrap());
+        assert_eq!((address.subnqn.as_str(), address.nsid), ("nqn.x:y", 2));
+        assert_eq!(NvmfAddress::parse("traddr=::1,subnqn=n").unwrap().addr, "[::1]:4420".parse().unwrap());
+        for bad in [
+            "traddr=127.0.0.1",
+            "subnqn=n",
+            "trtype=rdma,traddr=127.0.0.1,subnqn=n",
+            "traddr=1.2.3.4,subnqn=n,ns=0",
+            "x",
+        ] {
+            assert!(matches!(NvmfAddress::parse(bad), Err(NvmfError::InvalidAddress(_))), "{bad}");
+        }
+    }
+}

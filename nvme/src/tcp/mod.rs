@@ -1,0 +1,8 @@
+//! The NVMe/TCP transport: the PDU codec ([`pdu`]) and the framing of PDUs on a glommio TCP stream
+//! ([`stream`]), shared by the target and the host.
+
+pub mod pdu;
+pub mod stream;
+
+pub use pdu::{Decoder, Digests, FatalError, PduError, PduHeader, PduType, ReceivedHeader};
+pub use stream::{Outbox, PduReader, PduWriter, TransportError, split_stream};
