@@ -106,6 +106,11 @@ impl IoBuffer {
         }
     }
 
+    /// Whether the bytes live in an ordinary heap allocation (not glommio's registered memory).
+    pub fn is_heap(&self) -> bool {
+        matches!(self.storage, Storage::Heap(_))
+    }
+
     /// Whether the first byte's address is a multiple of `alignment`.
     pub fn is_aligned_to(&self, alignment: u64) -> bool {
         (self.as_slice().as_ptr() as usize as u64).is_multiple_of(alignment.max(1))

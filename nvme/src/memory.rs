@@ -26,7 +26,11 @@ pub struct MemoryDevice {
 impl MemoryDevice {
     /// A namespace of `capacity_bytes` (a multiple of `logical_block_bytes`, a power of two ≥ 8).
     pub fn new(capacity_bytes: u64, logical_block_bytes: u64) -> Self {
-        let words = (0..capacity_bytes as usize / WORD).map(|_| AtomicU64::new(0)).collect();
+        let zeroed = Arc::<[AtomicU64]>::new_zeroed_slice(capacity_bytes as usize / WORD);
+        // SAFETY: all-zero bytes are a valid `AtomicU64` (zero). The allocation comes from the allocator's
+        // zeroed path, so large namespaces cost no time until their pages are touched.
+        #[allow(unsafe_code)]
+        let words = unsafe { zeroed.assume_init() };
         Self {
             name: format!("memory:{capacity_bytes}").into(),
             geometry: Geometry {

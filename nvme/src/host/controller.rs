@@ -125,7 +125,7 @@ impl AdminQueue {
         options: &HostOptions,
         io_queues: u16,
     ) -> Result<Self, NvmfError> {
-        let queue = HostQueue::open(addr, options.digests, ADMIN_QUEUE_ENTRIES).await?;
+        let queue = HostQueue::open(addr, options.digests, ADMIN_QUEUE_ENTRIES, false, None).await?;
         let result = Self::bring_up(&queue, subnqn, options, io_queues).await;
         match result {
             Ok(info) => {

@@ -14,7 +14,7 @@ use super::{HostOptions, NvmfAddress, NvmfError};
 use crate::buffer::IoBuffer;
 use crate::device::{BlockDevice, Geometry};
 use crate::error::{BlockError, BlockErrorKind, BlockOp, BlockResult};
-use crate::spec::{Command, Completion, IoOpcode};
+use crate::spec::{Command, Completion, IoOpcode, cap};
 
 /// The most blocks one Read / Write / Write Zeroes names (NLB is 16 bits, 0's based).
 const MAX_BLOCKS_PER_COMMAND: u64 = 1 << 16;
@@ -82,9 +82,11 @@ impl NvmfDevice {
             max_transfer_bytes: max_transfer,
             buffer_alignment_bytes: 8,
         };
+        // A deeper queue than the controller offers would be refused at Connect; use what it offers.
+        let queue_entries = options.queue_entries.min(cap::max_queue_entries(info.cap).min(u32::from(u16::MAX)) as u16);
         let share = Arc::new(ControllerShare {
             address: address.clone(),
-            options: options.clone(),
+            options: HostOptions { queue_entries, ..options.clone() },
             geometry,
             in_capsule_bytes: info.identity.in_capsule_data_bytes(),
             io_queues: info.io_queues,
@@ -209,7 +211,14 @@ impl NvmfDevice {
 
 async fn open_io_queue(share: &ControllerShare, qid: u16) -> Result<Rc<HostQueue>, NvmfError> {
     let options = &share.options;
-    let queue = HostQueue::open(share.address.addr, options.digests, options.queue_entries).await?;
+    let queue = HostQueue::open(
+        share.address.addr,
+        options.digests,
+        options.queue_entries,
+        options.busy_poll,
+        options.tcp_congestion.as_deref(),
+    )
+    .await?;
     queue.set_in_capsule_bytes(share.in_capsule_bytes);
     let cntlid = share.cntlid.load(Ordering::SeqCst);
     match connect_queue(&queue, options, &share.address.subnqn, qid, options.queue_entries, cntlid).await {

@@ -90,6 +90,12 @@ pub struct HostOptions {
     /// Ask the controller to disable SQ flow control (it may then complete reads with the C2HData
     /// SUCCESS flag, saving a response PDU per read).
     pub disable_sq_flow_control: bool,
+    /// Busy-poll the I/O queues' sockets (SPDK style): lowest latency, one core kept busy per queue. The
+    /// admin queue always sleeps when idle.
+    pub busy_poll: bool,
+    /// TCP congestion control for the queues' sockets (`None`: the system's default). See
+    /// [`crate::tcp::set_congestion_control`].
+    pub tcp_congestion: Option<String>,
 }
 
 impl Default for HostOptions {
@@ -103,6 +109,8 @@ impl Default for HostOptions {
             controller_loss_timeout: Duration::from_secs(60),
             reconnect_delay: Duration::from_secs(1),
             disable_sq_flow_control: true,
+            busy_poll: false,
+            tcp_congestion: None,
         }
     }
 }

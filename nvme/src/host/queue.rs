@@ -13,7 +13,10 @@ use super::NvmfError;
 use crate::buffer::IoBuffer;
 use crate::spec::{Command, Completion, SglDescriptor};
 use crate::tcp::pdu::{Decoder, Digests, PduError, PduHeader};
-use crate::tcp::{Outbox, PduReader, PduWriter, TransportError, split_stream};
+use crate::tcp::{Outbox, PduReader, PduWriter, TransportError, set_congestion_control, split_polled, split_stream};
+
+/// How long a polled queue's TCP connect may take.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What the writer task sends.
 enum Outgoing {
@@ -57,11 +60,30 @@ pub(crate) struct HostQueue {
 
 impl HostQueue {
     /// Opens a connection and exchanges ICReq / ICResp; the tasks serving it run until it breaks.
-    pub(crate) async fn open(addr: SocketAddr, digests: Digests, entries: u16) -> Result<Rc<Self>, NvmfError> {
-        let stream =
-            TcpStream::connect(addr).await.map_err(|error| NvmfError::Connect { addr, source: error.into() })?;
-        let _ = stream.set_nodelay(true);
-        let (read_half, write_half) = split_stream(stream).map_err(|source| NvmfError::Connect { addr, source })?;
+    pub(crate) async fn open(
+        addr: SocketAddr,
+        digests: Digests,
+        entries: u16,
+        polled: bool,
+        congestion: Option<&str>,
+    ) -> Result<Rc<Self>, NvmfError> {
+        let (read_half, write_half) = if polled {
+            // A blocking connect on the setup path: polling only matters once the queue carries I/O.
+            let stream = std::net::TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
+                .map_err(|source| NvmfError::Connect { addr, source })?;
+            let _ = stream.set_nodelay(true);
+            split_polled(stream).map_err(|source| NvmfError::Connect { addr, source })?
+        } else {
+            let stream =
+                TcpStream::connect(addr).await.map_err(|error| NvmfError::Connect { addr, source: error.into() })?;
+            let _ = stream.set_nodelay(true);
+            split_stream(stream, false).map_err(|source| NvmfError::Connect { addr, source })?
+        };
+        if let Some(algorithm) = congestion {
+            set_congestion_control(read_half.raw_fd(), algorithm).map_err(|error| {
+                NvmfError::Protocol(format!("TCP congestion control {algorithm:?} refused by the kernel: {error}"))
+            })?;
+        }
         let decoder = Decoder { controller: false, digests: Digests::default(), max_data_bytes: 0 };
         let mut reader = PduReader::new(read_half, decoder);
         let mut writer = PduWriter::new(write_half);

@@ -88,6 +88,9 @@ pub struct TargetConfig {
     /// How long an idle executor spins before sleeping in the kernel: zero sleeps at once; a long time is
     /// SPDK-style busy polling (one core burnt for the lowest latency).
     pub busy_poll: Duration,
+    /// TCP congestion control for accepted connections (`None`: the system's default). See
+    /// [`crate::tcp::set_congestion_control`].
+    pub tcp_congestion: Option<String>,
     /// Entries per queue the controller offers (CAP.MQES + 1) and MAXCMD.
     pub queue_entries: u16,
     /// Most data per H2CData PDU the target accepts (MAXH2CDATA).
@@ -107,6 +110,7 @@ impl TargetConfig {
             subsystems,
             cpus: vec![0],
             busy_poll: Duration::ZERO,
+            tcp_congestion: None,
             queue_entries: 128,
             max_h2c_data_bytes: 1 << 20,
             in_capsule_data_bytes: 16 << 10,

@@ -5,7 +5,7 @@
 use std::cell::RefCell;
 use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,6 +15,7 @@ use glommio::net::TcpStream;
 
 use super::TargetConfig;
 use super::admin;
+use super::buffers::BufferPool;
 use super::io;
 use super::namespace::NamespaceDevice;
 use super::registry::{Controller, QueueCounters, Shared};
@@ -22,7 +23,7 @@ use crate::buffer::IoBuffer;
 use crate::device::BlockDevice;
 use crate::spec::{Command, Completion, ConnectData, FABRICS_OPCODE, FabricsType, IoOpcode, NvmeStatus, SglDescriptor};
 use crate::tcp::pdu::{Decoder, FatalError, MAX_TERM_DATA_BYTES, PduError, PduHeader};
-use crate::tcp::{Outbox, PduReader, PduWriter, TransportError, split_stream};
+use crate::tcp::{Outbox, PduReader, PduWriter, TransportError, set_congestion_control, split_stream};
 
 /// What one executor of the target holds.
 pub(crate) struct ExecutorContext {
@@ -32,6 +33,18 @@ pub(crate) struct ExecutorContext {
     pub(crate) devices: Vec<Vec<Rc<NamespaceDevice>>>,
     /// The address the target listens on (for the discovery log).
     pub(crate) listen: SocketAddr,
+    /// Recycled buffers for RAM namespaces and control data.
+    pub(crate) buffers: BufferPool,
+}
+
+impl ExecutorContext {
+    /// A data buffer for `device`: the device's own (registered memory for files) or a recycled one.
+    pub(crate) fn buffer_for(&self, device: &NamespaceDevice, len: usize) -> IoBuffer {
+        match device {
+            NamespaceDevice::Memory(_) => self.buffers.take(len),
+            NamespaceDevice::File(file) => file.alloc_buffer(len),
+        }
+    }
 }
 
 /// What the writer task sends.
@@ -217,8 +230,13 @@ impl Queue {
 /// down. Errors end this connection only.
 pub(crate) async fn serve(stream: TcpStream, ctx: Rc<ExecutorContext>) {
     let _ = stream.set_nodelay(true);
-    let fd = stream.as_raw_fd();
-    let Ok((read_half, write_half)) = split_stream(stream) else { return };
+    let polled = !ctx.config.busy_poll.is_zero();
+    let Ok((read_half, write_half)) = split_stream(stream, polled) else { return };
+    let fd = read_half.raw_fd();
+    if let Some(algorithm) = &ctx.config.tcp_congestion {
+        // Checked at start-up on the listener; a failure here leaves the default, which still works.
+        let _ = set_congestion_control(fd, algorithm);
+    }
     ctx.shared.registry().connections.insert(fd);
     let queue = Rc::new(Queue {
         ctx: Rc::clone(&ctx),
@@ -302,6 +320,7 @@ async fn write_loop(queue: Rc<Queue>, mut writer: PduWriter) {
                     let header =
                         PduHeader::ControllerData { cccid: cid, offset: 0, last: true, success: response.is_none() };
                     let sent = writer.send(&header, data.as_slice()).await;
+                    queue.ctx.buffers.give(data);
                     match response {
                         Some(completion) if sent.is_ok() => writer.send(&PduHeader::Response(completion), &[]).await,
                         _ => sent,
@@ -381,7 +400,7 @@ async fn receive_command(
             );
         }
         let mut buffer = match queue.device(command.nsid) {
-            Some(device) if command.opcode == IoOpcode::Write as u8 => device.alloc_buffer(data_len as usize),
+            Some(device) if command.opcode == IoOpcode::Write as u8 => queue.ctx.buffer_for(&device, data_len as usize),
             _ => IoBuffer::aligned(data_len as usize, 8),
         };
         reader.read_data(received, buffer.as_mut_slice()).await?;

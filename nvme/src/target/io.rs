@@ -4,6 +4,7 @@
 use std::rc::Rc;
 
 use super::connection::Queue;
+use super::namespace::NamespaceDevice;
 use super::registry::QueueCounters;
 use crate::buffer::IoBuffer;
 use crate::device::{BlockDevice, Geometry};
@@ -34,7 +35,7 @@ async fn execute(queue: &Rc<Queue>, command: &Command, data: Option<IoBuffer>) -
             if command.sgl.identifier != SglDescriptor::TRANSPORT {
                 return Err(NvmeStatus::SGL_TYPE_INVALID.with_dnr());
             }
-            let (buffer, result) = device.read(device.alloc_buffer(len as usize), offset).await;
+            let (buffer, result) = device.read(queue.ctx.buffer_for(&device, len as usize), offset).await;
             result.map_err(|error| media_status(counters, &error))?;
             QueueCounters::add(&counters.reads, 1);
             QueueCounters::add(&counters.bytes_read, len);
@@ -42,8 +43,9 @@ async fn execute(queue: &Rc<Queue>, command: &Command, data: Option<IoBuffer>) -
         }
         op if op == IoOpcode::Write as u8 => {
             let (offset, len) = transfer_range(queue, command, geometry)?;
-            let buffer = receive_data(queue, command, data, len as usize, &*device).await?;
-            let (_, result) = device.write(buffer, offset).await;
+            let buffer = receive_data(queue, command, data, len as usize, &device).await?;
+            let (buffer, result) = device.write(buffer, offset).await;
+            queue.ctx.buffers.give(buffer);
             result.map_err(|error| media_status(counters, &error))?;
             QueueCounters::add(&counters.writes, 1);
             QueueCounters::add(&counters.bytes_written, len);
@@ -61,7 +63,7 @@ async fn execute(queue: &Rc<Queue>, command: &Command, data: Option<IoBuffer>) -
         op if op == IoOpcode::DatasetManagement as u8 => {
             let ranges = (command.cdw(10) & 0xff) as usize + 1;
             let deallocate = command.cdw(11) & (1 << 2) != 0;
-            let bytes = receive_data(queue, command, data, ranges * DSM_RANGE_BYTES, &*device).await?;
+            let bytes = receive_data(queue, command, data, ranges * DSM_RANGE_BYTES, &device).await?;
             if deallocate {
                 for range in bytes.as_slice().chunks_exact(DSM_RANGE_BYTES) {
                     let blocks = get_u32(range, 4);
@@ -106,7 +108,7 @@ async fn receive_data(
     command: &Command,
     data: Option<IoBuffer>,
     len: usize,
-    device: &impl BlockDevice,
+    device: &NamespaceDevice,
 ) -> Result<IoBuffer, NvmeStatus> {
     if command.sgl.length as usize != len {
         return Err(NvmeStatus::SGL_LENGTH_INVALID.with_dnr());
@@ -115,7 +117,7 @@ async fn receive_data(
         (SglDescriptor::IN_CAPSULE, Some(data)) if data.len() == len && command.sgl.address == 0 => Ok(data),
         (SglDescriptor::IN_CAPSULE, _) => Err(NvmeStatus::SGL_LENGTH_INVALID.with_dnr()),
         (SglDescriptor::TRANSPORT, None) => {
-            let receiver = queue.request_data(command.cid, device.alloc_buffer(len));
+            let receiver = queue.request_data(command.cid, queue.ctx.buffer_for(device, len));
             // `None`: the connection ended before the data came; nobody is left to answer.
             receiver.recv().await.ok_or(NvmeStatus::ABORTED_SQ_DELETION)
         }

@@ -6,6 +6,7 @@
 //! on different cores, and find each other through the [`registry`] at Connect. See ARCHITECTURE.md.
 
 mod admin;
+mod buffers;
 mod config;
 mod connection;
 mod io;
@@ -14,7 +15,7 @@ mod registry;
 
 use std::io::{Seek, SeekFrom};
 use std::net::SocketAddr;
-use std::os::fd::{FromRawFd, IntoRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, RawFd};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
@@ -285,13 +286,14 @@ pub fn start(config: TargetConfig) -> Result<TargetHandle, TargetError> {
                     Ok(devices) => devices,
                     Err(error) => return drop(ready.send(Err(error))),
                 };
-                let (listener, fd) = match bind_listener(listen) {
+                let (listener, fd) = match bind_listener(listen, config.tcp_congestion.as_deref()) {
                     Ok(bound) => bound,
                     Err(source) => return drop(ready.send(Err(TargetError::Listen { addr: listen, source }))),
                 };
                 let local = listener.local_addr().unwrap_or(listen);
                 let _ = ready.send(Ok((local, fd)));
-                let ctx = Rc::new(ExecutorContext { shared, config, devices, listen: local });
+                let ctx =
+                    Rc::new(ExecutorContext { shared, config, devices, listen: local, buffers: Default::default() });
                 accept_loop(listener, ctx, stopping).await;
             })
             .map_err(|error| TargetError::Executor(error.to_string()));
@@ -325,8 +327,13 @@ pub fn start(config: TargetConfig) -> Result<TargetHandle, TargetError> {
 
 /// A listener with `SO_REUSEPORT`, as glommio binds one, keeping its descriptor so that `stop` can shut
 /// it down and end the pending accept.
-fn bind_listener(addr: SocketAddr) -> std::io::Result<(TcpListener, RawFd)> {
+fn bind_listener(addr: SocketAddr, congestion: Option<&str>) -> std::io::Result<(TcpListener, RawFd)> {
     let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
+    if let Some(algorithm) = congestion {
+        crate::tcp::set_congestion_control(socket.as_raw_fd(), algorithm).map_err(|error| {
+            std::io::Error::new(error.kind(), format!("TCP congestion control {algorithm:?}: {error}"))
+        })?;
+    }
     socket.set_reuse_port(true)?;
     socket.bind(&addr.into())?;
     socket.listen(1024)?;

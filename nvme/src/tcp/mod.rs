@@ -5,4 +5,6 @@ pub mod pdu;
 pub mod stream;
 
 pub use pdu::{Decoder, Digests, FatalError, PduError, PduHeader, PduType, ReceivedHeader};
-pub use stream::{Outbox, PduReader, PduWriter, TransportError, split_stream};
+pub use stream::{
+    Outbox, PduReader, PduWriter, Socket, TransportError, set_congestion_control, split_polled, split_stream,
+};

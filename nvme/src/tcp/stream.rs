@@ -4,8 +4,8 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
-use std::io;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::task::{Poll, Waker};
 
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
@@ -30,18 +30,151 @@ pub enum TransportError {
     Pdu(#[from] PduError),
 }
 
-/// Two streams on one socket (a `dup` of its descriptor), so that one task reads while another writes.
-pub fn split_stream(stream: TcpStream) -> io::Result<(TcpStream, TcpStream)> {
+/// A connected socket, driven one of two ways:
+/// - **reactor**: glommio's `TcpStream`; an idle connection costs nothing, the core sleeps in the kernel;
+/// - **polled** (SPDK style): a non-blocking socket the task retries, yielding to the executor's other
+///   tasks between tries, so the core never sleeps while the connection is open. It saves the reactor's
+///   wake-up on every PDU, which is most of a small I/O's latency, at the price of a busy core.
+pub enum Socket {
+    /// Through glommio's reactor.
+    Reactor(TcpStream),
+    /// Busy-polled with non-blocking system calls.
+    Polled(std::net::TcpStream),
+}
+
+impl Socket {
+    /// The descriptor (for shutting the connection down from elsewhere).
+    pub fn raw_fd(&self) -> RawFd {
+        match self {
+            Socket::Reactor(stream) => stream.as_raw_fd(),
+            Socket::Polled(stream) => stream.as_raw_fd(),
+        }
+    }
+
+    async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Socket::Reactor(stream) => stream.read(buf).await,
+            Socket::Polled(stream) => {
+                let mut misses = 0u32;
+                loop {
+                    match (&*stream).read(buf) {
+                        Ok(read) => return Ok(read),
+                        Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                            misses += 1;
+                            idle_poll(misses).await;
+                        }
+                        Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                        Err(error) => return Err(error),
+                    }
+                }
+            }
+        }
+    }
+
+    async fn read_exact(&mut self, mut buf: &mut [u8]) -> io::Result<()> {
+        while !buf.is_empty() {
+            let read = self.read(buf).await?;
+            if read == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            buf = &mut buf[read..];
+        }
+        Ok(())
+    }
+
+    async fn write_all(&mut self, mut buf: &[u8]) -> io::Result<()> {
+        match self {
+            Socket::Reactor(stream) => stream.write_all(buf).await,
+            Socket::Polled(stream) => {
+                let mut misses = 0u32;
+                while !buf.is_empty() {
+                    match (&*stream).write(buf) {
+                        Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                        Ok(written) => buf = &buf[written..],
+                        Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                            misses += 1;
+                            idle_poll(misses).await;
+                        }
+                        Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                        Err(error) => return Err(error),
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    async fn shutdown(&mut self) -> io::Result<()> {
+        match self {
+            Socket::Reactor(stream) => stream.shutdown(std::net::Shutdown::Both).await.map_err(Into::into),
+            Socket::Polled(stream) => stream.shutdown(std::net::Shutdown::Both),
+        }
+    }
+}
+
+/// Polls between this many misses give the core to the kernel once (`sched_yield`).
+const MISSES_PER_KERNEL_YIELD: u32 = 64;
+
+/// What a polled socket does when it has nothing: let the executor's other tasks run, and every
+/// [`MISSES_PER_KERNEL_YIELD`] misses let the kernel's own threads on this core run too. Without the
+/// latter, work the kernel defers to `ksoftirqd` (TCP pacing under BBR, for one) waits for the scheduler
+/// to preempt the spinning thread, several milliseconds, and every I/O in flight stalls with it.
+async fn idle_poll(misses: u32) {
+    if misses.is_multiple_of(MISSES_PER_KERNEL_YIELD) {
+        std::thread::yield_now();
+    }
+    futures_lite::future::yield_now().await;
+}
+
+/// Sets a socket's TCP congestion control algorithm (`TCP_CONGESTION`), e.g. `reno` or `cubic`. Pacing
+/// algorithms (BBR, the default on some systems) spread a burst of responses over the estimated
+/// bandwidth, which on loopback and fast fabrics caps a deep queue well below what the path carries.
+pub fn set_congestion_control(fd: RawFd, algorithm: &str) -> io::Result<()> {
+    // SAFETY: the pointer and length describe `algorithm`'s bytes, which outlive the call; the kernel only
+    // reads them.
+    #[allow(unsafe_code)]
+    let result = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            algorithm.as_ptr().cast(),
+            algorithm.len() as libc::socklen_t,
+        )
+    };
+    if result < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+fn duplicate(fd: RawFd) -> io::Result<RawFd> {
     // SAFETY: `dup` has no memory-safety preconditions; it returns a new descriptor or -1.
     #[allow(unsafe_code)]
-    let duplicate = unsafe { libc::dup(stream.as_raw_fd()) };
-    if duplicate < 0 {
-        return Err(io::Error::last_os_error());
+    let duplicate = unsafe { libc::dup(fd) };
+    if duplicate < 0 { Err(io::Error::last_os_error()) } else { Ok(duplicate) }
+}
+
+/// Two sockets on one connection (`dup`s of its descriptor), so that one task reads while another
+/// writes: both through glommio's reactor, or both polled.
+pub fn split_stream(stream: TcpStream, polled: bool) -> io::Result<(Socket, Socket)> {
+    if polled {
+        let reader = duplicate(stream.as_raw_fd())?;
+        // SAFETY: `reader` is a fresh descriptor of a connected TCP socket that nothing else owns.
+        #[allow(unsafe_code)]
+        let reader = unsafe { std::net::TcpStream::from_raw_fd(reader) };
+        drop(stream);
+        return split_polled(reader);
     }
-    // SAFETY: `duplicate` is a fresh descriptor of a connected TCP socket that nothing else owns.
+    let writer = duplicate(stream.as_raw_fd())?;
+    // SAFETY: `writer` is a fresh descriptor of a connected TCP socket that nothing else owns.
     #[allow(unsafe_code)]
-    let writer = unsafe { TcpStream::from_raw_fd(duplicate) };
-    Ok((stream, writer))
+    let writer = unsafe { TcpStream::from_raw_fd(writer) };
+    Ok((Socket::Reactor(stream), Socket::Reactor(writer)))
+}
+
+/// Two polled sockets on one connected standard-library stream.
+pub fn split_polled(stream: std::net::TcpStream) -> io::Result<(Socket, Socket)> {
+    stream.set_nonblocking(true)?;
+    let writer = stream.try_clone()?;
+    Ok((Socket::Polled(stream), Socket::Polled(writer)))
 }
 
 const RECEIVE_BUFFER_BYTES: usize = 64 << 10;
@@ -50,7 +183,7 @@ const DIRECT_READ_BYTES: usize = 16 << 10;
 
 /// Reads PDUs from a stream.
 pub struct PduReader {
-    stream: TcpStream,
+    stream: Socket,
     buffer: Box<[u8]>,
     start: usize,
     end: usize,
@@ -62,7 +195,7 @@ pub struct PduReader {
 
 impl PduReader {
     /// A reader over `stream` checking PDUs with `decoder`.
-    pub fn new(stream: TcpStream, decoder: Decoder) -> Self {
+    pub fn new(stream: Socket, decoder: Decoder) -> Self {
         Self {
             stream,
             buffer: vec![0u8; RECEIVE_BUFFER_BYTES].into_boxed_slice(),
@@ -173,7 +306,7 @@ impl PduReader {
 
 /// Writes PDUs to a stream, coalescing small ones.
 pub struct PduWriter {
-    stream: TcpStream,
+    stream: Socket,
     batch: Vec<u8>,
     /// Digests in force.
     pub digests: Digests,
@@ -188,7 +321,7 @@ const BATCH_BYTES: usize = 128 << 10;
 
 impl PduWriter {
     /// A writer over `stream`.
-    pub fn new(stream: TcpStream) -> Self {
+    pub fn new(stream: Socket) -> Self {
         Self {
             stream,
             batch: Vec::with_capacity(BATCH_BYTES + COPY_PAYLOAD_BYTES),
@@ -234,7 +367,7 @@ impl PduWriter {
     /// Shuts the socket down for writing (the peer reads end of stream).
     pub async fn close(&mut self) -> io::Result<()> {
         self.flush().await?;
-        self.stream.shutdown(std::net::Shutdown::Both).await.map_err(Into::into)
+        self.stream.shutdown().await
     }
 }
 

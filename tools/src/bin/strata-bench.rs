@@ -11,12 +11,16 @@ use strata_tools::block_bench;
 use strata_tools::byte_size::parse_byte_size;
 
 const BLOCK_MODE_HELP: &str = "\
-Block mode (no subcommand): fio's options and job files, run on Strata's io_uring block layer.
+Block mode (no subcommand): fio's options and job files, run on Strata's block layer (io_uring, NVMe-oF).
   strata-bench --name=NAME --filename=PATH --rw=read|write|randread|randwrite|randrw|rw [--rwmixread=N]
                [--bs=4k] [--iodepth=N] [--numjobs=N] [--size=4g] [--offset=N] [--runtime=15] [--time_based]
                [--ramp_time=N] [--direct=1] [--ioengine=uring] [--random_distribution=random|zipf:1.2]
                [--verify=crc32c] [--randseed=N] [--group_reporting] [--output-format=normal|json]
-               [--spin_before_park=50us]   (Strata's own: busy-poll before parking; trades CPU for latency)
+               [--spin_before_park=50us]   (Strata's own: busy-poll before parking; trades CPU for latency;
+                                            with --ioengine=nvmf the host also busy-polls its sockets)
+               [--tcp_congestion=reno]     (Strata's own, nvmf: congestion control of the host's sockets)
+  --ioengine=nvmf --filename='trtype=tcp,traddr=127.0.0.1,trsvcid=4420,subnqn=NQN,ns=1' runs on Strata's
+  NVMe-oF/TCP host against any NVMe/TCP target (strata-pool target, Linux nvmet, SPDK).
   strata-bench JOBFILE.fio [--output-format=json]
 Options before the first --name apply to every job. The exit status is 1 when a job failed or a block
 failed verification.";

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use glommio::{CpuSet, LocalExecutorBuilder, Placement};
 use strata_nvme::environment::check_memlock_budget;
-use strata_nvme::{BlockDevice, RingDevice, UringDevice, UringOptions};
+use strata_nvme::{BlockDevice, HostOptions, NvmfAddress, NvmfDevice, RingDevice, UringDevice, UringOptions};
 
 use self::options::{BenchPlan, IoEngine, JobOptions, OutputFormat, Verify};
 use self::runner::{JobProgress, JobResult, run_job};
@@ -39,6 +39,12 @@ pub struct BenchOutcome {
 fn io_memory_bytes(job: &JobOptions) -> usize {
     let per_worker = 2 * job.bs as usize;
     (per_worker * job.iodepth as usize + (4 << 20)).clamp(4 << 20, 1 << 30)
+}
+
+/// I/O queue entries for an nvmf job: its depth, plus one entry for the verify phase's reader, at least
+/// the 2 entries NVMe requires.
+fn nvmf_queue_entries(job: &JobOptions) -> u16 {
+    (job.iodepth + 1).clamp(2, u32::from(u16::MAX)) as u16
 }
 
 fn region_end(job: &JobOptions) -> Option<u64> {
@@ -114,6 +120,11 @@ fn prepare(jobs: &[JobOptions], show_progress: bool) -> anyhow::Result<()> {
         let Some(filename) = &job.filename else {
             bail!("job {}: no filename (--filename=PATH)", job.name);
         };
+        if job.ioengine == IoEngine::Nvmf {
+            // A remote namespace is used as it is, as fio uses a block device: nothing to lay out.
+            NvmfAddress::parse(&filename.to_string_lossy()).map_err(|error| anyhow!("job {}: {error}", job.name))?;
+            continue;
+        }
         if job.time_based && job.runtime.is_none() {
             bail!("job {}: time_based needs a runtime", job.name);
         }
@@ -193,6 +204,21 @@ pub fn run(plan: &BenchPlan, show_status: bool) -> anyhow::Result<BenchOutcome> 
                         IoEngine::Ring => {
                             let device = RingDevice::open(&filename, &options, job.iodepth)
                                 .map_err(|error| error.to_string())?;
+                            run_job(Rc::new(device), &job, job_index, progress).await
+                        }
+                        IoEngine::Nvmf => {
+                            let address =
+                                NvmfAddress::parse(&filename.to_string_lossy()).map_err(|error| error.to_string())?;
+                            // Each job clone is its own controller with one I/O queue on its executor.
+                            let host = HostOptions {
+                                queue_entries: nvmf_queue_entries(&job),
+                                // spin_before_park asks for polling: the host then busy-polls its socket.
+                                busy_poll: !job.spin_before_park.is_zero(),
+                                tcp_congestion: job.tcp_congestion.clone(),
+                                ..HostOptions::default()
+                            };
+                            let device =
+                                NvmfDevice::connect(&address, &host, 1).await.map_err(|error| error.to_string())?;
                             run_job(Rc::new(device), &job, job_index, progress).await
                         }
                     }

@@ -68,6 +68,9 @@ pub enum IoEngine {
     /// Strata's own io_uring per job (`RingDevice`): submits each I/O at once, blocks the job's executor
     /// while waiting, as fio's engine does.
     Ring,
+    /// Strata's NVMe-oF/TCP host (`NvmfDevice`); the filename is
+    /// `trtype=tcp,traddr=ADDR,trsvcid=PORT,subnqn=NQN,ns=N`.
+    Nvmf,
 }
 
 impl IoEngine {
@@ -76,6 +79,7 @@ impl IoEngine {
         match self {
             IoEngine::Uring => "uring",
             IoEngine::Ring => "ring",
+            IoEngine::Nvmf => "nvmf",
         }
     }
 }
@@ -140,6 +144,8 @@ pub struct JobOptions {
     /// which dominates at low queue depth; spinning trades CPU for latency, as SPDK's polling does. 0: park
     /// at once, like fio.
     pub spin_before_park: Duration,
+    /// Strata's own: TCP congestion control of the nvmf engine's sockets (`None`: the system's default).
+    pub tcp_congestion: Option<String>,
 }
 
 impl Default for JobOptions {
@@ -165,6 +171,7 @@ impl Default for JobOptions {
             verify: Verify::None,
             randseed: 0x5eed,
             spin_before_park: Duration::ZERO,
+            tcp_congestion: None,
         }
     }
 }
@@ -194,7 +201,7 @@ pub struct BenchPlan {
 pub enum OptionError {
     /// An option strata-bench does not know.
     #[error(
-        "unknown option '{0}' (strata-bench takes fio's names: name filename rw rwmixread bs iodepth numjobs size offset runtime time_based ramp_time direct ioengine random_distribution verify randseed group_reporting output-format; Strata's own: spin_before_park)"
+        "unknown option '{0}' (strata-bench takes fio's names: name filename rw rwmixread bs iodepth numjobs size offset runtime time_based ramp_time direct ioengine random_distribution verify randseed group_reporting output-format; Strata's own: spin_before_park tcp_congestion)"
     )]
     Unknown(String),
     /// A value that does not fit the option.
@@ -349,13 +356,7 @@ impl JobOptions {
                 self.ioengine = match required(option, value)? {
                     "uring" | "io_uring" => IoEngine::Uring,
                     "ring" => IoEngine::Ring,
-                    engine @ "nvmf" => {
-                        return Err(OptionError::Unsupported {
-                            option: option.into(),
-                            value: engine.into(),
-                            message: "the NVMe-oF/TCP host engine is not built yet (it lands with the NVMe-oF work); use --ioengine=uring".into(),
-                        });
-                    }
+                    "nvmf" => IoEngine::Nvmf,
                     engine @ "spdk" => {
                         return Err(OptionError::Unsupported {
                             option: option.into(),
@@ -366,7 +367,7 @@ impl JobOptions {
                     other => {
                         return Err(bad(
                             option,
-                            format!("unknown engine '{other}': strata-bench has uring (alias io_uring) and ring"),
+                            format!("unknown engine '{other}': strata-bench has uring (alias io_uring), ring and nvmf"),
                         ));
                     }
                 }
@@ -400,6 +401,7 @@ impl JobOptions {
             }
             "randseed" => self.randseed = required(option, value)?.parse().map_err(|_| bad(option, "not a number"))?,
             "spin_before_park" => self.spin_before_park = parse_duration(option, required(option, value)?)?,
+            "tcp_congestion" => self.tcp_congestion = Some(required(option, value)?.to_string()),
             "group_reporting" | "output-format" => return Ok(Scope::Run),
             other => return Err(OptionError::Unknown(other.to_string())),
         }
@@ -607,7 +609,7 @@ mod tests {
             ("--name=x --frobnicate=1", "unknown option"),
             ("--name=x --direct=0", "direct"),
             ("--name=x --ioengine=libaio", "ioengine"),
-            ("--name=x --ioengine=nvmf", "NVMe-oF"),
+            ("--name=x --ioengine=spdk", "SPDK"),
             ("--name=x --random_distribution=pareto:0.5", "random_distribution"),
             ("--name=x --rwmixread=150", "rwmixread"),
         ];
