@@ -63,12 +63,16 @@ impl NvmfDevice {
     pub async fn connect(address: &NvmfAddress, options: &HostOptions, io_queues: u16) -> Result<Self, NvmfError> {
         let admin = AdminQueue::connect(address.addr, &address.subnqn, options, io_queues.max(1)).await?;
         let namespace = admin.namespace(address.nsid).await?;
+        if namespace.nsze == 0 {
+            // Identify returns zeroes for an NSID that is valid but not active.
+            return Err(NvmfError::Protocol(format!(
+                "namespace {} is not active on {} ({} namespaces at most)",
+                address.nsid, address.subnqn, admin.info.identity.nn
+            )));
+        }
         let block_bytes = namespace
             .logical_block_bytes()
             .ok_or_else(|| NvmfError::Protocol(format!("namespace {} has no usable LBA format", address.nsid)))?;
-        if namespace.nsze == 0 {
-            return Err(NvmfError::Protocol(format!("namespace {} is not active", address.nsid)));
-        }
         let info = &admin.info;
         let max_transfer = info
             .identity
