@@ -5,10 +5,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian packages the tests use as oracles or services. Each issue that adds such a test adds its package here
-# (tshark and QEMU for NVMe/TCP interoperability and etcd for the cluster will come).
+# (etcd for the cluster will come).
 #   fio: the oracle of strata-bench's JSON contract (tools/tests/json_matches_fio_field_names.rs).
-debian_packages=(fio)
+#   tshark: the independent NVMe/TCP decoder (nvme/tests/tshark_decodes_every_pdu_we_send.rs).
+# The Linux kernel NVMe/TCP guest (QEMU, busybox, nvme-cli, Debian's kernel) is installed and built by
+# tests/lab/kernel-nvmf prepare, below.
+debian_packages=(fio tshark)
 
+# tshark asks whether non-root users may capture; answer before installing, so apt never waits.
+echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections 2>/dev/null || true
 missing=()
 for package in "${debian_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
@@ -18,6 +23,9 @@ if ((${#missing[@]})); then
     apt-get update -q
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
 fi
+
+# The kernel guest for the interoperability tests (cached under /var/tmp after the first run).
+tests/lab/kernel-nvmf prepare
 
 # Unit, integration and doc tests.
 cargo test --workspace
