@@ -20,7 +20,10 @@ fn tshark_recognises_every_pdu_and_every_digest_of_a_session() {
     let nqn = "nqn.2026-12.io.strata:tshark";
     let namespace = NamespaceConfig { backend: NamespaceBackend::Memory { bytes: 16 << 20 }, block_bytes: 4096 };
     let subsystem = SubsystemConfig { nqn: nqn.into(), namespaces: vec![namespace], allowed_hosts: Vec::new() };
-    let config = TargetConfig { max_h2c_data_bytes: H2C_CHUNK, ..TargetConfig::new("127.0.0.1:0".parse().unwrap(), vec![subsystem]) };
+    let config = TargetConfig {
+        max_h2c_data_bytes: H2C_CHUNK,
+        ..TargetConfig::new("127.0.0.1:0".parse().unwrap(), vec![subsystem])
+    };
     let target = target::start(config).unwrap();
     let port = target.local_addr().port();
 
@@ -41,7 +44,11 @@ fn tshark_recognises_every_pdu_and_every_digest_of_a_session() {
     let address = NvmfAddress { addr: target.local_addr(), subnqn: nqn.into(), nsid: 1 };
     LocalExecutorBuilder::new(Placement::Unbound)
         .spawn(move || async move {
-            let options = HostOptions { digests: Digests { header: true, data: true }, keep_alive_ms: 0, ..HostOptions::default() };
+            let options = HostOptions {
+                digests: Digests { header: true, data: true },
+                keep_alive_ms: 0,
+                ..HostOptions::default()
+            };
             let device = NvmfDevice::connect(&address, &options, 1).await.unwrap();
             for (len, offset, fill) in [(4096usize, 0u64, 0x11u8), (1 << 20, 1 << 20, 0x22)] {
                 let mut buffer = device.alloc_buffer(len);
@@ -76,7 +83,9 @@ fn tshark_recognises_every_pdu_and_every_digest_of_a_session() {
     let text = String::from_utf8_lossy(&decoded.stdout);
     let column = |index: usize| -> Vec<String> {
         text.lines()
-            .flat_map(|line| line.split(';').nth(index).unwrap_or("").split(',').map(str::to_string).collect::<Vec<_>>())
+            .flat_map(|line| {
+                line.split(';').nth(index).unwrap_or("").split(',').map(str::to_string).collect::<Vec<_>>()
+            })
             .filter(|value| !value.is_empty())
             .collect()
     };
@@ -103,7 +112,8 @@ fn tshark_recognises_every_pdu_and_every_digest_of_a_session() {
     assert_eq!(r2t_lengths, vec![(1u32 << 20).to_string()]);
     let offsets: Vec<u32> = column(3).iter().map(|value| value.parse().unwrap()).collect();
     let lengths: Vec<u32> = column(4).iter().map(|value| value.parse().unwrap()).collect();
-    let h2c: Vec<(u32, u32)> = offsets.iter().copied().zip(lengths.iter().copied()).filter(|&(_, len)| len == H2C_CHUNK).collect();
+    let h2c: Vec<(u32, u32)> =
+        offsets.iter().copied().zip(lengths.iter().copied()).filter(|&(_, len)| len == H2C_CHUNK).collect();
     assert_eq!(h2c, (0..4).map(|index| (index * H2C_CHUNK, H2C_CHUNK)).collect::<Vec<_>>(), "H2CData offsets");
     assert!(lengths.contains(&(1 << 20)) && lengths.contains(&4096), "C2HData lengths: {lengths:?}");
     assert_eq!(column(6), vec!["3".to_string(), "3".to_string()], "ICReq asks for both digests");

@@ -589,9 +589,10 @@ pub fn encode_header(out: &mut Vec<u8>, header: &PduHeader, digests: Digests, da
     out.resize(start + stage_len, 0);
 }
 
-/// Appends a data digest for `data` when the connection uses data digests.
-pub fn encode_data_digest(out: &mut Vec<u8>, digests: Digests, data: &[u8]) {
-    if digests.data && !data.is_empty() {
+/// Appends a data digest for the `data` of a PDU with `header` when the connection uses data digests and
+/// the PDU type carries them (TermReq PDUs never do).
+pub fn encode_data_digest(out: &mut Vec<u8>, header: &PduHeader, digests: Digests, data: &[u8]) {
+    if digests.data && !data.is_empty() && header.pdu_type().digested() {
         out.extend_from_slice(&data_digest(data).to_le_bytes());
     }
 }
@@ -640,7 +641,7 @@ mod tests {
         let mut out = Vec::new();
         encode_header(&mut out, header, digests, data.len() as u32, 4);
         out.extend_from_slice(data);
-        encode_data_digest(&mut out, digests, data);
+        encode_data_digest(&mut out, header, digests, data);
         out
     }
 

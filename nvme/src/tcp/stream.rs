@@ -336,7 +336,7 @@ impl PduWriter {
         encode_header(&mut self.batch, header, self.digests, data.len() as u32, self.data_alignment);
         if data.len() <= COPY_PAYLOAD_BYTES {
             self.batch.extend_from_slice(data);
-            encode_data_digest(&mut self.batch, self.digests, data);
+            encode_data_digest(&mut self.batch, header, self.digests, data);
             if self.batch.len() >= BATCH_BYTES {
                 self.flush().await?;
             }
@@ -344,7 +344,7 @@ impl PduWriter {
         }
         self.flush().await?;
         self.stream.write_all(data).await?;
-        encode_data_digest(&mut self.batch, self.digests, data);
+        encode_data_digest(&mut self.batch, header, self.digests, data);
         Ok(())
     }
 
