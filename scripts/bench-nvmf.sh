@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Strata's NVMe-oF/TCP host against Strata's target on loopback, each pinned to one core (target: CPU 1,
+# strata-bench: CPU 0), for the rows of the NVMe-oF issue; then the file-namespace rows against
+# strata-bench --ioengine=uring on the same file locally. Every row runs REPS times; the table shows the
+# median, and the target's CPU time per I/O (from /proc, user + system).
+#   RUNTIME=5 REPS=3 MODES="reactor poll" FILE_ROWS=1 CONGESTION=reno scripts/bench-nvmf.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNTIME=${RUNTIME:-5}
+REPS=${REPS:-3}
+MODES=${MODES:-"reactor poll"}
+FILE_ROWS=${FILE_ROWS:-1}
+FILE=${FILE:-target/bench-vs-fio.img}
+PORT=${PORT:-4460}
+NQN=nqn.2026-12.io.strata:bench
+cargo build --release -q --bin strata-bench --bin strata-pool
+BENCH=target/release/strata-bench
+TICK=$(getconf CLK_TCK)
+
+target_pid=
+stop_target() {
+  if [ -n "$target_pid" ]; then kill "$target_pid" 2>/dev/null || true; wait "$target_pid" 2>/dev/null || true; fi
+  target_pid=
+}
+trap stop_target EXIT
+
+start_target() { # NAMESPACE BUSY_POLL
+  stop_target
+  local extra=()
+  [ -n "${CONGESTION:-}" ] && extra=(--tcp-congestion "$CONGESTION")
+  target/release/strata-pool target --listen "127.0.0.1:$PORT" --subsystem "$NQN" --namespace "$1" --cpus 1 \
+    --busy-poll "$2" "${extra[@]}" 2>/dev/null &
+  target_pid=$!
+  for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && return; sleep 0.1; done
+  echo "target did not start" >&2; exit 1
+}
+
+target_ticks() { awk '{print $14 + $15}' "/proc/$target_pid/stat"; }
+
+# One run: prints "iops bw_bytes mean_clat_us target_ticks".
+run_once() { # FILENAME ENGINE OPTIONS...
+  local filename=$1 engine=$2; shift 2
+  local before after json
+  before=$( [ -n "$target_pid" ] && target_ticks || echo 0)
+  json=$($BENCH --name=row "--filename=$filename" "--ioengine=$engine" --direct=1 --time_based "--runtime=$RUNTIME" \
+    --output-format=json "$@")
+  after=$( [ -n "$target_pid" ] && target_ticks || echo 0)
+  python3 -c '
+import json, sys
+job = json.loads(sys.argv[1])["jobs"][0]
+side = job["read"] if job["read"]["io_bytes"] else job["write"]
+print(side["iops"], side["bw_bytes"], side["clat_ns"]["mean"] / 1000, int(sys.argv[2]))' "$json" $((after - before))
+}
+
+row() { # LABEL FILENAME ENGINE OPTIONS...
+  local label=$1; shift
+  local results=()
+  for _ in $(seq "$REPS"); do results+=("$(run_once "$@")"); done
+  printf '%s\n' "${results[@]}" | python3 -c '
+import sys, statistics
+label, runtime, tick = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+rows = [list(map(float, line.split())) for line in sys.stdin if line.strip()]
+rows.sort(key=lambda r: r[0])
+iops, bw, lat, ticks = rows[len(rows) // 2]
+cpu_us = ticks / tick / (iops * runtime) * 1e6 if ticks else float("nan")
+spread = "/".join(f"{r[0] / 1000:.0f}k" for r in rows)
+print(f"| {label} | {iops / 1000:.1f}k | {bw / 1e9:.2f} GB/s | {lat:.1f} | {cpu_us:.2f} | {spread} |")' "$label" "$RUNTIME" "$TICK"
+}
+
+F="trtype=tcp,traddr=127.0.0.1,trsvcid=$PORT,subnqn=$NQN,ns=1"
+echo "| row (memory namespace) | IOPS | bandwidth | mean clat µs | target CPU µs/IO | IOPS of each run |"
+echo "|---|---|---|---|---|---|"
+for mode in $MODES; do
+  if [ "$mode" = poll ]; then busy=1s; spin=--spin_before_park=1s; else busy=0; spin=--spin_before_park=0; fi
+  extra=()
+  [ -n "${CONGESTION:-}" ] && extra=("--tcp_congestion=$CONGESTION")
+  start_target memory:1GiB "$busy"
+  row "$mode 4k randread QD32" "$F" nvmf --rw=randread --bs=4k --iodepth=32 $spin "${extra[@]}"
+  row "$mode 4k randread QD1" "$F" nvmf --rw=randread --bs=4k --iodepth=1 $spin "${extra[@]}"
+  row "$mode 128k read QD8" "$F" nvmf --rw=read --bs=128k --iodepth=8 $spin "${extra[@]}"
+  row "$mode 4k randwrite QD32" "$F" nvmf --rw=randwrite --bs=4k --iodepth=32 $spin "${extra[@]}"
+done
+stop_target
+
+[ "$FILE_ROWS" = 1 ] || exit 0
+[ -s "$FILE" ] || $BENCH --name=layout "--filename=$FILE" --rw=write --bs=1m --iodepth=8 --direct=1 --size=4g >/dev/null
+echo
+echo "| row (file namespace, $FILE) | IOPS | bandwidth | mean clat µs | target CPU µs/IO | IOPS of each run |"
+echo "|---|---|---|---|---|---|"
+for spec in "4k randread QD32|--rw=randread --bs=4k --iodepth=32" "4k randread QD1|--rw=randread --bs=4k --iodepth=1" \
+  "4k randwrite QD32|--rw=randwrite --bs=4k --iodepth=32" "1m read QD8|--rw=read --bs=1m --iodepth=8" \
+  "1m write QD8|--rw=write --bs=1m --iodepth=8"; do
+  label=${spec%%|*}; options=${spec#*|}
+  # shellcheck disable=SC2086
+  row "local uring $label" "$FILE" uring $options --size=4g
+  start_target "file:$FILE" 0
+  # shellcheck disable=SC2086
+  row "nvmf $label" "$F" nvmf $options --size=4g
+  stop_target
+done
