@@ -25,6 +25,7 @@ mod queue_depth;
 mod ring;
 pub mod spec;
 mod stats;
+pub mod superblock;
 pub mod target;
 pub mod tcp;
 mod uring;

@@ -1,5 +1,7 @@
-//! `strata-pool`: the NVMe-oF pool tool. Today: `target` (serve subsystems over NVMe/TCP) and `discover`
-//! (print a discovery log as `nvme discover` does).
+//! `strata-pool`: the NVMe-oF pool tool: `target` (serve subsystems over NVMe/TCP), `discover` (print a
+//! discovery log as `nvme discover` does), and the pool itself — `create`, `add`, `remove`, `status` — over
+//! local files or devices (`file:PATH`) and remote namespaces (`nvmf:trtype=tcp,...`), recorded in a pool
+//! description file (TOML) that the storage node reads.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -163,6 +165,382 @@ pub fn discovery_json(log: &DiscoveryLog) -> serde_json::Value {
         })
         .collect();
     serde_json::json!({ "genctr": log.generation, "records": records })
+}
+
+/// The pool description file: what the storage node reads to find its NVMe tier.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PoolDescription {
+    /// The pool's name.
+    pub name: String,
+    /// The pool's UUID, also in every namespace's superblock.
+    pub uuid: String,
+    /// Its namespaces.
+    #[serde(default)]
+    pub namespaces: Vec<PoolNamespace>,
+}
+
+/// One namespace of a pool.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PoolNamespace {
+    /// Its index in the pool (as in its superblock).
+    pub index: u32,
+    /// Where it is: `file:PATH[,size=SIZE]` or `nvmf:trtype=tcp,traddr=...,trsvcid=...,subnqn=...,ns=N`.
+    pub spec: String,
+    /// What it holds.
+    pub role: String,
+    /// Capacity when formatted.
+    pub capacity_bytes: u64,
+    /// Logical block size.
+    pub block_bytes: u64,
+}
+
+impl PoolDescription {
+    /// Reads a description file.
+    pub fn load(path: &std::path::Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+
+    /// Writes it (to a temporary file renamed over the old one, so a crash leaves one or the other).
+    pub fn save(&self, path: &std::path::Path) -> anyhow::Result<()> {
+        let text = format!("# Strata pool description, written by strata-pool.\n{}", toml::to_string_pretty(self)?);
+        let temporary = path.with_extension("toml.tmp");
+        std::fs::write(&temporary, text).with_context(|| format!("writing {}", temporary.display()))?;
+        std::fs::rename(&temporary, path).with_context(|| format!("renaming to {}", path.display()))
+    }
+
+    fn uuid_bytes(&self) -> anyhow::Result<[u8; 16]> {
+        let hex: String = self.uuid.chars().filter(|c| *c != '-').collect();
+        let mut uuid = [0u8; 16];
+        if hex.len() != 32 {
+            bail!("pool UUID {:?} is not a UUID", self.uuid);
+        }
+        for (index, byte) in uuid.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&hex[2 * index..2 * index + 2], 16)
+                .map_err(|_| anyhow!("pool UUID {:?} is not a UUID", self.uuid))?;
+        }
+        Ok(uuid)
+    }
+}
+
+/// A namespace of a pool, opened on the current executor.
+enum PoolDevice {
+    File(strata_nvme::UringDevice),
+    Nvmf(Box<strata_nvme::NvmfDevice>),
+}
+
+impl PoolDevice {
+    async fn open(spec: &str) -> anyhow::Result<Self> {
+        if let Some(rest) = spec.strip_prefix("nvmf:") {
+            let address = strata_nvme::NvmfAddress::parse(rest)?;
+            let options = HostOptions { keep_alive_ms: 0, ..HostOptions::default() };
+            return Ok(Self::Nvmf(Box::new(strata_nvme::NvmfDevice::connect(&address, &options, 1).await?)));
+        }
+        let Some(rest) = spec.strip_prefix("file:") else {
+            bail!("namespace {spec:?}: expected file:PATH[,size=SIZE] or nvmf:trtype=tcp,traddr=...,subnqn=...,ns=N");
+        };
+        let (path, size) = match rest.split_once(",size=") {
+            Some((path, size)) => (path, Some(parse_byte_size(size)?)),
+            None => (rest, None),
+        };
+        let options = strata_nvme::UringOptions { size_bytes: size, read_only: false };
+        Ok(Self::File(strata_nvme::UringDevice::open(std::path::Path::new(path), &options).await?))
+    }
+
+    fn geometry(&self) -> strata_nvme::Geometry {
+        use strata_nvme::BlockDevice;
+        match self {
+            Self::File(device) => device.geometry(),
+            Self::Nvmf(device) => device.geometry(),
+        }
+    }
+
+    fn superblock_len(&self) -> usize {
+        (self.geometry().logical_block_bytes as usize).max(strata_nvme::superblock::SUPERBLOCK_BYTES)
+    }
+
+    async fn read_superblock(
+        &self,
+    ) -> anyhow::Result<Result<PoolSuperblock, strata_nvme::superblock::SuperblockError>> {
+        use strata_nvme::BlockDevice;
+        let len = self.superblock_len();
+        let (buffer, result) = match self {
+            Self::File(device) => device.read(device.alloc_buffer(len), 0).await,
+            Self::Nvmf(device) => device.read(device.alloc_buffer(len), 0).await,
+        };
+        result?;
+        Ok(PoolSuperblock::decode(buffer.as_slice()))
+    }
+
+    async fn write_block0(&self, bytes: &[u8]) -> anyhow::Result<()> {
+        use strata_nvme::BlockDevice;
+        let len = self.superblock_len();
+        macro_rules! write {
+            ($device:expr) => {{
+                let mut buffer = $device.alloc_buffer(len);
+                buffer.as_mut_slice().fill(0);
+                buffer.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
+                $device.write(buffer, 0).await.1?;
+                $device.flush().await?;
+            }};
+        }
+        match self {
+            Self::File(device) => write!(device),
+            Self::Nvmf(device) => write!(device),
+        }
+        Ok(())
+    }
+
+    /// Deallocates everything after block 0, showing progress on a terminal.
+    async fn wipe(&self, spec: &str, show_progress: bool) -> anyhow::Result<()> {
+        use strata_nvme::BlockDevice;
+        let geometry = self.geometry();
+        let start = self.superblock_len() as u64;
+        let chunk = (1u64 << 30) / geometry.logical_block_bytes * geometry.logical_block_bytes;
+        let mut at = start;
+        while at < geometry.capacity_bytes {
+            let len = chunk.min(geometry.capacity_bytes - at);
+            match self {
+                Self::File(device) => device.deallocate(at, len).await?,
+                Self::Nvmf(device) => device.deallocate(at, len).await?,
+            }
+            at += len;
+            if show_progress {
+                eprint!("\r\x1b[Kformatting {spec}: {:.0}%", 100.0 * at as f64 / geometry.capacity_bytes as f64);
+            }
+        }
+        if show_progress {
+            eprint!("\r\x1b[K");
+        }
+        Ok(())
+    }
+}
+
+use strata_nvme::superblock::{NamespaceRole, PoolSuperblock, uuid_text};
+
+fn run_on_executor<T: Send + 'static, F: Future<Output = anyhow::Result<T>> + 'static>(
+    work: impl FnOnce() -> F + Send + 'static,
+) -> anyhow::Result<T> {
+    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .name("strata-pool")
+        .io_memory(4 << 20)
+        .spawn(work)
+        .map_err(|error| anyhow!("starting an executor: {error}"))?
+        .join()
+        .map_err(|error| anyhow!("pool executor: {error:?}"))?
+}
+
+fn new_uuid() -> anyhow::Result<String> {
+    Ok(std::fs::read_to_string("/proc/sys/kernel/random/uuid")
+        .context("reading a UUID from the kernel")?
+        .trim()
+        .to_string())
+}
+
+/// Formats `specs` as namespaces `first_index..` of `pool`: refuses a namespace that belongs to another
+/// pool (or whose superblock is damaged) unless `force`, wipes it, writes its superblock.
+fn format_namespaces(
+    pool: &PoolDescription,
+    specs: Vec<String>,
+    first_index: u32,
+    count: u32,
+    force: bool,
+    show_progress: bool,
+) -> anyhow::Result<Vec<PoolNamespace>> {
+    let uuid = pool.uuid_bytes()?;
+    let name = pool.name.clone();
+    run_on_executor(move || async move {
+        let mut devices = Vec::new();
+        // Check every namespace before changing any, so a refusal leaves them all as they were.
+        for spec in &specs {
+            let device = PoolDevice::open(spec).await.with_context(|| format!("opening {spec}"))?;
+            match device.read_superblock().await? {
+                Ok(found) if found.pool_uuid != uuid && !force => bail!(
+                    "{spec} belongs to pool {:?} ({}); add --force to take it into {name:?}",
+                    found.pool_name,
+                    uuid_text(&found.pool_uuid)
+                ),
+                Err(strata_nvme::superblock::SuperblockError::NotFormatted) => {}
+                Err(error) if !force => bail!("{spec}: {error}; add --force to format it anyway"),
+                _ => {}
+            }
+            devices.push((spec.clone(), device));
+        }
+        let formatted_at =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_secs());
+        let mut namespaces = Vec::new();
+        for (offset, (spec, device)) in devices.into_iter().enumerate() {
+            let geometry = device.geometry();
+            device.wipe(&spec, show_progress).await?;
+            let superblock = PoolSuperblock {
+                pool_name: name.clone(),
+                pool_uuid: uuid,
+                index: first_index + offset as u32,
+                count,
+                role: NamespaceRole::Data,
+                block_bytes: geometry.logical_block_bytes,
+                capacity_bytes: geometry.capacity_bytes,
+                formatted_at,
+            };
+            device.write_block0(&superblock.encode()).await?;
+            namespaces.push(PoolNamespace {
+                index: superblock.index,
+                spec,
+                role: "data".into(),
+                capacity_bytes: geometry.capacity_bytes,
+                block_bytes: geometry.logical_block_bytes,
+            });
+        }
+        Ok(namespaces)
+    })
+}
+
+/// `strata-pool create NAME --ns SPEC ... [--force] [--out FILE]`.
+pub fn create(
+    name: &str,
+    specs: Vec<String>,
+    force: bool,
+    out: &std::path::Path,
+    show_progress: bool,
+) -> anyhow::Result<PoolDescription> {
+    if name.is_empty() || name.len() > strata_nvme::superblock::POOL_NAME_MAX_BYTES || name.contains('\0') {
+        bail!("pool name must be 1 to {} bytes", strata_nvme::superblock::POOL_NAME_MAX_BYTES);
+    }
+    if specs.is_empty() {
+        bail!("a pool needs at least one --ns SPEC");
+    }
+    if out.exists() && !force {
+        bail!("{} exists; add --force to replace it", out.display());
+    }
+    let mut pool = PoolDescription { name: name.into(), uuid: new_uuid()?, namespaces: Vec::new() };
+    let count = specs.len() as u32;
+    pool.namespaces = format_namespaces(&pool, specs, 0, count, force, show_progress)?;
+    pool.save(out)?;
+    Ok(pool)
+}
+
+/// `strata-pool add FILE --ns SPEC ...`: formats more namespaces into the pool.
+pub fn add(
+    description: &std::path::Path,
+    specs: Vec<String>,
+    force: bool,
+    show_progress: bool,
+) -> anyhow::Result<PoolDescription> {
+    let mut pool = PoolDescription::load(description)?;
+    if let Some(spec) = specs.iter().find(|spec| pool.namespaces.iter().any(|namespace| &namespace.spec == *spec)) {
+        bail!("{spec} is already in pool {:?}", pool.name);
+    }
+    let first = pool.namespaces.iter().map(|namespace| namespace.index + 1).max().unwrap_or(0);
+    let count = pool.namespaces.len() as u32 + specs.len() as u32;
+    let added = format_namespaces(&pool, specs, first, count, force, show_progress)?;
+    pool.namespaces.extend(added);
+    pool.save(description)?;
+    Ok(pool)
+}
+
+/// `strata-pool remove FILE --ns SPEC`: takes a namespace out of the pool and clears its superblock.
+pub fn remove(description: &std::path::Path, spec: &str) -> anyhow::Result<PoolDescription> {
+    let mut pool = PoolDescription::load(description)?;
+    let before = pool.namespaces.len();
+    pool.namespaces.retain(|namespace| namespace.spec != spec);
+    if pool.namespaces.len() == before {
+        bail!("{spec} is not in pool {:?}", pool.name);
+    }
+    let uuid = pool.uuid_bytes()?;
+    let target = spec.to_string();
+    run_on_executor(move || async move {
+        let device = PoolDevice::open(&target).await?;
+        // Clear only our own superblock: never destroy another pool's by a wrong spec.
+        if let Ok(found) = device.read_superblock().await?
+            && found.pool_uuid == uuid
+        {
+            device.write_block0(&[0u8; 8]).await?;
+        }
+        Ok(())
+    })?;
+    pool.save(description)?;
+    Ok(pool)
+}
+
+/// One namespace's state for `status`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct NamespaceStatus {
+    /// Index in the pool.
+    pub index: u32,
+    /// Where it is.
+    pub spec: String,
+    /// Whether it could be opened.
+    pub reachable: bool,
+    /// Capacity now (0 when unreachable).
+    pub capacity_bytes: u64,
+    /// Bytes the storage node uses; `None` until a node has written its region log there.
+    pub used_bytes: Option<u64>,
+    /// `ok`, or what is wrong (unreachable, not formatted, another pool's, shrunk, ...).
+    pub state: String,
+}
+
+/// `strata-pool status FILE`: reachability, capacity and state of every namespace.
+pub fn status(description: &std::path::Path) -> anyhow::Result<(PoolDescription, Vec<NamespaceStatus>)> {
+    let pool = PoolDescription::load(description)?;
+    let uuid = pool.uuid_bytes()?;
+    let namespaces = pool.namespaces.clone();
+    let statuses = run_on_executor(move || async move {
+        let mut statuses = Vec::new();
+        for namespace in namespaces {
+            let mut status = NamespaceStatus {
+                index: namespace.index,
+                spec: namespace.spec.clone(),
+                reachable: false,
+                capacity_bytes: 0,
+                used_bytes: None,
+                state: String::new(),
+            };
+            match PoolDevice::open(&namespace.spec).await {
+                Err(error) => status.state = format!("unreachable: {error:#}"),
+                Ok(device) => {
+                    status.reachable = true;
+                    status.capacity_bytes = device.geometry().capacity_bytes;
+                    status.state = match device.read_superblock().await {
+                        Err(error) => format!("read failed: {error:#}"),
+                        Ok(Err(error)) => error.to_string(),
+                        Ok(Ok(found)) if found.pool_uuid != uuid => format!("belongs to pool {:?}", found.pool_name),
+                        Ok(Ok(found)) if found.index != namespace.index => {
+                            format!("superblock says index {}", found.index)
+                        }
+                        Ok(Ok(_)) if status.capacity_bytes < namespace.capacity_bytes => {
+                            "smaller than when formatted".into()
+                        }
+                        Ok(Ok(_)) => "ok".into(),
+                    };
+                }
+            }
+            statuses.push(status);
+        }
+        Ok(statuses)
+    })?;
+    Ok((pool, statuses))
+}
+
+/// The status as a table.
+pub fn format_status(pool: &PoolDescription, statuses: &[NamespaceStatus]) -> String {
+    let mut text = format!("pool {} ({}), {} namespaces\n", pool.name, pool.uuid, statuses.len());
+    text += &format!(
+        "{:<5} {:<10} {:>14} {:>10}  {:<24} {}\n",
+        "index", "reachable", "capacity", "used", "state", "namespace"
+    );
+    for status in statuses {
+        let used = status.used_bytes.map_or_else(|| "-".to_string(), |used| used.to_string());
+        text += &format!(
+            "{:<5} {:<10} {:>14} {:>10}  {:<24} {}\n",
+            status.index,
+            if status.reachable { "yes" } else { "no" },
+            status.capacity_bytes,
+            used,
+            status.state,
+            status.spec
+        );
+    }
+    text
 }
 
 #[cfg(test)]

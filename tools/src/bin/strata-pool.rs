@@ -1,6 +1,8 @@
 //! `strata-pool`: Strata's NVMe-oF pool tool. `target` serves subsystems over NVMe/TCP; `discover` prints
-//! a discovery log like `nvme discover`.
+//! a discovery log like `nvme discover`; `create`, `add`, `remove` and `status` manage a pool of namespaces
+//! and its description file.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use strata_nvme::host::{HostOptions, resolve};
@@ -8,13 +10,19 @@ use strata_tools::pool;
 
 const USAGE: &str = "\
 usage: strata-pool target --listen ADDR:PORT --subsystem NQN --namespace SPEC ... (see strata-pool target --help)
-       strata-pool discover ADDR[:PORT] [--hostnqn NQN] [--output-format=normal|json]";
+       strata-pool discover ADDR[:PORT] [--hostnqn NQN] [--output-format=normal|json]
+       strata-pool create NAME --ns SPEC [--ns SPEC ...] [--force] [--out NAME.pool.toml]
+       strata-pool add POOL.toml --ns SPEC [--ns SPEC ...] [--force]
+       strata-pool remove POOL.toml --ns SPEC
+       strata-pool status POOL.toml [--output-format=normal|json]
+  SPEC: file:PATH[,size=SIZE] | nvmf:trtype=tcp,traddr=ADDR,trsvcid=PORT,subnqn=NQN,ns=N";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("target") => target(&args[1..]),
         Some("discover") => discover(&args[1..]),
+        Some(command @ ("create" | "add" | "remove" | "status")) => manage(command, &args[1..]),
         _ => Err(anyhow::anyhow!("{USAGE}")),
     };
     match result {
@@ -72,6 +80,65 @@ fn discover(args: &[String]) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&pool::discovery_json(&log))?);
     } else {
         print!("{}", pool::format_discovery(&log));
+    }
+    Ok(())
+}
+
+fn manage(command: &str, args: &[String]) -> anyhow::Result<()> {
+    let mut positional = None;
+    let mut specs = Vec::new();
+    let (mut force, mut json, mut out) = (false, false, None);
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        match arg.as_str() {
+            "--ns" | "--namespace" => {
+                specs.push(iter.next().cloned().ok_or_else(|| anyhow::anyhow!("--ns needs a SPEC"))?)
+            }
+            "--force" => force = true,
+            "--out" => {
+                out = Some(std::path::PathBuf::from(iter.next().ok_or_else(|| anyhow::anyhow!("--out needs a file"))?))
+            }
+            "--output-format=json" => json = true,
+            "--output-format=normal" => json = false,
+            other if positional.is_none() && !other.starts_with('-') => positional = Some(other.to_string()),
+            other => anyhow::bail!("unknown option {other}\n{USAGE}"),
+        }
+    }
+    let positional = positional.ok_or_else(|| anyhow::anyhow!("{USAGE}"))?;
+    let progress = std::io::stderr().is_terminal();
+    match command {
+        "create" => {
+            let out = out.unwrap_or_else(|| format!("{positional}.pool.toml").into());
+            let pool = pool::create(&positional, specs, force, &out, progress)?;
+            eprintln!(
+                "strata-pool: created pool {} ({}) with {} namespaces; description in {}",
+                pool.name,
+                pool.uuid,
+                pool.namespaces.len(),
+                out.display()
+            );
+        }
+        "add" => {
+            let pool = pool::add(positional.as_ref(), specs, force, progress)?;
+            eprintln!("strata-pool: pool {} now has {} namespaces", pool.name, pool.namespaces.len());
+        }
+        "remove" => {
+            let [spec] = specs.as_slice() else { anyhow::bail!("remove takes one --ns SPEC") };
+            let pool = pool::remove(positional.as_ref(), spec)?;
+            eprintln!("strata-pool: pool {} now has {} namespaces", pool.name, pool.namespaces.len());
+        }
+        _ => {
+            let (pool, statuses) = pool::status(positional.as_ref())?;
+            if json {
+                let value = serde_json::json!({ "name": pool.name, "uuid": pool.uuid, "namespaces": statuses });
+                println!("{}", serde_json::to_string_pretty(&value)?);
+            } else {
+                print!("{}", pool::format_status(&pool, &statuses));
+            }
+            if statuses.iter().any(|status| status.state != "ok") {
+                anyhow::bail!("some namespaces are not healthy");
+            }
+        }
     }
     Ok(())
 }
