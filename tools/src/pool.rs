@@ -15,6 +15,7 @@ use crate::byte_size::parse_byte_size;
 
 /// Usage of `strata-pool target`.
 pub const TARGET_USAGE: &str = "\
+strata-pool target --config TARGET.toml   (the same settings as a file; see strata_tools::pool docs)
 strata-pool target --listen ADDR:PORT --subsystem NQN --namespace SPEC [--namespace SPEC ...]
                    [--allow-host HOSTNQN ...] [--subsystem NQN ...] [--cpus 0,1] [--busy-poll 200us]
                    [--tcp-congestion reno]
@@ -84,6 +85,69 @@ pub fn parse_target_args(args: &[String]) -> anyhow::Result<TargetConfig> {
         bail!("subsystem {} has no --namespace", empty.nqn);
     }
     Ok(TargetConfig { cpus, busy_poll, tcp_congestion, ..TargetConfig::new(listen, subsystems) })
+}
+
+/// A target configuration file (`strata-pool target --config FILE`):
+///
+/// ```toml
+/// listen = "127.0.0.1:4420"
+/// cpus = [0, 1]              # optional, default [0]
+/// busy_poll = "200us"        # optional, default 0
+/// tcp_congestion = "reno"    # optional, default: the system's
+/// [[subsystem]]
+/// nqn = "nqn.2026-12.io.strata:pool"
+/// namespaces = ["memory:1GiB", "file:/var/tmp/ns.img,size=8GiB"]
+/// allow_hosts = ["nqn.2014-08.org.nvmexpress:uuid:..."]   # optional: any host when absent
+/// ```
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TargetFile {
+    listen: String,
+    #[serde(default)]
+    cpus: Option<Vec<usize>>,
+    #[serde(default)]
+    busy_poll: Option<String>,
+    #[serde(default)]
+    tcp_congestion: Option<String>,
+    #[serde(default)]
+    subsystem: Vec<SubsystemFile>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SubsystemFile {
+    nqn: String,
+    namespaces: Vec<String>,
+    #[serde(default)]
+    allow_hosts: Vec<String>,
+}
+
+/// Reads a target configuration file into the same command line `target` takes, so both paths are
+/// checked by one parser.
+pub fn target_args_from_file(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let file: TargetFile = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let mut args = vec!["--listen".to_string(), file.listen];
+    if let Some(cpus) = file.cpus {
+        args.push("--cpus".into());
+        args.push(cpus.iter().map(usize::to_string).collect::<Vec<_>>().join(","));
+    }
+    if let Some(busy_poll) = file.busy_poll {
+        args.extend(["--busy-poll".to_string(), busy_poll]);
+    }
+    if let Some(algorithm) = file.tcp_congestion {
+        args.extend(["--tcp-congestion".to_string(), algorithm]);
+    }
+    for subsystem in file.subsystem {
+        args.extend(["--subsystem".to_string(), subsystem.nqn]);
+        for namespace in subsystem.namespaces {
+            args.extend(["--namespace".to_string(), namespace]);
+        }
+        for host in subsystem.allow_hosts {
+            args.extend(["--allow-host".to_string(), host]);
+        }
+    }
+    Ok(args)
 }
 
 /// Parses `200us`, `5ms`, `1s` or a bare number of microseconds.
@@ -566,6 +630,29 @@ mod tests {
         assert!(config.subsystems[1].allowed_hosts.is_empty());
         assert_eq!(config.cpus, vec![0, 1]);
         assert_eq!(config.busy_poll, Duration::from_micros(200));
+    }
+
+    #[test]
+    fn a_target_file_says_what_the_command_line_says() {
+        let path = std::env::temp_dir().join(format!("strata-target-{}.toml", std::process::id()));
+        std::fs::write(
+            &path,
+            "listen = \"127.0.0.1:4420\"\ncpus = [0, 1]\nbusy_poll = \"200us\"\n[[subsystem]]\nnqn = \"nqn.a\"\n\
+             namespaces = [\"memory:1GiB\"]\nallow_hosts = [\"nqn.h\"]\n[[subsystem]]\nnqn = \"nqn.b\"\n\
+             namespaces = [\"file:/tmp/x,size=8GiB\"]\n",
+        )
+        .unwrap();
+        let from_file = parse_target_args(&target_args_from_file(&path).unwrap()).unwrap();
+        let from_line = parse_target_args(&args(
+            "--listen 127.0.0.1:4420 --subsystem nqn.a --namespace memory:1GiB --allow-host nqn.h \
+             --subsystem nqn.b --ns file:/tmp/x,size=8GiB --cpus 0,1 --busy-poll=200us",
+        ))
+        .unwrap();
+        assert_eq!(from_file.subsystems, from_line.subsystems);
+        assert_eq!((from_file.cpus, from_file.busy_poll), (from_line.cpus, from_line.busy_poll));
+        std::fs::write(&path, "listen = \"127.0.0.1:1\"\nlisten_twice = 1\n").unwrap();
+        assert!(target_args_from_file(&path).unwrap_err().to_string().contains("parsing"));
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

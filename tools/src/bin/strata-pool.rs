@@ -9,7 +9,8 @@ use strata_nvme::host::{HostOptions, resolve};
 use strata_tools::pool;
 
 const USAGE: &str = "\
-usage: strata-pool target --listen ADDR:PORT --subsystem NQN --namespace SPEC ... (see strata-pool target --help)
+usage: strata-pool target --listen ADDR:PORT --subsystem NQN --namespace SPEC ... | --config TARGET.toml
+       (see strata-pool target --help)
        strata-pool discover ADDR[:PORT] [--hostnqn NQN] [--output-format=normal|json]
        strata-pool create NAME --ns SPEC [--ns SPEC ...] [--force] [--out NAME.pool.toml]
        strata-pool add POOL.toml --ns SPEC [--ns SPEC ...] [--force]
@@ -35,7 +36,10 @@ fn main() -> ExitCode {
 }
 
 fn target(args: &[String]) -> anyhow::Result<()> {
-    let config = pool::parse_target_args(args)?;
+    let config = match args {
+        [flag, path] if flag == "--config" => pool::parse_target_args(&pool::target_args_from_file(path.as_ref())?)?,
+        _ => pool::parse_target_args(args)?,
+    };
     let summary: Vec<String> = config
         .subsystems
         .iter()
