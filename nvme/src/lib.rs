@@ -14,6 +14,7 @@
 #![deny(missing_docs, unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+mod any_device;
 mod buffer;
 mod device;
 pub mod environment;
@@ -30,6 +31,7 @@ pub mod target;
 pub mod tcp;
 mod uring;
 
+pub use crate::any_device::AnyDevice;
 pub use crate::buffer::IoBuffer;
 pub use crate::device::{BlockDevice, Geometry};
 pub use crate::error::{BlockError, BlockErrorKind, BlockOp, BlockResult};

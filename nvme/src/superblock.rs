@@ -7,6 +7,8 @@
 //! namespace count (36..40), role (40..44), logical block bytes (48..56), capacity bytes (56..64),
 //! formatted at, seconds since the Unix epoch (64..72), pool name (128..384, NUL padded).
 
+use crate::spec::{get_u32, get_u64};
+
 /// Bytes of the superblock (it occupies the first block, or the first 4 KiB of larger blocks' block 0).
 pub const SUPERBLOCK_BYTES: usize = 4096;
 const MAGIC: &[u8; 8] = b"STRATAPL";
@@ -102,8 +104,8 @@ impl PoolSuperblock {
         if bytes.len() < SUPERBLOCK_BYTES || &bytes[0..8] != MAGIC {
             return Err(SuperblockError::NotFormatted);
         }
-        let u32_at = |at: usize| u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
-        let u64_at = |at: usize| u64::from(u32_at(at)) | (u64::from(u32_at(at + 4)) << 32);
+        let u32_at = |at: usize| get_u32(bytes, at);
+        let u64_at = |at: usize| get_u64(bytes, at);
         let stored = u32_at(12);
         let computed = checksum(bytes);
         if stored != computed {

@@ -10,6 +10,7 @@ use anyhow::{Context, anyhow, bail};
 use strata_nvme::host::{HostOptions, resolve};
 use strata_nvme::spec::{DiscoveryEntry, DiscoveryLog};
 use strata_nvme::target::{NamespaceConfig, SubsystemConfig, TargetConfig};
+use strata_nvme::{AnyDevice, BlockDevice};
 
 use crate::byte_size::parse_byte_size;
 
@@ -165,12 +166,9 @@ pub fn parse_duration(text: &str) -> anyhow::Result<Duration> {
 
 /// Reads the discovery log at `addr` on a short-lived executor.
 pub fn discover(addr: SocketAddr, options: HostOptions) -> anyhow::Result<DiscoveryLog> {
-    let handle = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-        .name("strata-pool-discover")
-        .spawn(move || async move { strata_nvme::host::discover(addr, &options).await })
-        .map_err(|error| anyhow!("starting an executor: {error}"))?;
-    let log = handle.join().map_err(|error| anyhow!("discovery executor: {error:?}"))?;
-    log.with_context(|| format!("discovery at {addr}"))
+    run_on_executor(move || async move {
+        strata_nvme::host::discover(addr, &options).await.with_context(|| format!("discovery at {addr}"))
+    })
 }
 
 fn name_of(value: u8, names: &[(u8, &'static str)]) -> String {
@@ -287,97 +285,64 @@ impl PoolDescription {
     }
 }
 
-/// A namespace of a pool, opened on the current executor.
-enum PoolDevice {
-    File(strata_nvme::UringDevice),
-    Nvmf(Box<strata_nvme::NvmfDevice>),
+/// Opens a pool namespace spec on the current executor.
+async fn open_namespace(spec: &str) -> anyhow::Result<AnyDevice> {
+    if let Some(rest) = spec.strip_prefix("nvmf:") {
+        let address = strata_nvme::NvmfAddress::parse(rest)?;
+        let options = HostOptions { keep_alive_ms: 0, ..HostOptions::default() };
+        return Ok(AnyDevice::Nvmf(Box::new(strata_nvme::NvmfDevice::connect(&address, &options, 1).await?)));
+    }
+    let Some(rest) = spec.strip_prefix("file:") else {
+        bail!("namespace {spec:?}: expected file:PATH[,size=SIZE] or nvmf:trtype=tcp,traddr=...,subnqn=...,ns=N");
+    };
+    let (path, size) = match rest.split_once(",size=") {
+        Some((path, size)) => (path, Some(parse_byte_size(size)?)),
+        None => (rest, None),
+    };
+    let options = strata_nvme::UringOptions { size_bytes: size, read_only: false };
+    Ok(AnyDevice::File(strata_nvme::UringDevice::open(std::path::Path::new(path), &options).await?))
 }
 
-impl PoolDevice {
-    async fn open(spec: &str) -> anyhow::Result<Self> {
-        if let Some(rest) = spec.strip_prefix("nvmf:") {
-            let address = strata_nvme::NvmfAddress::parse(rest)?;
-            let options = HostOptions { keep_alive_ms: 0, ..HostOptions::default() };
-            return Ok(Self::Nvmf(Box::new(strata_nvme::NvmfDevice::connect(&address, &options, 1).await?)));
-        }
-        let Some(rest) = spec.strip_prefix("file:") else {
-            bail!("namespace {spec:?}: expected file:PATH[,size=SIZE] or nvmf:trtype=tcp,traddr=...,subnqn=...,ns=N");
-        };
-        let (path, size) = match rest.split_once(",size=") {
-            Some((path, size)) => (path, Some(parse_byte_size(size)?)),
-            None => (rest, None),
-        };
-        let options = strata_nvme::UringOptions { size_bytes: size, read_only: false };
-        Ok(Self::File(strata_nvme::UringDevice::open(std::path::Path::new(path), &options).await?))
-    }
+/// Bytes read and written at block 0: the superblock, or a whole block when blocks are larger.
+fn superblock_len(device: &AnyDevice) -> usize {
+    (device.geometry().logical_block_bytes as usize).max(strata_nvme::superblock::SUPERBLOCK_BYTES)
+}
 
-    fn geometry(&self) -> strata_nvme::Geometry {
-        use strata_nvme::BlockDevice;
-        match self {
-            Self::File(device) => device.geometry(),
-            Self::Nvmf(device) => device.geometry(),
-        }
-    }
+async fn read_superblock(
+    device: &AnyDevice,
+) -> anyhow::Result<Result<PoolSuperblock, strata_nvme::superblock::SuperblockError>> {
+    let (buffer, result) = device.read(device.alloc_buffer(superblock_len(device)), 0).await;
+    result?;
+    Ok(PoolSuperblock::decode(buffer.as_slice()))
+}
 
-    fn superblock_len(&self) -> usize {
-        (self.geometry().logical_block_bytes as usize).max(strata_nvme::superblock::SUPERBLOCK_BYTES)
-    }
+/// Writes `bytes` (zero padded) as block 0 and makes it durable.
+async fn write_block0(device: &AnyDevice, bytes: &[u8]) -> anyhow::Result<()> {
+    let mut buffer = device.alloc_buffer(superblock_len(device));
+    buffer.as_mut_slice().fill(0);
+    buffer.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
+    device.write(buffer, 0).await.1?;
+    device.flush().await?;
+    Ok(())
+}
 
-    async fn read_superblock(
-        &self,
-    ) -> anyhow::Result<Result<PoolSuperblock, strata_nvme::superblock::SuperblockError>> {
-        use strata_nvme::BlockDevice;
-        let len = self.superblock_len();
-        let (buffer, result) = match self {
-            Self::File(device) => device.read(device.alloc_buffer(len), 0).await,
-            Self::Nvmf(device) => device.read(device.alloc_buffer(len), 0).await,
-        };
-        result?;
-        Ok(PoolSuperblock::decode(buffer.as_slice()))
-    }
-
-    async fn write_block0(&self, bytes: &[u8]) -> anyhow::Result<()> {
-        use strata_nvme::BlockDevice;
-        let len = self.superblock_len();
-        macro_rules! write {
-            ($device:expr) => {{
-                let mut buffer = $device.alloc_buffer(len);
-                buffer.as_mut_slice().fill(0);
-                buffer.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
-                $device.write(buffer, 0).await.1?;
-                $device.flush().await?;
-            }};
-        }
-        match self {
-            Self::File(device) => write!(device),
-            Self::Nvmf(device) => write!(device),
-        }
-        Ok(())
-    }
-
-    /// Deallocates everything after block 0, showing progress on a terminal.
-    async fn wipe(&self, spec: &str, show_progress: bool) -> anyhow::Result<()> {
-        use strata_nvme::BlockDevice;
-        let geometry = self.geometry();
-        let start = self.superblock_len() as u64;
-        let chunk = (1u64 << 30) / geometry.logical_block_bytes * geometry.logical_block_bytes;
-        let mut at = start;
-        while at < geometry.capacity_bytes {
-            let len = chunk.min(geometry.capacity_bytes - at);
-            match self {
-                Self::File(device) => device.deallocate(at, len).await?,
-                Self::Nvmf(device) => device.deallocate(at, len).await?,
-            }
-            at += len;
-            if show_progress {
-                eprint!("\r\x1b[Kformatting {spec}: {:.0}%", 100.0 * at as f64 / geometry.capacity_bytes as f64);
-            }
-        }
+/// Deallocates everything after block 0, showing progress on a terminal.
+async fn wipe(device: &AnyDevice, spec: &str, show_progress: bool) -> anyhow::Result<()> {
+    let geometry = device.geometry();
+    let chunk = (1u64 << 30) / geometry.logical_block_bytes * geometry.logical_block_bytes;
+    let mut at = superblock_len(device) as u64;
+    while at < geometry.capacity_bytes {
+        let len = chunk.min(geometry.capacity_bytes - at);
+        device.deallocate(at, len).await?;
+        at += len;
         if show_progress {
-            eprint!("\r\x1b[K");
+            eprint!("\r\x1b[Kformatting {spec}: {:.0}%", 100.0 * at as f64 / geometry.capacity_bytes as f64);
         }
-        Ok(())
     }
+    if show_progress {
+        eprint!("\r\x1b[K");
+    }
+    Ok(())
 }
 
 use strata_nvme::superblock::{NamespaceRole, PoolSuperblock, uuid_text};
@@ -417,8 +382,8 @@ fn format_namespaces(
         let mut devices = Vec::new();
         // Check every namespace before changing any, so a refusal leaves them all as they were.
         for spec in &specs {
-            let device = PoolDevice::open(spec).await.with_context(|| format!("opening {spec}"))?;
-            match device.read_superblock().await? {
+            let device = open_namespace(spec).await.with_context(|| format!("opening {spec}"))?;
+            match read_superblock(&device).await? {
                 Ok(found) if found.pool_uuid != uuid && !force => bail!(
                     "{spec} belongs to pool {:?} ({}); add --force to take it into {name:?}",
                     found.pool_name,
@@ -435,7 +400,7 @@ fn format_namespaces(
         let mut namespaces = Vec::new();
         for (offset, (spec, device)) in devices.into_iter().enumerate() {
             let geometry = device.geometry();
-            device.wipe(&spec, show_progress).await?;
+            wipe(&device, &spec, show_progress).await?;
             let superblock = PoolSuperblock {
                 pool_name: name.clone(),
                 pool_uuid: uuid,
@@ -446,7 +411,7 @@ fn format_namespaces(
                 capacity_bytes: geometry.capacity_bytes,
                 formatted_at,
             };
-            device.write_block0(&superblock.encode()).await?;
+            write_block0(&device, &superblock.encode()).await?;
             namespaces.push(PoolNamespace {
                 index: superblock.index,
                 spec,
@@ -513,12 +478,12 @@ pub fn remove(description: &std::path::Path, spec: &str) -> anyhow::Result<PoolD
     let uuid = pool.uuid_bytes()?;
     let target = spec.to_string();
     run_on_executor(move || async move {
-        let device = PoolDevice::open(&target).await?;
+        let device = open_namespace(&target).await?;
         // Clear only our own superblock: never destroy another pool's by a wrong spec.
-        if let Ok(found) = device.read_superblock().await?
+        if let Ok(found) = read_superblock(&device).await?
             && found.pool_uuid == uuid
         {
-            device.write_block0(&[0u8; 8]).await?;
+            write_block0(&device, &[0u8; 8]).await?;
         }
         Ok(())
     })?;
@@ -559,12 +524,12 @@ pub fn status(description: &std::path::Path) -> anyhow::Result<(PoolDescription,
                 used_bytes: None,
                 state: String::new(),
             };
-            match PoolDevice::open(&namespace.spec).await {
+            match open_namespace(&namespace.spec).await {
                 Err(error) => status.state = format!("unreachable: {error:#}"),
                 Ok(device) => {
                     status.reachable = true;
                     status.capacity_bytes = device.geometry().capacity_bytes;
-                    status.state = match device.read_superblock().await {
+                    status.state = match read_superblock(&device).await {
                         Err(error) => format!("read failed: {error:#}"),
                         Ok(Err(error)) => error.to_string(),
                         Ok(Ok(found)) if found.pool_uuid != uuid => format!("belongs to pool {:?}", found.pool_name),

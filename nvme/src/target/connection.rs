@@ -17,8 +17,8 @@ use super::TargetConfig;
 use super::admin;
 use super::buffers::BufferPool;
 use super::io;
-use super::namespace::NamespaceDevice;
 use super::registry::{Controller, QueueCounters, Shared};
+use crate::any_device::AnyDevice;
 use crate::buffer::IoBuffer;
 use crate::device::BlockDevice;
 use crate::spec::{Command, Completion, ConnectData, FABRICS_OPCODE, FabricsType, IoOpcode, NvmeStatus, SglDescriptor};
@@ -30,7 +30,7 @@ pub(crate) struct ExecutorContext {
     pub(crate) shared: Arc<Shared>,
     pub(crate) config: Arc<TargetConfig>,
     /// Per subsystem (same indices as `shared.subsystems`), its namespaces opened on this executor.
-    pub(crate) devices: Vec<Vec<Rc<NamespaceDevice>>>,
+    pub(crate) devices: Vec<Vec<Rc<AnyDevice>>>,
     /// The address the target listens on (for the discovery log).
     pub(crate) listen: SocketAddr,
     /// Recycled buffers for RAM namespaces and control data.
@@ -39,10 +39,10 @@ pub(crate) struct ExecutorContext {
 
 impl ExecutorContext {
     /// A data buffer for `device`: the device's own (registered memory for files) or a recycled one.
-    pub(crate) fn buffer_for(&self, device: &NamespaceDevice, len: usize) -> IoBuffer {
+    pub(crate) fn buffer_for(&self, device: &AnyDevice, len: usize) -> IoBuffer {
         match device {
-            NamespaceDevice::Memory(_) => self.buffers.take(len),
-            NamespaceDevice::File(file) => file.alloc_buffer(len),
+            AnyDevice::Memory(_) => self.buffers.take(len),
+            other => other.alloc_buffer(len),
         }
     }
 }
@@ -219,7 +219,7 @@ impl Queue {
         Some((info.block_bytes, info.capacity_bytes))
     }
 
-    pub(crate) fn device(&self, nsid: u32) -> Option<Rc<NamespaceDevice>> {
+    pub(crate) fn device(&self, nsid: u32) -> Option<Rc<AnyDevice>> {
         let subsystem = self.connected()?.subsystem;
         let index = (nsid as usize).checked_sub(1)?;
         self.ctx.devices.get(subsystem)?.get(index).cloned()

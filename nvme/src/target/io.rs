@@ -4,8 +4,8 @@
 use std::rc::Rc;
 
 use super::connection::Queue;
-use super::namespace::NamespaceDevice;
 use super::registry::QueueCounters;
+use crate::any_device::AnyDevice;
 use crate::buffer::IoBuffer;
 use crate::device::{BlockDevice, Geometry};
 use crate::error::{BlockError, BlockErrorKind, BlockOp};
@@ -108,7 +108,7 @@ async fn receive_data(
     command: &Command,
     data: Option<IoBuffer>,
     len: usize,
-    device: &NamespaceDevice,
+    device: &AnyDevice,
 ) -> Result<IoBuffer, NvmeStatus> {
     if command.sgl.length as usize != len {
         return Err(NvmeStatus::SGL_LENGTH_INVALID.with_dnr());

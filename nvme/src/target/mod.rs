@@ -10,7 +10,6 @@ mod buffers;
 mod config;
 mod connection;
 mod io;
-mod namespace;
 mod registry;
 
 use std::io::{Seek, SeekFrom};
@@ -26,8 +25,8 @@ use glommio::{LocalExecutorBuilder, Placement};
 
 pub use self::config::{NamespaceBackend, NamespaceConfig, SubsystemConfig, TargetConfig};
 use self::connection::ExecutorContext;
-use self::namespace::NamespaceDevice;
 use self::registry::{NamespaceInfo, Shared, SubsystemInfo, shutdown_socket};
+use crate::any_device::AnyDevice;
 use crate::device::BlockDevice;
 use crate::error::BlockError;
 use crate::memory::MemoryDevice;
@@ -191,16 +190,13 @@ enum Backend {
     File { path: std::path::PathBuf, bytes: u64 },
 }
 
-async fn open_devices(
-    backends: &[Vec<Backend>],
-    shared: &Shared,
-) -> Result<Vec<Vec<Rc<NamespaceDevice>>>, TargetError> {
+async fn open_devices(backends: &[Vec<Backend>], shared: &Shared) -> Result<Vec<Vec<Rc<AnyDevice>>>, TargetError> {
     let mut devices = vec![Vec::new()];
     for (index, subsystem) in backends.iter().enumerate() {
         let mut opened = Vec::new();
         for (ns_index, backend) in subsystem.iter().enumerate() {
             let device = match backend {
-                Backend::Memory(device) => NamespaceDevice::Memory(device.clone()),
+                Backend::Memory(device) => AnyDevice::Memory(device.clone()),
                 Backend::File { path, bytes } => {
                     let options = UringOptions { size_bytes: Some(*bytes), read_only: false };
                     let device = UringDevice::open(path, &options).await.map_err(|source| TargetError::Namespace {
@@ -219,7 +215,7 @@ async fn open_devices(
                             path.display()
                         )));
                     }
-                    NamespaceDevice::File(device)
+                    AnyDevice::File(device)
                 }
             };
             opened.push(Rc::new(device));

@@ -1,30 +1,35 @@
-//! A namespace as one executor sees it: the same backend enum for every namespace, so a queue can hold
-//! them in one table (the `BlockDevice` trait has async methods and no `dyn` form).
+//! Any of Strata's backends behind one type: the `BlockDevice` trait has async methods and so no `dyn`
+//! form, and code that holds devices of several kinds in one table (the target's namespaces, the pool
+//! tool's namespaces) dispatches through this enum instead.
 
 use crate::buffer::IoBuffer;
 use crate::device::{BlockDevice, Geometry};
 use crate::error::BlockResult;
+use crate::host::NvmfDevice;
 use crate::memory::MemoryDevice;
 use crate::uring::UringDevice;
 
-/// A namespace's device on this executor.
-pub(crate) enum NamespaceDevice {
-    /// A handle on a RAM namespace shared by all executors.
+/// A device of any backend, on this executor.
+pub enum AnyDevice {
+    /// A handle on a RAM namespace (shared by every clone).
     Memory(MemoryDevice),
-    /// This executor's own O_DIRECT handle on the file.
+    /// This executor's O_DIRECT handle on a file or block device.
     File(UringDevice),
+    /// A namespace of a remote NVMe-oF controller (one I/O queue on this executor).
+    Nvmf(Box<NvmfDevice>),
 }
 
 macro_rules! dispatch {
     ($self:ident, $device:ident => $call:expr) => {
         match $self {
-            NamespaceDevice::Memory($device) => $call,
-            NamespaceDevice::File($device) => $call,
+            AnyDevice::Memory($device) => $call,
+            AnyDevice::File($device) => $call,
+            AnyDevice::Nvmf($device) => $call,
         }
     };
 }
 
-impl BlockDevice for NamespaceDevice {
+impl BlockDevice for AnyDevice {
     fn name(&self) -> &str {
         dispatch!(self, device => device.name())
     }
