@@ -1,4 +1,24 @@
-//! `strata-client`: the shard-aware Rust client of a Strata node, and (later) the Python package on it.
+//! `strata-client`: the shard-aware Rust client of a Strata node.
 //!
-//! Empty until the storage-node issue lands. See `ARCHITECTURE.md`.
+//! [`Client::connect`] says HELLO to any shard's port, learns the shard map (how many shards, the base
+//! port) and opens one connection per shard; every key then goes straight to the shard that owns it
+//! ([`strata_proto::shard_of`]). A batch is split by shard and sent to every shard before any reply is
+//! read, so the shards work on it in parallel; each key gets its own result, so a caller recomputes exactly
+//! the blocks that failed.
+//!
+//! Bytes are checked end to end: a put carries the value's crc32c, which the node checks before storing;
+//! a get's reply carries the crc32c of the bytes sent (for a whole value, the one stored with it), which the
+//! client checks after receiving. `get_into` reads the value from the socket straight into the caller's
+//! buffer.
+//!
+//! The protocol logic (framing, batching, reply parsing) is written once over `std::io::Read + Write`; this
+//! crate's front is blocking (`std::net`). The async (tokio) front is not written yet (see the issue notes).
 #![deny(missing_docs, unsafe_code)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+mod client;
+mod error;
+
+pub use crate::client::{Client, ClientOptions};
+pub use crate::error::ClientError;
+pub use strata_proto::WritePolicy;

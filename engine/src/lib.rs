@@ -1,5 +1,21 @@
 //! `strata-engine`: the storage node — shards on glommio executors, the object index, the DRAM and NVMe
-//! tiers (DRAM carved by `strata-alloc`), the region log, eviction and promotion, the KV protocol server.
-//!
-//! Empty until the storage-node issue lands. See `ARCHITECTURE.md`.
+//! tiers (DRAM carved by `strata-alloc`), the region log, eviction and promotion, the KV protocol server
+//! and metrics. See `ARCHITECTURE.md` for the design and `docs/PROTOCOL.md`, `docs/NVME_FORMAT.md` for the
+//! formats.
 #![deny(missing_docs, unsafe_code)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+pub mod config;
+pub mod dram;
+pub mod index;
+pub mod log;
+pub mod metrics;
+pub mod node;
+pub mod record;
+pub mod segment;
+mod server;
+pub mod shard;
+mod sys;
+
+pub use crate::config::EngineConfig;
+pub use crate::node::{Node, NodeError, NodeSummary, start};

@@ -62,3 +62,80 @@ impl BlockDevice for AnyDevice {
         dispatch!(self, device => device.deallocate(offset, len).await)
     }
 }
+
+/// Where a device is, as Strata's tools and configs write it: `memory:SIZE`, `file:PATH[,size=SIZE]` or
+/// `nvmf:trtype=tcp,traddr=...,trsvcid=...,subnqn=...,ns=N`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// A new RAM namespace of this many bytes.
+    Memory {
+        /// Its capacity.
+        capacity_bytes: u64,
+    },
+    /// A file or block device, created or extended to `size_bytes` when given.
+    File {
+        /// Its path.
+        path: std::path::PathBuf,
+        /// Size to create or extend a regular file to.
+        size_bytes: Option<u64>,
+    },
+    /// A namespace of an NVMe-oF/TCP controller.
+    Nvmf(crate::host::NvmfAddress),
+}
+
+/// Why a device could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The spec is malformed.
+    #[error("device {0}")]
+    Spec(String),
+    /// A local device failed to open.
+    #[error(transparent)]
+    Block(#[from] crate::error::BlockError),
+    /// The NVMe-oF controller could not be reached or used.
+    #[error(transparent)]
+    Nvmf(#[from] crate::host::NvmfError),
+}
+
+impl DeviceSpec {
+    /// Parses a spec; `parse_size` reads sizes (`4GiB`, `512m`).
+    pub fn parse(spec: &str, parse_size: impl Fn(&str) -> Option<u64>) -> Result<Self, OpenError> {
+        let bad = |why: &str| OpenError::Spec(format!("{spec:?}: {why}"));
+        if let Some(rest) = spec.strip_prefix("nvmf:") {
+            let address = crate::host::NvmfAddress::parse(rest)?;
+            return Ok(DeviceSpec::Nvmf(address));
+        }
+        if let Some(size) = spec.strip_prefix("memory:") {
+            let capacity_bytes = parse_size(size).ok_or_else(|| bad("memory:SIZE needs a size such as 1GiB"))?;
+            return Ok(DeviceSpec::Memory { capacity_bytes });
+        }
+        let Some(rest) = spec.strip_prefix("file:") else {
+            return Err(bad(
+                "expected file:PATH[,size=SIZE], memory:SIZE or nvmf:trtype=tcp,traddr=...,subnqn=...,ns=N",
+            ));
+        };
+        let (path, size_bytes) = match rest.split_once(",size=") {
+            Some((path, size)) => (path, Some(parse_size(size).ok_or_else(|| bad("size= needs a size such as 4GiB"))?)),
+            None => (rest, None),
+        };
+        if path.is_empty() {
+            return Err(bad("file: needs a path"));
+        }
+        Ok(DeviceSpec::File { path: path.into(), size_bytes })
+    }
+}
+
+impl AnyDevice {
+    /// Opens `spec` on the current executor: a file through io_uring, an NVMe-oF namespace with one I/O
+    /// queue for this executor (`host` says how to connect), or a new RAM namespace.
+    pub async fn open(spec: &DeviceSpec, host: &crate::host::HostOptions) -> Result<Self, OpenError> {
+        Ok(match spec {
+            DeviceSpec::Memory { capacity_bytes } => AnyDevice::Memory(MemoryDevice::new(*capacity_bytes, 4096)),
+            DeviceSpec::File { path, size_bytes } => {
+                let options = crate::uring::UringOptions { size_bytes: *size_bytes, read_only: false };
+                AnyDevice::File(UringDevice::open(path, &options).await?)
+            }
+            DeviceSpec::Nvmf(address) => AnyDevice::Nvmf(Box::new(NvmfDevice::connect(address, host, 1).await?)),
+        })
+    }
+}

@@ -285,22 +285,14 @@ impl PoolDescription {
     }
 }
 
-/// Opens a pool namespace spec on the current executor.
+/// Opens a pool namespace spec on the current executor (keep-alive off: the tool's connections are short).
 async fn open_namespace(spec: &str) -> anyhow::Result<AnyDevice> {
-    if let Some(rest) = spec.strip_prefix("nvmf:") {
-        let address = strata_nvme::NvmfAddress::parse(rest)?;
-        let options = HostOptions { keep_alive_ms: 0, ..HostOptions::default() };
-        return Ok(AnyDevice::Nvmf(Box::new(strata_nvme::NvmfDevice::connect(&address, &options, 1).await?)));
+    let parsed = strata_nvme::DeviceSpec::parse(spec, |size| parse_byte_size(size).ok())?;
+    if matches!(parsed, strata_nvme::DeviceSpec::Memory { .. }) {
+        bail!("namespace {spec:?}: a pool needs file: or nvmf: namespaces (memory: would vanish with the tool)");
     }
-    let Some(rest) = spec.strip_prefix("file:") else {
-        bail!("namespace {spec:?}: expected file:PATH[,size=SIZE] or nvmf:trtype=tcp,traddr=...,subnqn=...,ns=N");
-    };
-    let (path, size) = match rest.split_once(",size=") {
-        Some((path, size)) => (path, Some(parse_byte_size(size)?)),
-        None => (rest, None),
-    };
-    let options = strata_nvme::UringOptions { size_bytes: size, read_only: false };
-    Ok(AnyDevice::File(strata_nvme::UringDevice::open(std::path::Path::new(path), &options).await?))
+    let options = HostOptions { keep_alive_ms: 0, ..HostOptions::default() };
+    Ok(AnyDevice::open(&parsed, &options).await?)
 }
 
 /// Bytes read and written at block 0: the superblock, or a whole block when blocks are larger.

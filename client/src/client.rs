@@ -1,0 +1,530 @@
+//! The blocking client.
+
+use std::io::{BufReader, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use strata_proto::{
+    FRAME_HEADER_BYTES, FrameHeader, HELLO_REPLY_BYTES, HelloReply, HelloRequest, Limits, Opcode, REQUEST_ITEM_BYTES,
+    RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, Status, WritePolicy, shard_of,
+};
+
+use crate::error::ClientError;
+
+/// How a client connects.
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    /// Token for the node's HELLO (none for an open node).
+    pub token: Option<Vec<u8>>,
+    /// Every read and write on a connection fails after this long without progress.
+    pub timeout: Duration,
+    /// Check the crc32c of every value received (the node sends it with the bytes).
+    pub verify_checksums: bool,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self { token: None, timeout: Duration::from_secs(30), verify_checksums: true }
+    }
+}
+
+/// Pieces at most this long are copied into one send; longer values are written from the caller's memory.
+const COALESCE_BYTES: usize = 16 << 10;
+
+struct ShardConnection {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+    output: Vec<u8>,
+}
+
+impl ShardConnection {
+    fn open(addr: SocketAddr, options: &ClientOptions) -> Result<(Self, HelloReply), ClientError> {
+        let stream = TcpStream::connect_timeout(&addr, options.timeout)
+            .map_err(|error| ClientError::Connection(format!("connecting to {addr}: {error}")))?;
+        let io = |error: std::io::Error| ClientError::from_io(&error);
+        stream.set_nodelay(true).map_err(io)?;
+        stream.set_read_timeout(Some(options.timeout)).map_err(io)?;
+        stream.set_write_timeout(Some(options.timeout)).map_err(io)?;
+        let writer = stream.try_clone().map_err(io)?;
+        let mut connection = Self { reader: BufReader::with_capacity(64 << 10, stream), writer, output: Vec::new() };
+        let hello = HelloRequest { token: options.token.clone().unwrap_or_default() };
+        FrameHeader::request(Opcode::Hello, 0, 1, hello.encoded_len() as u64).encode_into(&mut connection.output);
+        hello.encode_into(&mut connection.output);
+        connection.flush().map_err(io)?;
+        let header = connection.read_header(Opcode::Hello, 0)?;
+        if header.status != Status::Ok {
+            return Err(ClientError::from_status(header.status));
+        }
+        if header.body_len != HELLO_REPLY_BYTES as u64 {
+            return Err(ClientError::Protocol(format!("HELLO reply of {} bytes", header.body_len)));
+        }
+        let mut body = [0u8; HELLO_REPLY_BYTES];
+        connection.reader.read_exact(&mut body).map_err(io)?;
+        let reply = HelloReply::decode(&body).map_err(|error| ClientError::Protocol(error.to_string()))?;
+        Ok((connection, reply))
+    }
+
+    fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        if bytes.len() < COALESCE_BYTES {
+            self.output.extend_from_slice(bytes);
+            return Ok(());
+        }
+        self.flush()?;
+        self.writer.write_all(bytes)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if !self.output.is_empty() {
+            self.writer.write_all(&self.output)?;
+            self.output.clear();
+        }
+        Ok(())
+    }
+
+    /// Reads a reply header and checks it answers `opcode` / `request_id`.
+    fn read_header(&mut self, opcode: Opcode, request_id: u64) -> Result<FrameHeader, ClientError> {
+        let mut bytes = [0u8; FRAME_HEADER_BYTES];
+        self.reader.read_exact(&mut bytes).map_err(|error| ClientError::from_io(&error))?;
+        let header = FrameHeader::decode(&bytes).map_err(|error| ClientError::Protocol(error.to_string()))?;
+        if header.request_id != request_id || (header.opcode != opcode && header.status == Status::Ok) {
+            return Err(ClientError::Protocol(format!(
+                "reply {} to request {} ({:?} for {opcode:?})",
+                header.request_id, request_id, header.opcode
+            )));
+        }
+        Ok(header)
+    }
+
+    fn read_item(&mut self) -> Result<ResponseItemHeader, ClientError> {
+        let mut bytes = [0u8; RESPONSE_ITEM_BYTES];
+        self.reader.read_exact(&mut bytes).map_err(|error| ClientError::from_io(&error))?;
+        ResponseItemHeader::decode(&bytes).map_err(|error| ClientError::Protocol(error.to_string()))
+    }
+}
+
+/// One key of a batch.
+struct Item<'a> {
+    key: &'a [u8],
+    value: &'a [u8],
+    /// get_range: (offset, length).
+    range: (u32, u32),
+}
+
+/// Where a read's bytes go.
+enum Sink<'a, 'b> {
+    /// Nowhere (exists, remove, put).
+    None,
+    /// A new vector per key.
+    Vectors(&'a mut [Option<Vec<u8>>]),
+    /// The caller's buffers.
+    Buffers(&'a mut [&'b mut [u8]]),
+}
+
+/// What one key's reply said.
+#[derive(Clone, Copy, Debug)]
+struct ItemReply {
+    data_len: u32,
+    object_len: u32,
+}
+
+/// A client of one node. Not `Sync`: use one per thread (connections are cheap), or wrap it.
+pub struct Client {
+    host: IpAddr,
+    options: ClientOptions,
+    hello: HelloReply,
+    connections: Vec<Option<ShardConnection>>,
+    next_request_id: u64,
+}
+
+impl Client {
+    /// Connects to the node at `addr` (any shard's port), learns its shard map and opens one connection per
+    /// shard.
+    pub fn connect(addr: impl ToSocketAddrs, options: ClientOptions) -> Result<Self, ClientError> {
+        let addr = addr
+            .to_socket_addrs()
+            .map_err(|error| ClientError::Connection(error.to_string()))?
+            .next()
+            .ok_or_else(|| ClientError::Connection("the address resolves to nothing".into()))?;
+        let (first, hello) = ShardConnection::open(addr, &options)?;
+        let mut client = Self {
+            host: addr.ip(),
+            options,
+            hello,
+            connections: (0..hello.shard_count).map(|_| None).collect(),
+            next_request_id: 1,
+        };
+        client.connections[hello.shard_id as usize] = Some(first);
+        for shard in 0..hello.shard_count {
+            client.connection(shard)?;
+        }
+        Ok(client)
+    }
+
+    /// Shards of the node.
+    pub fn shard_count(&self) -> u32 {
+        self.hello.shard_count
+    }
+
+    /// The node's bounds.
+    pub fn limits(&self) -> Limits {
+        self.hello.limits
+    }
+
+    fn connection(&mut self, shard: u32) -> Result<&mut ShardConnection, ClientError> {
+        if self.connections[shard as usize].is_none() {
+            let addr = SocketAddr::new(self.host, self.hello.base_port + shard as u16);
+            let (connection, hello) = ShardConnection::open(addr, &self.options)?;
+            if hello.shard_count != self.hello.shard_count {
+                return Err(ClientError::Protocol("the node's shard map changed".into()));
+            }
+            self.connections[shard as usize] = Some(connection);
+        }
+        self.connections[shard as usize].as_mut().ok_or_else(|| ClientError::Connection("no connection".into()))
+    }
+
+    // ---- single keys --------------------------------------------------------------------------------
+
+    /// Stores `value` under `key` with the node's default write policy (a new version if it exists).
+    pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), ClientError> {
+        self.put_with(key, value, None)
+    }
+
+    /// Stores `value` under `key` with `policy` (none: the node's default).
+    pub fn put_with(&mut self, key: &[u8], value: &[u8], policy: Option<WritePolicy>) -> Result<(), ClientError> {
+        one(self.batch_put_with(&[(key, value)], policy))
+    }
+
+    /// Reads `key`'s value.
+    pub fn get(&mut self, key: &[u8]) -> Result<Vec<u8>, ClientError> {
+        one(self.batch_get(&[key]))
+    }
+
+    /// Reads `key`'s value into `buffer`, straight from the socket; returns its length.
+    pub fn get_into(&mut self, key: &[u8], buffer: &mut [u8]) -> Result<usize, ClientError> {
+        let mut buffers = [buffer];
+        one(self.batch_get_into(&[key], &mut buffers))
+    }
+
+    /// Reads `buffer.len()` bytes at `offset` of `key`'s value into `buffer`.
+    pub fn get_range_into(&mut self, key: &[u8], offset: u32, buffer: &mut [u8]) -> Result<usize, ClientError> {
+        let len = u32::try_from(buffer.len()).map_err(|_| ClientError::TooLarge("range over 4 GiB".into()))?;
+        let items = [Item { key, value: &[], range: (offset, len) }];
+        let mut buffers = [buffer];
+        let replies = self.run(Opcode::GetRange, &items, None, Sink::Buffers(&mut buffers));
+        one(replies).map(|reply| reply.data_len as usize)
+    }
+
+    /// Whether `key` is stored.
+    pub fn exists(&mut self, key: &[u8]) -> Result<bool, ClientError> {
+        one(self.batch_exists(&[key]))
+    }
+
+    /// The length of `key`'s value.
+    pub fn get_size(&mut self, key: &[u8]) -> Result<u64, ClientError> {
+        let items = [Item { key, value: &[], range: (0, 0) }];
+        one(self.run(Opcode::Exists, &items, None, Sink::None)).map(|reply| u64::from(reply.object_len))
+    }
+
+    /// Removes `key`.
+    pub fn remove(&mut self, key: &[u8]) -> Result<(), ClientError> {
+        one(self.batch_remove(&[key]))
+    }
+
+    // ---- batches ------------------------------------------------------------------------------------
+
+    /// Stores every `(key, value)`; a result per key.
+    pub fn batch_put(&mut self, items: &[(&[u8], &[u8])]) -> Vec<Result<(), ClientError>> {
+        self.batch_put_with(items, None)
+    }
+
+    /// Stores every `(key, value)` with `policy`; a result per key.
+    pub fn batch_put_with(
+        &mut self,
+        items: &[(&[u8], &[u8])],
+        policy: Option<WritePolicy>,
+    ) -> Vec<Result<(), ClientError>> {
+        let items: Vec<Item<'_>> = items.iter().map(|(key, value)| Item { key, value, range: (0, 0) }).collect();
+        self.run(Opcode::Put, &items, policy, Sink::None).into_iter().map(|result| result.map(|_| ())).collect()
+    }
+
+    /// Reads every key; a result per key (duplicates are each filled).
+    pub fn batch_get(&mut self, keys: &[&[u8]]) -> Vec<Result<Vec<u8>, ClientError>> {
+        let items = key_items(keys);
+        let mut vectors: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
+        let replies = self.run(Opcode::Get, &items, None, Sink::Vectors(&mut vectors));
+        replies
+            .into_iter()
+            .zip(vectors)
+            .map(|(reply, vector)| reply.and_then(|_| vector.ok_or_else(|| ClientError::Protocol("no data".into()))))
+            .collect()
+    }
+
+    /// Reads every key into its buffer, straight from the socket; a result (the value's length) per key.
+    pub fn batch_get_into(&mut self, keys: &[&[u8]], buffers: &mut [&mut [u8]]) -> Vec<Result<usize, ClientError>> {
+        if buffers.len() != keys.len() {
+            return keys.iter().map(|_| Err(ClientError::Invalid("one buffer per key is needed".into()))).collect();
+        }
+        let items = key_items(keys);
+        self.run(Opcode::Get, &items, None, Sink::Buffers(buffers))
+            .into_iter()
+            .map(|result| result.map(|reply| reply.data_len as usize))
+            .collect()
+    }
+
+    /// Whether each key is stored; a result per key.
+    pub fn batch_exists(&mut self, keys: &[&[u8]]) -> Vec<Result<bool, ClientError>> {
+        self.run(Opcode::Exists, &key_items(keys), None, Sink::None)
+            .into_iter()
+            .map(|result| match result {
+                Ok(_) => Ok(true),
+                Err(ClientError::NotFound) => Ok(false),
+                Err(error) => Err(error),
+            })
+            .collect()
+    }
+
+    /// Removes every key; a result per key.
+    pub fn batch_remove(&mut self, keys: &[&[u8]]) -> Vec<Result<(), ClientError>> {
+        self.run(Opcode::Remove, &key_items(keys), None, Sink::None)
+            .into_iter()
+            .map(|result| result.map(|_| ()))
+            .collect()
+    }
+
+    // ---- the one implementation ----------------------------------------------------------------------
+
+    /// Splits `items` into frames per shard (within the node's bounds), keeps one frame in flight per shard,
+    /// and collects a reply per item.
+    fn run(
+        &mut self,
+        opcode: Opcode,
+        items: &[Item<'_>],
+        policy: Option<WritePolicy>,
+        mut sink: Sink<'_, '_>,
+    ) -> Vec<Result<ItemReply, ClientError>> {
+        let mut results: Vec<Result<ItemReply, ClientError>> =
+            (0..items.len()).map(|_| Err(ClientError::Protocol("no reply".into()))).collect();
+        let limits = self.hello.limits;
+        let mut frames: Vec<std::collections::VecDeque<Vec<usize>>> =
+            vec![Default::default(); self.hello.shard_count as usize];
+        let mut frame_bytes = vec![0u64; frames.len()];
+        for (index, item) in items.iter().enumerate() {
+            if item.key.is_empty() || item.key.len() > limits.max_key_bytes as usize {
+                results[index] = Err(ClientError::TooLarge(format!(
+                    "key of {} bytes (1..={})",
+                    item.key.len(),
+                    limits.max_key_bytes
+                )));
+                continue;
+            }
+            if item.value.len() as u64 > limits.max_value_bytes {
+                results[index] = Err(ClientError::TooLarge(format!(
+                    "value of {} bytes (bound {})",
+                    item.value.len(),
+                    limits.max_value_bytes
+                )));
+                continue;
+            }
+            let shard = shard_of(item.key, self.hello.shard_count) as usize;
+            let bytes = (REQUEST_ITEM_BYTES + item.key.len() + item.value.len()) as u64;
+            let queue = &mut frames[shard];
+            let full = queue.back().is_none_or(|frame| {
+                frame.len() as u32 >= limits.max_batch_items
+                    || (opcode == Opcode::Put && frame_bytes[shard] + bytes > limits.max_put_body_bytes)
+            });
+            if full {
+                queue.push_back(Vec::new());
+                frame_bytes[shard] = 0;
+            }
+            frame_bytes[shard] += bytes;
+            if let Some(frame) = queue.back_mut() {
+                frame.push(index);
+            }
+        }
+        // Send the first frame of every shard, then read replies shard by shard, sending each shard's next
+        // frame as soon as its previous reply is in.
+        let mut in_flight: Vec<Option<(u64, Vec<usize>)>> = vec![None; frames.len()];
+        for shard in 0..frames.len() {
+            self.send_next(shard, opcode, items, policy, &mut frames, &mut in_flight, &mut results);
+        }
+        loop {
+            let mut progressed = false;
+            for shard in 0..frames.len() {
+                let Some((request_id, indices)) = in_flight[shard].take() else { continue };
+                progressed = true;
+                if let Err(error) = self.receive(shard, opcode, request_id, &indices, &mut sink, &mut results) {
+                    self.connections[shard] = None;
+                    for &index in indices.iter().chain(frames[shard].iter().flatten()) {
+                        results[index] = Err(error.clone());
+                    }
+                    frames[shard].clear();
+                    continue;
+                }
+                self.send_next(shard, opcode, items, policy, &mut frames, &mut in_flight, &mut results);
+            }
+            if !progressed {
+                break;
+            }
+        }
+        results
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn send_next(
+        &mut self,
+        shard: usize,
+        opcode: Opcode,
+        items: &[Item<'_>],
+        policy: Option<WritePolicy>,
+        frames: &mut [std::collections::VecDeque<Vec<usize>>],
+        in_flight: &mut [Option<(u64, Vec<usize>)>],
+        results: &mut [Result<ItemReply, ClientError>],
+    ) {
+        while let Some(indices) = frames[shard].pop_front() {
+            let request_id = self.next_request_id;
+            self.next_request_id += 1;
+            let sent = self.connection(shard as u32).and_then(|connection| {
+                send_frame(connection, opcode, request_id, items, &indices, policy)
+                    .map_err(|error| ClientError::from_io(&error))
+            });
+            match sent {
+                Ok(()) => {
+                    in_flight[shard] = Some((request_id, indices));
+                    return;
+                }
+                Err(error) => {
+                    self.connections[shard] = None;
+                    for &index in &indices {
+                        results[index] = Err(error.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    fn receive(
+        &mut self,
+        shard: usize,
+        opcode: Opcode,
+        request_id: u64,
+        indices: &[usize],
+        sink: &mut Sink<'_, '_>,
+        results: &mut [Result<ItemReply, ClientError>],
+    ) -> Result<(), ClientError> {
+        let verify = self.options.verify_checksums;
+        let connection = self.connection(shard as u32)?;
+        let header = connection.read_header(opcode, request_id)?;
+        if header.status != Status::Ok {
+            return Err(ClientError::from_status(header.status));
+        }
+        if header.count as usize != indices.len() {
+            return Err(ClientError::Protocol(format!("{} replies to {} items", header.count, indices.len())));
+        }
+        let mut body_read = 0u64;
+        for &index in indices {
+            let item = connection.read_item()?;
+            body_read += RESPONSE_ITEM_BYTES as u64 + u64::from(item.data_len);
+            if body_read > header.body_len {
+                return Err(ClientError::Protocol("reply items overrun the body".into()));
+            }
+            if item.status != Status::Ok {
+                results[index] = Err(ClientError::from_status(item.status));
+                continue;
+            }
+            let data_len = item.data_len as usize;
+            let io = |error: std::io::Error| ClientError::from_io(&error);
+            let received = match sink {
+                Sink::None => {
+                    if data_len != 0 {
+                        return Err(ClientError::Protocol("data in a reply that carries none".into()));
+                    }
+                    None
+                }
+                Sink::Vectors(vectors) => {
+                    let mut data = vec![0u8; data_len];
+                    connection.reader.read_exact(&mut data).map_err(io)?;
+                    let crc = crc32c::crc32c(&data);
+                    vectors[index] = Some(data);
+                    Some(crc)
+                }
+                Sink::Buffers(buffers) => {
+                    let buffer = &mut buffers[index];
+                    if buffer.len() < data_len {
+                        std::io::copy(&mut (&mut connection.reader).take(data_len as u64), &mut std::io::sink())
+                            .map_err(io)?;
+                        results[index] = Err(ClientError::BufferTooSmall { needed: data_len, available: buffer.len() });
+                        continue;
+                    }
+                    connection.reader.read_exact(&mut buffer[..data_len]).map_err(io)?;
+                    Some(if verify { crc32c::crc32c(&buffer[..data_len]) } else { item.data_crc })
+                }
+            };
+            results[index] = match received {
+                Some(crc) if verify && crc != item.data_crc => Err(ClientError::Checksum),
+                _ => Ok(ItemReply { data_len: item.data_len, object_len: item.object_len }),
+            };
+        }
+        if body_read != header.body_len {
+            return Err(ClientError::Protocol("reply items do not fill the body".into()));
+        }
+        Ok(())
+    }
+}
+
+fn key_items<'a>(keys: &[&'a [u8]]) -> Vec<Item<'a>> {
+    keys.iter().map(|key| Item { key, value: &[], range: (0, 0) }).collect()
+}
+
+fn one<T>(mut results: Vec<Result<T, ClientError>>) -> Result<T, ClientError> {
+    results.pop().unwrap_or_else(|| Err(ClientError::Protocol("no result".into())))
+}
+
+fn send_frame(
+    connection: &mut ShardConnection,
+    opcode: Opcode,
+    request_id: u64,
+    items: &[Item<'_>],
+    indices: &[usize],
+    policy: Option<WritePolicy>,
+) -> std::io::Result<()> {
+    let body_len: u64 = indices
+        .iter()
+        .map(|&index| {
+            let item = &items[index];
+            (REQUEST_ITEM_BYTES + item.key.len()) as u64
+                + if opcode == Opcode::Put { item.value.len() as u64 } else { 0 }
+        })
+        .sum();
+    let mut head = Vec::with_capacity(FRAME_HEADER_BYTES);
+    FrameHeader::request(opcode, request_id, indices.len() as u32, body_len).encode_into(&mut head);
+    connection.send(&head)?;
+    let flags = WritePolicy::to_flags(policy);
+    for &index in indices {
+        let item = &items[index];
+        let header = match opcode {
+            Opcode::Put => RequestItemHeader {
+                key_len: item.key.len() as u16,
+                flags,
+                value_len: item.value.len() as u32,
+                value_crc: crc32c::crc32c(item.value),
+                offset: 0,
+            },
+            Opcode::GetRange => RequestItemHeader {
+                key_len: item.key.len() as u16,
+                flags: 0,
+                value_len: item.range.1,
+                value_crc: 0,
+                offset: item.range.0,
+            },
+            _ => RequestItemHeader { key_len: item.key.len() as u16, ..Default::default() },
+        };
+        let mut bytes = Vec::with_capacity(REQUEST_ITEM_BYTES);
+        header.encode_into(&mut bytes);
+        connection.send(&bytes)?;
+        connection.send(item.key)?;
+        if opcode == Opcode::Put {
+            connection.send(item.value)?;
+        }
+    }
+    connection.flush()
+}

@@ -1,0 +1,75 @@
+//! The client's error type: one variant per thing a caller may want to handle differently.
+
+use strata_proto::Status;
+
+/// Why an operation (or one key of a batch) failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ClientError {
+    /// The key is not stored (recompute it).
+    #[error("not found")]
+    NotFound,
+    /// The stored bytes failed their checksum on the node, or the bytes received failed theirs here; nothing
+    /// damaged was returned.
+    #[error("checksum mismatch")]
+    Checksum,
+    /// The node's storage failed.
+    #[error("the node's storage failed")]
+    Io,
+    /// No room on the node.
+    #[error("no space on the node")]
+    NoSpace,
+    /// The key or value is over the node's bounds.
+    #[error("too large: {0}")]
+    TooLarge(String),
+    /// The node refused the request as invalid (e.g. a range outside the value).
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The caller's buffer is shorter than the value.
+    #[error("buffer of {available} bytes is too small for {needed} bytes")]
+    BufferTooSmall {
+        /// Bytes the value has.
+        needed: usize,
+        /// Bytes the buffer has.
+        available: usize,
+    },
+    /// The node did not answer in time (the connection is reopened on the next call).
+    #[error("timed out")]
+    Timeout,
+    /// The connection failed or was closed (it is reopened on the next call).
+    #[error("connection: {0}")]
+    Connection(String),
+    /// The node refused the token (or none was given and the node needs one).
+    #[error("not authenticated")]
+    Unauthenticated,
+    /// The node answered something this client does not understand.
+    #[error("protocol: {0}")]
+    Protocol(String),
+    /// The node is shutting down.
+    #[error("the node is shutting down")]
+    ShuttingDown,
+}
+
+impl ClientError {
+    /// The error for a status other than `Ok`.
+    pub fn from_status(status: Status) -> Self {
+        match status {
+            Status::Ok => ClientError::Protocol("status ok reported as an error".into()),
+            Status::NotFound => ClientError::NotFound,
+            Status::Checksum | Status::TransferChecksum => ClientError::Checksum,
+            Status::Io => ClientError::Io,
+            Status::NoSpace => ClientError::NoSpace,
+            Status::TooLarge => ClientError::TooLarge("over the node's bounds".into()),
+            Status::Invalid => ClientError::Invalid("refused by the node".into()),
+            Status::Unauthenticated => ClientError::Unauthenticated,
+            Status::Version => ClientError::Protocol("the node speaks another protocol version".into()),
+            Status::ShuttingDown => ClientError::ShuttingDown,
+        }
+    }
+
+    pub(crate) fn from_io(error: &std::io::Error) -> Self {
+        match error.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => ClientError::Timeout,
+            _ => ClientError::Connection(error.to_string()),
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! How a node is set up.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use strata_nvme::DeviceSpec;
+use strata_proto::{Limits, WritePolicy};
+
+/// The engine's settings (the node binary builds it from flags and TOML; see `strata-node --help`).
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Address of shard 0; shard `i` listens on port `+ i`. Port 0 picks free consecutive ports.
+    pub listen: SocketAddr,
+    /// CPUs to pin shards to, one shard each (the number of shards).
+    pub cpus: Vec<usize>,
+    /// DRAM tier of the node (split evenly between shards).
+    pub dram_bytes: u64,
+    /// Use 2 MiB hugepages for the DRAM segments when reserved.
+    pub hugepages: bool,
+    /// Namespaces of the NVMe tier (none: DRAM only).
+    pub nvme: Vec<DeviceSpec>,
+    /// Expected pool UUID of every namespace (from a pool description), or none to accept a namespace of
+    /// any pool (and format one that belongs to none).
+    pub pool_uuid: Option<[u8; 16]>,
+    /// Erase the NVMe tier at start-up instead of recovering it.
+    pub format: bool,
+    /// Bytes per region of the log.
+    pub region_bytes: u64,
+    /// Region buffers per shard (one fills while the others are written).
+    pub region_buffers: usize,
+    /// Default write policy.
+    pub write_policy: WritePolicy,
+    /// Evict when a tier is fuller than this share of its capacity...
+    pub high_watermark: f64,
+    /// ...down to this share.
+    pub low_watermark: f64,
+    /// A read keeps the object in place (not evicted) for this long.
+    pub read_lease: Duration,
+    /// An NVMe hit is promoted to DRAM when the object was also hit within this window before.
+    pub promote_window: Duration,
+    /// At reclaim, a record hit within this window is reinserted rather than dropped.
+    pub reinsert_window: Duration,
+    /// Protocol bounds.
+    pub limits: Limits,
+    /// Token a client must present in HELLO; none: the node is open.
+    pub auth_token: Option<Vec<u8>>,
+    /// Where to serve `/metrics` and `/healthz`; none: not served.
+    pub metrics: Option<SocketAddr>,
+    /// Busy-poll each executor for this long before sleeping (latency for CPU).
+    pub spin_before_park: Option<Duration>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7600)),
+            cpus: vec![0],
+            dram_bytes: 1 << 30,
+            hugepages: true,
+            nvme: Vec::new(),
+            pool_uuid: None,
+            format: false,
+            region_bytes: 16 << 20,
+            region_buffers: 3,
+            write_policy: WritePolicy::WriteThrough,
+            high_watermark: 0.95,
+            low_watermark: 0.90,
+            read_lease: Duration::from_secs(5),
+            promote_window: Duration::from_secs(60),
+            reinsert_window: Duration::from_secs(60),
+            limits: Limits::default(),
+            auth_token: None,
+            metrics: Some(SocketAddr::from(([127, 0, 0, 1], 9600))),
+            spin_before_park: None,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Checks values that would make the node misbehave rather than fail.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.cpus.is_empty() {
+            return Err("at least one core is needed".into());
+        }
+        if !(0.0 < self.low_watermark && self.low_watermark < self.high_watermark && self.high_watermark <= 1.0) {
+            return Err(format!(
+                "watermarks must satisfy 0 < low < high <= 1 (low {}, high {})",
+                self.low_watermark, self.high_watermark
+            ));
+        }
+        if !self.region_bytes.is_power_of_two() || !(1 << 20..=1 << 30).contains(&self.region_bytes) {
+            return Err(format!("region size {} must be a power of two from 1 MiB to 1 GiB", self.region_bytes));
+        }
+        if self.region_buffers < 2 {
+            return Err("at least 2 region buffers per shard are needed (one fills while one is written)".into());
+        }
+        let per_shard = self.dram_bytes / self.cpus.len() as u64;
+        if per_shard < 4 << 20 {
+            return Err(format!(
+                "{} bytes of DRAM give each of {} shards under 4 MiB",
+                self.dram_bytes,
+                self.cpus.len()
+            ));
+        }
+        if u64::from(self.listen.port()) + self.cpus.len() as u64 > 65_536 {
+            return Err("base port + shards exceeds 65535".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,579 @@
+//! Starting and stopping a node: check and format the NVMe tier, bind one listener per shard, start one
+//! pinned glommio executor per shard (each opens its own device handles, builds its DRAM tier and region
+//! log, recovers its index, then serves), and serve metrics from a small thread.
+
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use glommio::{LocalExecutorBuilder, Placement};
+use strata_nvme::superblock::{NamespaceRole, PoolSuperblock, SuperblockError, uuid_text};
+use strata_nvme::{AnyDevice, BlockDevice, DeviceSpec, HostOptions, MemoryDevice};
+
+use crate::config::EngineConfig;
+use crate::dram::DramTier;
+use crate::log::{RegionBuffer, RegionInfo, RegionLog, RegionState};
+use crate::metrics::ShardMetrics;
+use crate::record::{FIRST_REGION_OFFSET, FormatError, TIER_HEADER_OFFSET, TierHeader};
+use crate::segment::PageKind;
+use crate::shard::{RecoveryReport, Shard};
+
+/// Why a node did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// The configuration is inconsistent.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// A namespace could not be opened, checked or formatted.
+    #[error("NVMe tier: {0}")]
+    Nvme(String),
+    /// A listener could not be bound.
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A shard failed to start.
+    #[error("shard {shard}: {reason}")]
+    Shard {
+        /// The shard.
+        shard: u32,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// What a started node reports.
+#[derive(Clone, Debug)]
+pub struct NodeSummary {
+    /// Address of shard 0.
+    pub listen: SocketAddr,
+    /// Shards and their CPUs.
+    pub cpus: Vec<usize>,
+    /// DRAM per shard.
+    pub dram_bytes_per_shard: u64,
+    /// Pages backing DRAM.
+    pub pages: PageKind,
+    /// NVMe namespaces and their capacities.
+    pub namespaces: Vec<(String, u64)>,
+    /// Regions per shard and region size.
+    pub regions_per_shard: Vec<usize>,
+    /// Region size.
+    pub region_bytes: u64,
+    /// Recovery per shard.
+    pub recovery: Vec<RecoveryReport>,
+    /// Metrics address.
+    pub metrics: Option<SocketAddr>,
+}
+
+impl std::fmt::Display for NodeSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shards = self.cpus.len();
+        let last_port = u32::from(self.listen.port()) + shards as u32 - 1;
+        writeln!(
+            f,
+            "strata-node: {shards} shard(s) on CPU(s) {:?}, listening on {} (ports {}-{last_port})",
+            self.cpus,
+            self.listen,
+            self.listen.port()
+        )?;
+        writeln!(
+            f,
+            "  DRAM tier: {} MiB ({} MiB per shard) on {}",
+            (self.dram_bytes_per_shard * shards as u64) >> 20,
+            self.dram_bytes_per_shard >> 20,
+            match self.pages {
+                PageKind::Huge => "2 MiB hugepages",
+                PageKind::Normal => "normal pages (no hugepages reserved: echo N > /proc/sys/vm/nr_hugepages)",
+            }
+        )?;
+        if self.namespaces.is_empty() {
+            writeln!(f, "  NVMe tier: none (DRAM only)")?;
+        }
+        for (name, capacity) in &self.namespaces {
+            writeln!(f, "  NVMe tier: {name}, {} MiB", capacity >> 20)?;
+        }
+        if !self.namespaces.is_empty() {
+            let recovered: u64 = self.recovery.iter().map(|report| report.records).sum();
+            let skipped: u64 = self.recovery.iter().map(|report| report.skipped).sum();
+            writeln!(
+                f,
+                "  region log: {} MiB regions, {:?} per shard; recovered {recovered} records ({skipped} torn or corrupt skipped)",
+                self.region_bytes >> 20,
+                self.regions_per_shard
+            )?;
+        }
+        match self.metrics {
+            Some(addr) => write!(f, "  metrics: http://{addr}/metrics and /healthz"),
+            None => write!(f, "  metrics: off"),
+        }
+    }
+}
+
+/// A running node.
+pub struct Node {
+    summary: NodeSummary,
+    stop: Arc<AtomicBool>,
+    listener_fds: Vec<RawFd>,
+    shards: Vec<glommio::ExecutorJoinHandle<()>>,
+    metrics_thread: Option<std::thread::JoinHandle<()>>,
+    /// Each shard's counters.
+    pub metrics: Vec<Arc<ShardMetrics>>,
+}
+
+impl Node {
+    /// What it started with.
+    pub fn summary(&self) -> &NodeSummary {
+        &self.summary
+    }
+
+    /// Address of shard 0.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.summary.listen
+    }
+
+    /// Asks every shard to stop accepting, flush and exit.
+    pub fn stop(&self) {
+        if !self.stop.swap(true, Ordering::SeqCst) {
+            for &fd in &self.listener_fds {
+                crate::sys::shutdown_socket(fd);
+            }
+        }
+    }
+
+    /// Stops the node and waits for every shard to finish flushing.
+    pub fn shutdown(mut self) -> Result<(), NodeError> {
+        self.stop();
+        let mut result = Ok(());
+        for (shard, handle) in std::mem::take(&mut self.shards).into_iter().enumerate() {
+            if let Err(error) = handle.join() {
+                result = Err(NodeError::Shard { shard: shard as u32, reason: format!("{error:?}") });
+            }
+        }
+        if let Some(thread) = self.metrics_thread.take() {
+            let _ = thread.join();
+        }
+        result
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.stop();
+        for handle in std::mem::take(&mut self.shards) {
+            let _ = handle.join();
+        }
+        if let Some(thread) = self.metrics_thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// How a shard opens its handle on a namespace.
+#[derive(Clone)]
+enum NamespaceHandle {
+    Memory(MemoryDevice),
+    Spec(DeviceSpec),
+}
+
+/// Opens a handle; `sized`: create or extend files to their size (done once, when preparing the tier;
+/// shards then open the files as they are).
+async fn open_handle(handle: &NamespaceHandle, sized: bool) -> Result<AnyDevice, String> {
+    match handle {
+        NamespaceHandle::Memory(device) => Ok(AnyDevice::Memory(device.clone())),
+        NamespaceHandle::Spec(spec) => {
+            let spec = match spec {
+                DeviceSpec::File { path, .. } if !sized => DeviceSpec::File { path: path.clone(), size_bytes: None },
+                other => other.clone(),
+            };
+            AnyDevice::open(&spec, &HostOptions::default()).await.map_err(|error| error.to_string())
+        }
+    }
+}
+
+fn spec_name(spec: &DeviceSpec) -> String {
+    match spec {
+        DeviceSpec::Memory { capacity_bytes } => format!("memory:{capacity_bytes}"),
+        DeviceSpec::File { path, .. } => path.display().to_string(),
+        DeviceSpec::Nvmf(address) => format!("nvmf {} {} ns {}", address.addr, address.subnqn, address.nsid),
+    }
+}
+
+fn random_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    if std::fs::File::open("/dev/urandom").and_then(|mut file| std::io::Read::read_exact(&mut file, &mut bytes)).is_ok()
+    {
+        return u64::from_le_bytes(bytes);
+    }
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |since| since.as_nanos() as u64)
+}
+
+/// Reads `len` bytes at `offset` (len a multiple of the block size).
+async fn read_bytes(device: &AnyDevice, offset: u64, len: usize) -> Result<Vec<u8>, String> {
+    let (buffer, result) = device.read(device.alloc_buffer(len), offset).await;
+    result.map_err(|error| error.to_string())?;
+    Ok(buffer.as_slice().to_vec())
+}
+
+async fn write_bytes(device: &AnyDevice, offset: u64, bytes: &[u8], len: usize) -> Result<(), String> {
+    let mut buffer = device.alloc_buffer(len);
+    buffer.as_mut_slice().fill(0);
+    buffer.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
+    device.write(buffer, offset).await.1.map_err(|error| error.to_string())?;
+    device.flush().await.map_err(|error| error.to_string())
+}
+
+/// Checks every namespace's pool superblock and tier header, formatting what is new (or everything, with
+/// `format`); returns the tier headers.
+async fn prepare_tier(
+    config: &EngineConfig,
+    handles: &[NamespaceHandle],
+    names: &[String],
+) -> Result<Vec<(TierHeader, u64)>, String> {
+    let shard_count = config.cpus.len() as u32;
+    let mut headers = Vec::new();
+    let local_pool_uuid: [u8; 16] = {
+        let mut uuid = [0u8; 16];
+        uuid[..8].copy_from_slice(&random_u64().to_le_bytes());
+        uuid[8..].copy_from_slice(&random_u64().to_le_bytes());
+        uuid
+    };
+    for (index, handle) in handles.iter().enumerate() {
+        let name = &names[index];
+        let device = open_handle(handle, true).await.map_err(|error| format!("{name}: {error}"))?;
+        let geometry = device.geometry();
+        let block = geometry.logical_block_bytes as usize;
+        let superblock_len = block.max(strata_nvme::superblock::SUPERBLOCK_BYTES);
+        match PoolSuperblock::decode(&read_bytes(&device, 0, superblock_len).await?) {
+            Ok(found) => {
+                if let Some(expected) = config.pool_uuid
+                    && found.pool_uuid != expected
+                {
+                    return Err(format!(
+                        "{name} belongs to pool {:?} ({}), not to the pool description's ({})",
+                        found.pool_name,
+                        uuid_text(&found.pool_uuid),
+                        uuid_text(&expected)
+                    ));
+                }
+            }
+            Err(SuperblockError::NotFormatted) if config.pool_uuid.is_none() => {
+                let superblock = PoolSuperblock {
+                    pool_name: "strata-node-local".into(),
+                    pool_uuid: local_pool_uuid,
+                    index: index as u32,
+                    count: handles.len() as u32,
+                    role: NamespaceRole::Data,
+                    block_bytes: geometry.logical_block_bytes,
+                    capacity_bytes: geometry.capacity_bytes,
+                    formatted_at: std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |since| since.as_secs()),
+                };
+                write_bytes(&device, 0, &superblock.encode(), superblock_len).await?;
+            }
+            Err(SuperblockError::NotFormatted) => {
+                return Err(format!("{name} is not formatted into a pool: run strata-pool create (or add) first"));
+            }
+            Err(error) => return Err(format!("{name}: {error}; run strata-pool create --force to reformat it")),
+        }
+        let tier_len = block.max(crate::record::TIER_HEADER_BYTES).next_multiple_of(block);
+        let existing = TierHeader::decode(&read_bytes(&device, TIER_HEADER_OFFSET, tier_len).await?);
+        let region_count = geometry.capacity_bytes.saturating_sub(FIRST_REGION_OFFSET) / config.region_bytes;
+        let header = match existing {
+            Ok(found) if !config.format => {
+                if found.shard_count != shard_count {
+                    return Err(format!(
+                        "{name} holds a tier formatted for {} shards; start with {} cores (--cores), or erase it with --format",
+                        found.shard_count, found.shard_count
+                    ));
+                }
+                if found.region_bytes != config.region_bytes {
+                    return Err(format!(
+                        "{name} holds a tier with {} MiB regions; start with --region-size {}MiB, or erase it with --format",
+                        found.region_bytes >> 20,
+                        found.region_bytes >> 20
+                    ));
+                }
+                TierHeader { epoch: found.epoch + 1, namespace_index: index as u32, ..found }
+            }
+            Ok(_) | Err(FormatError::NoMagic) => {
+                if region_count == 0 {
+                    return Err(format!(
+                        "{name} holds {} bytes: too small for one {} MiB region after the first MiB",
+                        geometry.capacity_bytes,
+                        config.region_bytes >> 20
+                    ));
+                }
+                TierHeader {
+                    shard_count,
+                    namespace_index: index as u32,
+                    region_bytes: config.region_bytes,
+                    first_region_offset: FIRST_REGION_OFFSET,
+                    region_count,
+                    format_id: random_u64(),
+                    epoch: 1,
+                }
+            }
+            Err(error) => {
+                return Err(format!(
+                    "{name}: the tier header is damaged ({error}); start with --format to erase the tier"
+                ));
+            }
+        };
+        write_bytes(&device, TIER_HEADER_OFFSET, &header.encode(), tier_len).await?;
+        headers.push((header, geometry.capacity_bytes));
+    }
+    Ok(headers)
+}
+
+/// Region `r` of namespace `k` belongs to shard `(r + k) % shards`; a shard's regions are listed by `r`
+/// then `k`, so consecutive regions of one shard alternate between namespaces.
+fn regions_of_shard(headers: &[(TierHeader, u64)], shard: u32, shard_count: u32) -> Vec<RegionInfo> {
+    let most = headers.iter().map(|(header, _)| header.region_count).max().unwrap_or(0);
+    let mut regions = Vec::new();
+    for r in 0..most {
+        for (k, (header, _)) in headers.iter().enumerate() {
+            if r < header.region_count && (r + k as u64) % u64::from(shard_count) == u64::from(shard) {
+                regions.push(RegionInfo {
+                    device: k,
+                    device_offset: header.first_region_offset + r * header.region_bytes,
+                    seq: 0,
+                    state: RegionState::Free,
+                    sealed: None,
+                });
+            }
+        }
+    }
+    regions
+}
+
+fn bind_listeners(config: &EngineConfig) -> Result<Vec<std::net::TcpListener>, NodeError> {
+    let shards = config.cpus.len();
+    for _attempt in 0..16 {
+        let first = std::net::TcpListener::bind(config.listen)
+            .map_err(|source| NodeError::Listen { addr: config.listen, source })?;
+        let base = first.local_addr().map_err(|source| NodeError::Listen { addr: config.listen, source })?;
+        let mut listeners = vec![first];
+        for shard in 1..shards {
+            let addr = SocketAddr::new(base.ip(), base.port() + shard as u16);
+            match std::net::TcpListener::bind(addr) {
+                Ok(listener) => listeners.push(listener),
+                Err(source) if config.listen.port() != 0 => return Err(NodeError::Listen { addr, source }),
+                Err(_) => break,
+            }
+        }
+        if listeners.len() == shards {
+            return Ok(listeners);
+        }
+    }
+    Err(NodeError::Config(format!("found no {shards} consecutive free ports")))
+}
+
+/// Starts a node; returns once every shard has recovered and is serving.
+pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
+    config.validate().map_err(NodeError::Config)?;
+    let shard_count = config.cpus.len() as u32;
+    let names: Vec<String> = config.nvme.iter().map(spec_name).collect();
+    let handles: Vec<NamespaceHandle> = config
+        .nvme
+        .iter()
+        .map(|spec| match spec {
+            DeviceSpec::Memory { capacity_bytes } => NamespaceHandle::Memory(MemoryDevice::new(*capacity_bytes, 4096)),
+            other => NamespaceHandle::Spec(other.clone()),
+        })
+        .collect();
+    let tier: Vec<(TierHeader, u64)> = if handles.is_empty() {
+        Vec::new()
+    } else {
+        let (config_copy, handles_copy, names_copy) = (config.clone(), handles.clone(), names.clone());
+        LocalExecutorBuilder::new(Placement::Unbound)
+            .name("strata-prepare")
+            .io_memory(2 << 20)
+            .spawn(move || async move { prepare_tier(&config_copy, &handles_copy, &names_copy).await })
+            .map_err(|error| NodeError::Nvme(format!("starting an executor: {error}")))?
+            .join()
+            .map_err(|error| NodeError::Nvme(format!("{error:?}")))?
+            .map_err(NodeError::Nvme)?
+    };
+    let listeners = bind_listeners(&config)?;
+    let listen = listeners[0].local_addr().map_err(|source| NodeError::Listen { addr: config.listen, source })?;
+    let listener_fds: Vec<RawFd> = listeners.iter().map(AsRawFd::as_raw_fd).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let metrics: Vec<Arc<ShardMetrics>> = (0..shard_count).map(|_| Arc::new(ShardMetrics::default())).collect();
+    let dram_per_shard = config.dram_bytes / u64::from(shard_count);
+    let (ready_sender, ready_receiver) = mpsc::channel::<(u32, Result<(RecoveryReport, PageKind, usize), String>)>();
+    let config = Arc::new(config);
+    let tier = Arc::new(tier);
+    let handles = Arc::new(handles);
+    let mut executors = Vec::new();
+    for (shard, listener) in listeners.into_iter().enumerate() {
+        let shard = shard as u32;
+        let cpu = config.cpus[shard as usize];
+        let (config, tier, handles, metrics, ready) = (
+            Arc::clone(&config),
+            Arc::clone(&tier),
+            Arc::clone(&handles),
+            Arc::clone(&metrics[shard as usize]),
+            ready_sender.clone(),
+        );
+        let stop_flag = Arc::clone(&stop);
+        let mut builder =
+            LocalExecutorBuilder::new(Placement::Fixed(cpu)).name(&format!("strata-shard-{shard}")).io_memory(2 << 20);
+        if let Some(spin) = config.spin_before_park {
+            builder = builder.spin_before_park(spin);
+        }
+        let spawned = builder.spawn(move || async move {
+            let base_port = listen.port();
+            let started = async {
+                let mut devices = Vec::new();
+                for handle in handles.iter() {
+                    devices.push(open_handle(handle, false).await?);
+                }
+                let dram = DramTier::new(dram_per_shard, config.hugepages)?;
+                let pages = dram.pages();
+                let log = if devices.is_empty() {
+                    None
+                } else {
+                    let regions = regions_of_shard(&tier, shard, shard_count);
+                    if regions.is_empty() {
+                        return Err(format!("the NVMe tier has no region for shard {shard}: give it more capacity"));
+                    }
+                    let chunk_bytes = devices
+                        .iter()
+                        .map(|device| device.geometry().max_transfer_bytes)
+                        .min()
+                        .unwrap_or(1 << 20)
+                        .min(1 << 20) as usize;
+                    let block_bytes =
+                        devices.iter().map(|device| device.geometry().logical_block_bytes).max().unwrap_or(4096)
+                            as usize;
+                    let spare = (0..config.region_buffers)
+                        .map(|_| RegionBuffer::new(&devices[0], config.region_bytes, chunk_bytes))
+                        .collect();
+                    let (first, _) = tier[0];
+                    Some(RegionLog {
+                        region_bytes: config.region_bytes,
+                        chunk_bytes,
+                        block_bytes,
+                        free: (0..regions.len() as u32).collect(),
+                        regions,
+                        sealed: Default::default(),
+                        open: None,
+                        spare,
+                        next_seq: 1,
+                        shard,
+                        format_id: first.format_id,
+                        epoch: first.epoch,
+                    })
+                };
+                let region_count = log.as_ref().map_or(0, |log| log.regions.len());
+                let engine_config = Rc::new((*config).clone());
+                let shard_state =
+                    Shard::new(shard, shard_count, base_port, engine_config, dram, Rc::new(devices), log, metrics);
+                let report = shard_state.recover().await?;
+                Ok((shard_state, report, pages, region_count))
+            };
+            let shard_state = match started.await {
+                Ok((shard_state, report, pages, regions)) => {
+                    let _ = ready.send((shard, Ok((report, pages, regions))));
+                    shard_state
+                }
+                Err(error) => {
+                    let _ = ready.send((shard, Err(error)));
+                    return;
+                }
+            };
+            drop(ready);
+            let listener = crate::sys::adopt_listener(listener);
+            loop {
+                match listener.accept().await {
+                    Ok(stream) => {
+                        if stop_flag.load(Ordering::SeqCst) {
+                            break;
+                        }
+                        glommio::spawn_local(crate::server::serve(Rc::clone(&shard_state), stream)).detach();
+                    }
+                    Err(_) if stop_flag.load(Ordering::SeqCst) => break,
+                    Err(_) => glommio::timer::sleep(Duration::from_millis(10)).await,
+                }
+            }
+            shard_state.flush_for_shutdown().await;
+        });
+        match spawned {
+            Ok(handle) => executors.push(handle),
+            Err(error) => {
+                stop.store(true, Ordering::SeqCst);
+                return Err(NodeError::Shard { shard, reason: format!("starting its executor on CPU {cpu}: {error}") });
+            }
+        }
+    }
+    drop(ready_sender);
+    let mut recovery = vec![RecoveryReport::default(); shard_count as usize];
+    let mut regions_per_shard = vec![0; shard_count as usize];
+    let mut pages = PageKind::Normal;
+    let mut failure = None;
+    for _ in 0..shard_count {
+        match ready_receiver.recv() {
+            Ok((shard, Ok((report, shard_pages, regions)))) => {
+                recovery[shard as usize] = report;
+                regions_per_shard[shard as usize] = regions;
+                pages = shard_pages;
+            }
+            Ok((shard, Err(reason))) => {
+                failure.get_or_insert(NodeError::Shard { shard, reason });
+            }
+            Err(_) => {
+                failure.get_or_insert(NodeError::Shard { shard: 0, reason: "exited during start-up".into() });
+            }
+        }
+    }
+    let metrics_addr = match config.metrics {
+        Some(addr) if failure.is_none() => {
+            let listener = std::net::TcpListener::bind(addr).map_err(|source| NodeError::Listen { addr, source });
+            match listener {
+                Ok(listener) => Some((listener.local_addr().unwrap_or(addr), listener)),
+                Err(error) => {
+                    failure = Some(error);
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    let metrics_thread = metrics_addr.as_ref().map(|_| ());
+    let mut node = Node {
+        summary: NodeSummary {
+            listen,
+            cpus: config.cpus.clone(),
+            dram_bytes_per_shard: dram_per_shard,
+            pages,
+            namespaces: names.iter().cloned().zip(tier.iter().map(|(_, capacity)| *capacity)).collect(),
+            regions_per_shard,
+            region_bytes: config.region_bytes,
+            recovery,
+            metrics: metrics_addr.as_ref().map(|(addr, _)| *addr),
+        },
+        stop: Arc::clone(&stop),
+        listener_fds,
+        shards: executors,
+        metrics_thread: None,
+        metrics: metrics.clone(),
+    };
+    if let Some(error) = failure {
+        drop(node);
+        return Err(error);
+    }
+    if let (Some((_, listener)), Some(())) = (metrics_addr, metrics_thread) {
+        let stop = Arc::clone(&stop);
+        node.metrics_thread = Some(std::thread::spawn(move || crate::metrics::serve_http(listener, metrics, stop)));
+    }
+    Ok(node)
+}

@@ -1,0 +1,319 @@
+//! On-disk formats of the NVMe tier, drawn in `docs/NVME_FORMAT.md`: the tier header of a namespace, the
+//! region header, and the record. Every structure carries a crc32c, and every decoder is total (an error
+//! for anything it does not recognise, never a panic), because it reads whatever a crash left behind.
+//!
+//! A record belongs to the region *generation* it was written in (`region_seq`): when a region is reused,
+//! records of its previous generation that were not overwritten still carry valid checksums, and the
+//! sequence number is what tells them apart, so they are never resurrected.
+
+/// Bytes of a record header.
+pub const RECORD_HEADER_BYTES: usize = 32;
+/// Bytes of a region header (records start right after it).
+pub const REGION_HEADER_BYTES: usize = 64;
+/// Bytes of a tier header.
+pub const TIER_HEADER_BYTES: usize = 64;
+/// Records start at multiples of this.
+pub const RECORD_ALIGN_BYTES: usize = 8;
+/// Where the tier header sits in a namespace (block 0 holds the pool superblock).
+pub const TIER_HEADER_OFFSET: u64 = 4096;
+/// Where the first region starts.
+pub const FIRST_REGION_OFFSET: u64 = 1 << 20;
+
+const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"STRC");
+const REGION_MAGIC: u32 = u32::from_le_bytes(*b"STRG");
+const TIER_MAGIC: &[u8; 8] = b"STRATATR";
+const TIER_VERSION: u32 = 1;
+
+/// Record flag: a removal (no value).
+pub const RECORD_TOMBSTONE: u16 = 1;
+
+/// Why bytes are not a structure of the tier.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FormatError {
+    /// No magic: end of the records of a region, or an unformatted area.
+    #[error("no magic")]
+    NoMagic,
+    /// The checksum does not match: torn or corrupt.
+    #[error("checksum mismatch")]
+    Checksum,
+    /// Fewer bytes than the structure says it has.
+    #[error("truncated")]
+    Truncated,
+    /// A field that no build writes.
+    #[error("invalid field {0}")]
+    Field(&'static str),
+}
+
+fn u16_at(bytes: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([bytes[at], bytes[at + 1]])
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> u32 {
+    let mut word = [0u8; 4];
+    word.copy_from_slice(&bytes[at..at + 4]);
+    u32::from_le_bytes(word)
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(word)
+}
+
+/// A record header.
+///
+/// ```text
+///  0       4            8             16          20          24        26      28        32
+///  | magic | header crc | region seq  | value len | value crc | key len | flags | version |
+/// ```
+/// `header crc` covers bytes 8..32 and the key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordHeader {
+    /// Generation of the region it was written in.
+    pub region_seq: u64,
+    /// Bytes of value.
+    pub value_len: u32,
+    /// crc32c of the value.
+    pub value_crc: u32,
+    /// Bytes of key.
+    pub key_len: u16,
+    /// `RECORD_*` flags.
+    pub flags: u16,
+    /// The object's version.
+    pub version: u32,
+}
+
+impl RecordHeader {
+    /// Bytes the record takes in the region, padding included.
+    pub fn record_len(&self) -> usize {
+        (RECORD_HEADER_BYTES + usize::from(self.key_len) + self.value_len as usize).next_multiple_of(RECORD_ALIGN_BYTES)
+    }
+
+    /// The 32 bytes, given the key the checksum covers.
+    pub fn encode(&self, key: &[u8]) -> [u8; RECORD_HEADER_BYTES] {
+        let mut bytes = [0u8; RECORD_HEADER_BYTES];
+        bytes[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
+        bytes[8..16].copy_from_slice(&self.region_seq.to_le_bytes());
+        bytes[16..20].copy_from_slice(&self.value_len.to_le_bytes());
+        bytes[20..24].copy_from_slice(&self.value_crc.to_le_bytes());
+        bytes[24..26].copy_from_slice(&self.key_len.to_le_bytes());
+        bytes[26..28].copy_from_slice(&self.flags.to_le_bytes());
+        bytes[28..32].copy_from_slice(&self.version.to_le_bytes());
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[8..32]), key);
+        bytes[4..8].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    /// Decodes a header from the start of `bytes`, which must also hold the key (checked by the crc).
+    pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
+        if bytes.len() < RECORD_HEADER_BYTES {
+            return Err(FormatError::Truncated);
+        }
+        if u32_at(bytes, 0) != RECORD_MAGIC {
+            return Err(FormatError::NoMagic);
+        }
+        let header = Self {
+            region_seq: u64_at(bytes, 8),
+            value_len: u32_at(bytes, 16),
+            value_crc: u32_at(bytes, 20),
+            key_len: u16_at(bytes, 24),
+            flags: u16_at(bytes, 26),
+            version: u32_at(bytes, 28),
+        };
+        let key_end = RECORD_HEADER_BYTES + usize::from(header.key_len);
+        if header.key_len == 0 {
+            return Err(FormatError::Field("key length"));
+        }
+        if bytes.len() < key_end {
+            return Err(FormatError::Truncated);
+        }
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[8..32]), &bytes[RECORD_HEADER_BYTES..key_end]);
+        if crc != u32_at(bytes, 4) {
+            return Err(FormatError::Checksum);
+        }
+        if header.flags & !RECORD_TOMBSTONE != 0 {
+            return Err(FormatError::Field("record flags"));
+        }
+        Ok(header)
+    }
+}
+
+/// A region header.
+///
+/// ```text
+///  0       4     8            16      20          24             32            40    64
+///  | magic | crc | region seq | shard | region id | format id    | epoch       | 0.. |
+/// ```
+/// `crc` covers bytes 8..64.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionHeader {
+    /// Generation: a per-shard counter, larger for newer regions.
+    pub region_seq: u64,
+    /// The shard that owns it.
+    pub shard: u32,
+    /// Its id within the shard.
+    pub region_id: u32,
+    /// The format of the tier it belongs to (a region of an earlier format is free).
+    pub format_id: u64,
+    /// The node start that wrote it.
+    pub epoch: u64,
+}
+
+impl RegionHeader {
+    /// The 64 bytes.
+    pub fn encode(&self) -> [u8; REGION_HEADER_BYTES] {
+        let mut bytes = [0u8; REGION_HEADER_BYTES];
+        bytes[0..4].copy_from_slice(&REGION_MAGIC.to_le_bytes());
+        bytes[8..16].copy_from_slice(&self.region_seq.to_le_bytes());
+        bytes[16..20].copy_from_slice(&self.shard.to_le_bytes());
+        bytes[20..24].copy_from_slice(&self.region_id.to_le_bytes());
+        bytes[24..32].copy_from_slice(&self.format_id.to_le_bytes());
+        bytes[32..40].copy_from_slice(&self.epoch.to_le_bytes());
+        let crc = crc32c::crc32c(&bytes[8..]);
+        bytes[4..8].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    /// Decodes a header.
+    pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
+        if bytes.len() < REGION_HEADER_BYTES {
+            return Err(FormatError::Truncated);
+        }
+        if u32_at(bytes, 0) != REGION_MAGIC {
+            return Err(FormatError::NoMagic);
+        }
+        if crc32c::crc32c(&bytes[8..REGION_HEADER_BYTES]) != u32_at(bytes, 4) {
+            return Err(FormatError::Checksum);
+        }
+        Ok(Self {
+            region_seq: u64_at(bytes, 8),
+            shard: u32_at(bytes, 16),
+            region_id: u32_at(bytes, 20),
+            format_id: u64_at(bytes, 24),
+            epoch: u64_at(bytes, 32),
+        })
+    }
+}
+
+/// The tier header of a namespace, at [`TIER_HEADER_OFFSET`].
+///
+/// ```text
+///  0            8         12    16       20         24            32             40             48      56
+///  | STRATATR   | version | crc | shards | ns index | region bytes | first region | region count | format id |
+///  56      64
+///  | epoch |
+/// ```
+/// `crc` is over the 64 bytes with the crc field zero.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TierHeader {
+    /// Shards the regions are dealt to (region `r` of the pool belongs to shard `r % shards`).
+    pub shard_count: u32,
+    /// This namespace's index in the node's list.
+    pub namespace_index: u32,
+    /// Bytes per region.
+    pub region_bytes: u64,
+    /// Offset of region 0 in the namespace.
+    pub first_region_offset: u64,
+    /// Regions in the namespace.
+    pub region_count: u64,
+    /// Chosen at format time; regions and records of another format are not this tier's.
+    pub format_id: u64,
+    /// Incremented at every start of the node.
+    pub epoch: u64,
+}
+
+impl TierHeader {
+    /// The 64 bytes.
+    pub fn encode(&self) -> [u8; TIER_HEADER_BYTES] {
+        let mut bytes = [0u8; TIER_HEADER_BYTES];
+        bytes[0..8].copy_from_slice(TIER_MAGIC);
+        bytes[8..12].copy_from_slice(&TIER_VERSION.to_le_bytes());
+        bytes[16..20].copy_from_slice(&self.shard_count.to_le_bytes());
+        bytes[20..24].copy_from_slice(&self.namespace_index.to_le_bytes());
+        bytes[24..32].copy_from_slice(&self.region_bytes.to_le_bytes());
+        bytes[32..40].copy_from_slice(&self.first_region_offset.to_le_bytes());
+        bytes[40..48].copy_from_slice(&self.region_count.to_le_bytes());
+        bytes[48..56].copy_from_slice(&self.format_id.to_le_bytes());
+        bytes[56..64].copy_from_slice(&self.epoch.to_le_bytes());
+        let crc = crc32c::crc32c(&bytes);
+        bytes[12..16].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    /// Decodes a header.
+    pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
+        if bytes.len() < TIER_HEADER_BYTES {
+            return Err(FormatError::Truncated);
+        }
+        if &bytes[0..8] != TIER_MAGIC {
+            return Err(FormatError::NoMagic);
+        }
+        let mut copy = [0u8; TIER_HEADER_BYTES];
+        copy.copy_from_slice(&bytes[..TIER_HEADER_BYTES]);
+        copy[12..16].fill(0);
+        if crc32c::crc32c(&copy) != u32_at(bytes, 12) {
+            return Err(FormatError::Checksum);
+        }
+        if u32_at(bytes, 8) != TIER_VERSION {
+            return Err(FormatError::Field("tier format version"));
+        }
+        let header = Self {
+            shard_count: u32_at(bytes, 16),
+            namespace_index: u32_at(bytes, 20),
+            region_bytes: u64_at(bytes, 24),
+            first_region_offset: u64_at(bytes, 32),
+            region_count: u64_at(bytes, 40),
+            format_id: u64_at(bytes, 48),
+            epoch: u64_at(bytes, 56),
+        };
+        if header.shard_count == 0 || header.region_bytes == 0 || !header.region_bytes.is_power_of_two() {
+            return Err(FormatError::Field("geometry"));
+        }
+        Ok(header)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn structures_round_trip() {
+        let record = RecordHeader { region_seq: 7, value_len: 100, value_crc: 9, key_len: 3, flags: 0, version: 2 };
+        let mut bytes = record.encode(b"abc").to_vec();
+        bytes.extend_from_slice(b"abc");
+        assert_eq!(RecordHeader::decode(&bytes), Ok(record));
+        assert_eq!(record.record_len(), (32 + 3 + 100usize).next_multiple_of(8));
+        let region = RegionHeader { region_seq: 1, shard: 2, region_id: 3, format_id: 4, epoch: 5 };
+        assert_eq!(RegionHeader::decode(&region.encode()), Ok(region));
+        let tier = TierHeader {
+            shard_count: 2,
+            namespace_index: 0,
+            region_bytes: 16 << 20,
+            first_region_offset: FIRST_REGION_OFFSET,
+            region_count: 255,
+            format_id: 99,
+            epoch: 3,
+        };
+        assert_eq!(TierHeader::decode(&tier.encode()), Ok(tier));
+    }
+
+    #[test]
+    fn a_record_with_another_key_fails_its_checksum() {
+        let record = RecordHeader { region_seq: 7, value_len: 1, value_crc: 9, key_len: 3, flags: 0, version: 2 };
+        let mut bytes = record.encode(b"abc").to_vec();
+        bytes.extend_from_slice(b"abd");
+        assert_eq!(RecordHeader::decode(&bytes), Err(FormatError::Checksum));
+    }
+
+    proptest! {
+        #[test]
+        fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = RecordHeader::decode(&bytes);
+            let _ = RegionHeader::decode(&bytes);
+            let _ = TierHeader::decode(&bytes);
+        }
+    }
+}

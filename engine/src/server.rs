@@ -1,0 +1,459 @@
+//! The KV protocol server of one shard: one task per connection, frames handled in order (a client
+//! pipelines by sending several frames before reading replies).
+//!
+//! Values stream: a put's value is read from the socket straight into its DRAM reservation, and a get's
+//! value is sent from the DRAM segment (pinned) or from the NVMe read's buffers, without an intermediate
+//! copy. Small pieces (headers, statuses, small values) are coalesced into one send.
+//!
+//! Bad input never takes the node down: a frame that breaks the protocol (bad magic or checksum, bounds,
+//! items that do not fill the body) gets an error frame and the connection is closed, because the stream
+//! can no longer be trusted; an item over a bound that the stream can skip (an oversized value) gets its
+//! own status and the rest of the batch is served.
+
+use std::io;
+use std::rc::Rc;
+use std::time::Instant;
+
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::TcpStream;
+use strata_proto::{
+    FRAME_HEADER_BYTES, FrameHeader, HelloReply, HelloRequest, Opcode, ProtoError, REQUEST_ITEM_BYTES,
+    RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, Status, WritePolicy,
+};
+
+use crate::metrics::{add, is_error};
+use crate::shard::{DurablePoint, ReadHit, Shard};
+
+const INPUT_BUFFER_BYTES: usize = 64 << 10;
+/// Values at least this long are sent from their own memory instead of being copied into the send buffer.
+const DIRECT_SEND_BYTES: usize = 16 << 10;
+
+enum ConnectionError {
+    /// The socket failed or the peer went away.
+    Socket,
+    /// The peer broke the protocol: answer with this status and close.
+    Protocol(Status, String),
+}
+
+impl From<io::Error> for ConnectionError {
+    fn from(_: io::Error) -> Self {
+        ConnectionError::Socket
+    }
+}
+
+impl From<ProtoError> for ConnectionError {
+    fn from(error: ProtoError) -> Self {
+        let status = match error {
+            ProtoError::BodyTooLong { .. } | ProtoError::ItemCount { .. } | ProtoError::KeyLength { .. } => {
+                Status::TooLarge
+            }
+            ProtoError::Version(_) => Status::Version,
+            _ => Status::Invalid,
+        };
+        ConnectionError::Protocol(status, error.to_string())
+    }
+}
+
+struct Connection {
+    stream: TcpStream,
+    input: Box<[u8]>,
+    start: usize,
+    end: usize,
+    output: Vec<u8>,
+}
+
+impl Connection {
+    fn buffered(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Makes `len` (≤ the buffer) bytes available; `Ok(false)` if the peer closed before sending any.
+    async fn fill(&mut self, len: usize) -> io::Result<bool> {
+        if self.buffered() >= len {
+            return Ok(true);
+        }
+        if self.start + len > self.input.len() {
+            self.input.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        while self.buffered() < len {
+            let read = self.stream.read(&mut self.input[self.end..]).await?;
+            if read == 0 {
+                if self.buffered() == 0 {
+                    return Ok(false);
+                }
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            self.end += read;
+        }
+        Ok(true)
+    }
+
+    async fn read_exact(&mut self, destination: &mut [u8]) -> io::Result<()> {
+        let from_buffer = destination.len().min(self.buffered());
+        destination[..from_buffer].copy_from_slice(&self.input[self.start..self.start + from_buffer]);
+        self.start += from_buffer;
+        let rest = &mut destination[from_buffer..];
+        if rest.is_empty() {
+            return Ok(());
+        }
+        if rest.len() >= INPUT_BUFFER_BYTES / 2 {
+            return self.stream.read_exact(rest).await;
+        }
+        if !self.fill(rest.len()).await? {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        rest.copy_from_slice(&self.input[self.start..self.start + rest.len()]);
+        self.start += rest.len();
+        Ok(())
+    }
+
+    async fn skip(&mut self, mut len: u64) -> io::Result<()> {
+        while len > 0 {
+            if self.buffered() == 0 && !self.fill(1).await? {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            let take = (self.buffered() as u64).min(len) as usize;
+            self.start += take;
+            len -= take as u64;
+        }
+        Ok(())
+    }
+
+    async fn send(&mut self, data: &[u8]) -> io::Result<()> {
+        if data.len() < DIRECT_SEND_BYTES {
+            self.output.extend_from_slice(data);
+            return Ok(());
+        }
+        self.flush().await?;
+        self.stream.write_all(data).await
+    }
+
+    async fn flush(&mut self) -> io::Result<()> {
+        if !self.output.is_empty() {
+            self.stream.write_all(&self.output).await?;
+            self.output.clear();
+        }
+        Ok(())
+    }
+}
+
+fn tokens_match(expected: &[u8], presented: &[u8]) -> bool {
+    // Constant time in the token's content: every byte is compared, whatever the first difference.
+    let mut difference = (expected.len() ^ presented.len()) as u8 | u8::from(expected.len() != presented.len());
+    for index in 0..expected.len().max(presented.len()) {
+        difference |= expected.get(index).copied().unwrap_or(0) ^ presented.get(index).copied().unwrap_or(0xff);
+    }
+    difference == 0
+}
+
+/// Serves one client connection until it closes or breaks the protocol.
+pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
+    let _ = stream.set_nodelay(true);
+    add(&shard.metrics.connections, 1);
+    let mut connection = Connection {
+        stream,
+        input: vec![0u8; INPUT_BUFFER_BYTES].into_boxed_slice(),
+        start: 0,
+        end: 0,
+        output: Vec::with_capacity(64 << 10),
+    };
+    let mut authenticated = shard.config.auth_token.is_none();
+    loop {
+        match connection.fill(FRAME_HEADER_BYTES).await {
+            Ok(true) => {}
+            Ok(false) | Err(_) => break,
+        }
+        let started = Instant::now();
+        let decoded = FrameHeader::decode(&connection.input[connection.start..connection.start + FRAME_HEADER_BYTES]);
+        connection.start += FRAME_HEADER_BYTES;
+        let outcome = match decoded {
+            Err(error) => Err((None, ConnectionError::from(error))),
+            Ok(header) => match handle_frame(&shard, &mut connection, header, &mut authenticated).await {
+                Ok(counts) => {
+                    let latency = started.elapsed().as_nanos() as u64;
+                    shard.metrics.frame(header.opcode, u64::from(header.count), counts.0, counts.1, latency);
+                    Ok(())
+                }
+                Err(error) => Err((Some(header), error)),
+            },
+        };
+        let Err((header, error)) = outcome else { continue };
+        if let ConnectionError::Protocol(status, _why) = error {
+            add(&shard.metrics.protocol_errors, 1);
+            let reply = FrameHeader {
+                opcode: header.map_or(Opcode::Hello, |header| header.opcode),
+                flags: 0,
+                request_id: header.map_or(0, |header| header.request_id),
+                count: 0,
+                status,
+                body_len: 0,
+            };
+            connection.output.clear();
+            reply.encode_into(&mut connection.output);
+            let _ = connection.flush().await;
+        }
+        break;
+    }
+    let _ = connection.stream.shutdown(std::net::Shutdown::Both).await;
+    shard.metrics.connections.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Handles one frame; returns (failed items, missed items).
+async fn handle_frame(
+    shard: &Rc<Shard>,
+    connection: &mut Connection,
+    header: FrameHeader,
+    authenticated: &mut bool,
+) -> Result<(u64, u64), ConnectionError> {
+    let limits = shard.config.limits;
+    header.check_request(&limits)?;
+    if header.opcode == Opcode::Hello {
+        return handle_hello(shard, connection, header, authenticated).await.map(|()| (0, 0));
+    }
+    if !*authenticated {
+        add(&shard.metrics.auth_failures, 1);
+        return Err(ConnectionError::Protocol(Status::Unauthenticated, "no HELLO with the node's token".into()));
+    }
+    let statuses = match header.opcode {
+        Opcode::Put => handle_put(shard, connection, header).await?,
+        _ => {
+            let mut body = vec![0u8; header.body_len as usize];
+            connection.read_exact(&mut body).await?;
+            let items = parse_items(&body, header, &limits)?;
+            match header.opcode {
+                Opcode::Get | Opcode::GetRange => return handle_get(shard, connection, header, &body, &items).await,
+                Opcode::Exists => items
+                    .iter()
+                    .map(|(_, key_at, key_len)| {
+                        let key = &body[*key_at..*key_at + *key_len];
+                        match shard.exists(key) {
+                            Ok(len) => {
+                                ResponseItemHeader { status: Status::Ok, data_len: 0, data_crc: 0, object_len: len }
+                            }
+                            Err(status) => ResponseItemHeader::status(status),
+                        }
+                    })
+                    .collect(),
+                _ => {
+                    let mut statuses = Vec::with_capacity(items.len());
+                    for (_, key_at, key_len) in &items {
+                        let status = match shard.remove(&body[*key_at..*key_at + *key_len]).await {
+                            Ok(()) => Status::Ok,
+                            Err(status) => status,
+                        };
+                        statuses.push(ResponseItemHeader::status(status));
+                    }
+                    statuses
+                }
+            }
+        }
+    };
+    let counts = count(statuses.iter().map(|item| item.status));
+    let reply = FrameHeader {
+        opcode: header.opcode,
+        flags: 0,
+        request_id: header.request_id,
+        count: statuses.len() as u32,
+        status: Status::Ok,
+        body_len: (statuses.len() * RESPONSE_ITEM_BYTES) as u64,
+    };
+    reply.encode_into(&mut connection.output);
+    for item in &statuses {
+        item.encode_into(&mut connection.output);
+    }
+    connection.flush().await?;
+    Ok(counts)
+}
+
+fn count(statuses: impl Iterator<Item = Status>) -> (u64, u64) {
+    statuses.fold((0, 0), |(errors, misses), status| {
+        (errors + u64::from(is_error(status)), misses + u64::from(status == Status::NotFound))
+    })
+}
+
+/// Splits a read-side body into (item header, key offset, key length).
+fn parse_items(
+    body: &[u8],
+    header: FrameHeader,
+    limits: &strata_proto::Limits,
+) -> Result<Vec<(RequestItemHeader, usize, usize)>, ConnectionError> {
+    let mut items = Vec::with_capacity(header.count as usize);
+    let mut at = 0usize;
+    for _ in 0..header.count {
+        let item = RequestItemHeader::decode(&body[at.min(body.len())..], header.opcode, limits)?;
+        let key_at = at + REQUEST_ITEM_BYTES;
+        let key_len = usize::from(item.key_len);
+        if key_at + key_len > body.len() {
+            return Err(ProtoError::BodyMismatch { items: (key_at + key_len) as u64, body: body.len() as u64 }.into());
+        }
+        items.push((item, key_at, key_len));
+        at = key_at + key_len;
+    }
+    if at != body.len() {
+        return Err(ProtoError::BodyMismatch { items: at as u64, body: body.len() as u64 }.into());
+    }
+    Ok(items)
+}
+
+async fn handle_hello(
+    shard: &Rc<Shard>,
+    connection: &mut Connection,
+    header: FrameHeader,
+    authenticated: &mut bool,
+) -> Result<(), ConnectionError> {
+    let mut body = vec![0u8; header.body_len as usize];
+    connection.read_exact(&mut body).await?;
+    let hello = HelloRequest::decode(&body)?;
+    if let Some(token) = &shard.config.auth_token
+        && !tokens_match(token, &hello.token)
+    {
+        add(&shard.metrics.auth_failures, 1);
+        return Err(ConnectionError::Protocol(Status::Unauthenticated, "wrong token".into()));
+    }
+    *authenticated = true;
+    let reply = HelloReply {
+        shard_count: shard.shard_count,
+        shard_id: shard.id,
+        base_port: shard.base_port,
+        limits: shard.config.limits,
+    };
+    FrameHeader {
+        opcode: Opcode::Hello,
+        flags: 0,
+        request_id: header.request_id,
+        count: 1,
+        status: Status::Ok,
+        body_len: strata_proto::HELLO_REPLY_BYTES as u64,
+    }
+    .encode_into(&mut connection.output);
+    reply.encode_into(&mut connection.output);
+    connection.flush().await?;
+    Ok(())
+}
+
+async fn handle_put(
+    shard: &Rc<Shard>,
+    connection: &mut Connection,
+    header: FrameHeader,
+) -> Result<Vec<ResponseItemHeader>, ConnectionError> {
+    let limits = shard.config.limits;
+    let mut statuses = Vec::with_capacity(header.count as usize);
+    let mut consumed = 0u64;
+    let mut durable: Vec<DurablePoint> = Vec::new();
+    let mut durable_items: Vec<usize> = Vec::new();
+    let mut item_bytes = [0u8; REQUEST_ITEM_BYTES];
+    for _ in 0..header.count {
+        if consumed + REQUEST_ITEM_BYTES as u64 > header.body_len {
+            return Err(ProtoError::BodyMismatch {
+                items: consumed + REQUEST_ITEM_BYTES as u64,
+                body: header.body_len,
+            }
+            .into());
+        }
+        connection.read_exact(&mut item_bytes).await?;
+        let item = RequestItemHeader::decode(&item_bytes, Opcode::Put, &limits)?;
+        let key_len = usize::from(item.key_len);
+        consumed += (REQUEST_ITEM_BYTES + key_len) as u64 + u64::from(item.value_len);
+        if consumed > header.body_len {
+            return Err(ProtoError::BodyMismatch { items: consumed, body: header.body_len }.into());
+        }
+        let mut key = vec![0u8; key_len];
+        connection.read_exact(&mut key).await?;
+        if u64::from(item.value_len) > limits.max_value_bytes {
+            connection.skip(u64::from(item.value_len)).await?;
+            statuses.push(ResponseItemHeader::status(Status::TooLarge));
+            continue;
+        }
+        let policy = WritePolicy::from_flags(item.flags).unwrap_or(shard.config.write_policy);
+        let total = key_len as u64 + u64::from(item.value_len);
+        let reservation = match shard.reserve_put(total).await {
+            Ok(reservation) => reservation,
+            Err(status) => {
+                connection.skip(u64::from(item.value_len)).await?;
+                statuses.push(ResponseItemHeader::status(status));
+                continue;
+            }
+        };
+        let bytes = reservation.bytes_mut(total as usize);
+        bytes[..key_len].copy_from_slice(&key);
+        connection.read_exact(&mut bytes[key_len..]).await?;
+        if crc32c::crc32c(&bytes[key_len..]) != item.value_crc {
+            statuses.push(ResponseItemHeader::status(Status::TransferChecksum));
+            continue;
+        }
+        let status = match shard.commit_put(&key, reservation, item.value_len, item.value_crc, policy).await {
+            Ok(Some(point)) => {
+                durable.push(point);
+                durable_items.push(statuses.len());
+                Status::Ok
+            }
+            Ok(None) => Status::Ok,
+            Err(status) => status,
+        };
+        statuses.push(ResponseItemHeader::status(status));
+    }
+    if consumed != header.body_len {
+        return Err(ProtoError::BodyMismatch { items: consumed, body: header.body_len }.into());
+    }
+    // One sync per region touched covers the whole batch (the last point of each region is the furthest).
+    for (index, point) in durable.iter().enumerate() {
+        let last_of_region = durable[index + 1..].iter().all(|later| later.region_key() != point.region_key());
+        if last_of_region && let Err(status) = shard.sync(*point).await {
+            for (item, other) in durable_items.iter().zip(&durable) {
+                if other.region_key() == point.region_key() {
+                    statuses[*item] = ResponseItemHeader::status(status);
+                }
+            }
+        }
+    }
+    Ok(statuses)
+}
+
+async fn handle_get(
+    shard: &Rc<Shard>,
+    connection: &mut Connection,
+    header: FrameHeader,
+    body: &[u8],
+    items: &[(RequestItemHeader, usize, usize)],
+) -> Result<(u64, u64), ConnectionError> {
+    let mut results: Vec<Result<ReadHit, Status>> = Vec::with_capacity(items.len());
+    for (item, key_at, key_len) in items {
+        let key = &body[*key_at..*key_at + *key_len];
+        let range = (header.opcode == Opcode::GetRange).then_some((item.offset, item.value_len));
+        results.push(shard.get(key, range).await);
+    }
+    let body_len: u64 = results
+        .iter()
+        .map(|result| RESPONSE_ITEM_BYTES as u64 + result.as_ref().map_or(0, |hit| hit.len() as u64))
+        .sum();
+    FrameHeader {
+        opcode: header.opcode,
+        flags: 0,
+        request_id: header.request_id,
+        count: results.len() as u32,
+        status: Status::Ok,
+        body_len,
+    }
+    .encode_into(&mut connection.output);
+    for result in &results {
+        match result {
+            Ok(hit) => {
+                ResponseItemHeader {
+                    status: Status::Ok,
+                    data_len: hit.len() as u32,
+                    data_crc: hit.data_crc,
+                    object_len: hit.object_len,
+                }
+                .encode_into(&mut connection.output);
+                for slice in hit.slices() {
+                    connection.send(slice).await?;
+                }
+            }
+            Err(status) => ResponseItemHeader::status(*status).encode_into(&mut connection.output),
+        }
+    }
+    connection.flush().await?;
+    Ok(count(results.iter().map(|result| result.as_ref().map_or_else(|status| *status, |_| Status::Ok))))
+}

@@ -1,0 +1,1113 @@
+//! A shard: everything one core owns for its keys — the index, the DRAM tier, the region log and its
+//! device queues — and the operations on them. Runs on one glommio executor; nothing here is `Send`.
+//!
+//! State lives in `RefCell`s that are borrowed only between awaits (never across one), so tasks of the
+//! executor interleave freely without locks. One async lock (`log_lock`, a one-permit semaphore) orders the
+//! log's slow paths — sealing and opening regions, reclaim, durable syncs — which await device I/O.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use glommio::sync::Semaphore;
+use strata_nvme::{AnyDevice, BlockDevice};
+use strata_proto::{Status, WritePolicy};
+
+use crate::config::EngineConfig;
+use crate::dram::{DramFull, DramTier};
+use crate::index::{Entry, FLAG_DIRTY, FLAG_PINNED, FLAG_REFERENCED, Index, NONE_U32, NONE_U64, index_hash};
+use crate::log::{RegionLog, RegionState, Staged, location, read_range, split_location, write_partial, write_region};
+use crate::metrics::{ShardMetrics, add, set};
+use crate::record::{RECORD_HEADER_BYTES, RECORD_TOMBSTONE, REGION_HEADER_BYTES, RecordHeader, RegionHeader};
+
+/// Ticks are 10 ms: leases and windows are coarse, and a `u32` of ticks lasts 497 days.
+const TICK: Duration = Duration::from_millis(10);
+/// Regions reclaimed at most per rotation, so one put never waits for a long reclaim.
+const MAX_RECLAIMS_PER_ROTATION: usize = 4;
+
+/// One shard of a node.
+pub struct Shard {
+    /// Its id.
+    pub id: u32,
+    /// Shards of the node.
+    pub shard_count: u32,
+    /// Port of shard 0.
+    pub base_port: u16,
+    /// Settings.
+    pub config: Rc<EngineConfig>,
+    index: RefCell<Index>,
+    dram: RefCell<DramTier>,
+    log: RefCell<Option<RegionLog>>,
+    devices: Rc<Vec<AnyDevice>>,
+    log_lock: Rc<Semaphore>,
+    /// Its counters.
+    pub metrics: Arc<ShardMetrics>,
+    started: Instant,
+    poisoned: Cell<bool>,
+}
+
+/// Bytes a read returns.
+pub enum ReadData {
+    /// From the DRAM segment, pinned until dropped.
+    Dram(DramPin, u64, usize),
+    /// Read from the NVMe tier (or copied from the open region).
+    Staged(Staged, usize, usize),
+}
+
+/// A successful read.
+pub struct ReadHit {
+    /// The bytes.
+    pub data: ReadData,
+    /// crc32c of those bytes.
+    pub data_crc: u32,
+    /// Length of the whole value.
+    pub object_len: u32,
+}
+
+impl ReadHit {
+    /// The bytes, as slices in order.
+    pub fn slices(&self) -> Vec<&[u8]> {
+        match &self.data {
+            ReadData::Dram(pin, offset, len) => vec![pin.shard.dram.borrow().segment().bytes(*offset, *len)],
+            ReadData::Staged(staged, offset, len) => staged.slices(*offset, *len),
+        }
+    }
+
+    /// Bytes returned.
+    pub fn len(&self) -> usize {
+        match &self.data {
+            ReadData::Dram(_, _, len) | ReadData::Staged(_, _, len) => *len,
+        }
+    }
+
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Keeps a DRAM slot's bytes in place while a reader sends them.
+pub struct DramPin {
+    shard: Rc<Shard>,
+    slot: u32,
+}
+
+impl Drop for DramPin {
+    fn drop(&mut self) {
+        self.shard.dram.borrow_mut().unpin(self.slot);
+    }
+}
+
+/// DRAM reserved for a put that is receiving its bytes; freed if dropped before [`Shard::commit_put`].
+pub struct PutReservation {
+    shard: Rc<Shard>,
+    slot: Option<u32>,
+    offset: u64,
+}
+
+impl PutReservation {
+    /// The bytes to fill (`[key][value]`).
+    pub fn bytes_mut(&self, len: usize) -> &mut [u8] {
+        self.shard.dram.borrow().segment().bytes_mut(self.offset, len)
+    }
+}
+
+impl Drop for PutReservation {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            self.shard.dram.borrow_mut().retire(slot);
+        }
+    }
+}
+
+/// Where a durable put's record ends, to sync up to.
+#[derive(Clone, Copy, Debug)]
+pub struct DurablePoint {
+    region: u32,
+    seq: u64,
+    end: usize,
+}
+
+impl DurablePoint {
+    /// The region generation it is in (points of one generation are synced by one write).
+    pub fn region_key(&self) -> (u32, u64) {
+        (self.region, self.seq)
+    }
+}
+
+/// What start-up recovery found.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RecoveryReport {
+    /// Regions with this shard's data.
+    pub regions: usize,
+    /// Records restored.
+    pub records: u64,
+    /// Torn or corrupt records skipped.
+    pub skipped: u64,
+}
+
+impl Shard {
+    /// A shard over `devices` (its own handles on the node's namespaces) and its log state (none: DRAM only).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: u32,
+        shard_count: u32,
+        base_port: u16,
+        config: Rc<EngineConfig>,
+        dram: DramTier,
+        devices: Rc<Vec<AnyDevice>>,
+        log: Option<RegionLog>,
+        metrics: Arc<ShardMetrics>,
+    ) -> Rc<Self> {
+        set(&metrics.dram_capacity_bytes, dram.capacity_bytes());
+        if let Some(log) = &log {
+            set(&metrics.nvme_regions, log.regions.len() as u64);
+            set(&metrics.nvme_region_bytes, log.region_bytes);
+        }
+        Rc::new(Self {
+            id,
+            shard_count,
+            base_port,
+            config,
+            index: RefCell::new(Index::new()),
+            dram: RefCell::new(dram),
+            log: RefCell::new(log),
+            devices,
+            log_lock: Rc::new(Semaphore::new(1)),
+            metrics,
+            started: Instant::now(),
+            poisoned: Cell::new(false),
+        })
+    }
+
+    fn now_tick(&self) -> u32 {
+        (self.started.elapsed().as_millis() / TICK.as_millis()) as u32 + 1
+    }
+
+    fn ticks(duration: Duration) -> u32 {
+        (duration.as_millis() / TICK.as_millis()).min(u128::from(u32::MAX / 2)) as u32
+    }
+
+    /// Whether the shard has an NVMe tier.
+    pub fn has_nvme(&self) -> bool {
+        self.log.borrow().is_some()
+    }
+
+    /// Objects indexed.
+    pub fn object_count(&self) -> usize {
+        self.index.borrow().len()
+    }
+
+    /// Bytes of the index and of the DRAM tier's per-object table.
+    pub fn metadata_bytes(&self) -> (usize, usize) {
+        (self.index.borrow().memory_bytes(), self.dram.borrow().metadata_bytes())
+    }
+
+    fn update_gauges(&self) {
+        let dram = self.dram.borrow();
+        set(&self.metrics.dram_objects, dram.resident_objects() as u64);
+        set(&self.metrics.dram_bytes, dram.allocated_bytes());
+        let index = self.index.borrow();
+        set(&self.metrics.index_objects, index.len() as u64);
+        if let Some(log) = self.log.borrow().as_ref() {
+            set(&self.metrics.nvme_regions_used, log.used_regions() as u64);
+        }
+    }
+
+    fn poison(&self, what: &str, error: &dyn std::fmt::Display) {
+        if !self.poisoned.replace(true) {
+            eprintln!(
+                "strata-node shard {}: {what} failed ({error}); the NVMe tier is poisoned and takes no more writes",
+                self.id
+            );
+        }
+        add(&self.metrics.io_errors, 1);
+        set(&self.metrics.nvme_poisoned, 1);
+    }
+
+    // ---- puts ----------------------------------------------------------------------------------------
+
+    /// Reserves DRAM for an object of `len` bytes (`[key][value]`), evicting first if the tier is above
+    /// its high watermark.
+    pub async fn reserve_put(self: &Rc<Self>, len: u64) -> Result<PutReservation, Status> {
+        for attempt in 0..3 {
+            self.make_dram_room(len, attempt > 0).await;
+            let allocated = self.dram.borrow_mut().allocate(len);
+            match allocated {
+                Ok((slot, offset)) => return Ok(PutReservation { shard: Rc::clone(self), slot: Some(slot), offset }),
+                Err(DramFull::TooLarge) => return Err(Status::TooLarge),
+                Err(DramFull::NoSpace) => {}
+            }
+        }
+        Err(Status::NoSpace)
+    }
+
+    /// Publishes a filled reservation as the newest version of `key` and applies the write policy. A
+    /// durable put returns where its record ends; the caller syncs once for a whole batch
+    /// ([`Shard::sync`]).
+    pub async fn commit_put(
+        self: &Rc<Self>,
+        key: &[u8],
+        mut reservation: PutReservation,
+        value_len: u32,
+        value_crc: u32,
+        policy: WritePolicy,
+    ) -> Result<Option<DurablePoint>, Status> {
+        let hash = index_hash(key);
+        let Some(slot) = reservation.slot.take() else { return Err(Status::Invalid) };
+        let (id, version) = {
+            let mut index = self.index.borrow_mut();
+            let mut dram = self.dram.borrow_mut();
+            let id = match index.find(hash) {
+                Some(id) => {
+                    let entry = index.get_mut(id);
+                    if entry.dram != NONE_U32 {
+                        dram.retire(entry.dram);
+                    }
+                    entry.nvme = NONE_U64;
+                    entry.dram = slot;
+                    entry.value_len = value_len;
+                    entry.value_crc = value_crc;
+                    entry.key_len = key.len() as u16;
+                    entry.version = entry.version.wrapping_add(1);
+                    entry.flags = (entry.flags & FLAG_PINNED) | FLAG_DIRTY;
+                    entry.lease_until = 0;
+                    id
+                }
+                None => index.insert(Entry {
+                    hash,
+                    nvme: NONE_U64,
+                    dram: slot,
+                    value_len,
+                    value_crc,
+                    version: 1,
+                    lease_until: 0,
+                    last_hit: 0,
+                    key_len: key.len() as u16,
+                    flags: FLAG_DIRTY,
+                }),
+            };
+            dram.publish(slot, id);
+            (id, index.get(id).version)
+        };
+        add(&self.metrics.bytes_in, u64::from(value_len));
+        self.update_gauges();
+        if !self.has_nvme() {
+            return if policy == WritePolicy::Durable { Err(Status::Invalid) } else { Ok(None) };
+        }
+        match policy {
+            WritePolicy::WriteBack => Ok(None),
+            // Acknowledged from DRAM whatever happens to the NVMe copy: a failure is counted, and the object
+            // stays dirty in DRAM.
+            WritePolicy::WriteThrough => {
+                let _ = self.persist(id, hash, version).await;
+                Ok(None)
+            }
+            WritePolicy::Durable => {
+                let at = self.persist(id, hash, version).await?;
+                let (region, offset) = split_location(at);
+                let log = self.log.borrow();
+                let Some(log) = log.as_ref() else { return Err(Status::Io) };
+                let record =
+                    RecordHeader { region_seq: 0, value_len, value_crc, key_len: key.len() as u16, flags: 0, version };
+                Ok(Some(DurablePoint {
+                    region,
+                    seq: log.regions[region as usize].seq,
+                    end: offset as usize + record.record_len(),
+                }))
+            }
+        }
+    }
+
+    /// Appends the DRAM copy of entry `id` to the log (if it is still version `version` and dirty).
+    async fn persist(self: &Rc<Self>, id: u32, hash: u64, version: u32) -> Result<u64, Status> {
+        loop {
+            let full_region = {
+                let mut index = self.index.borrow_mut();
+                let entry = *index.get(id);
+                if entry.hash != hash || entry.version != version || entry.dram == NONE_U32 {
+                    // Replaced or evicted meanwhile: nothing of this version is left to write.
+                    return Err(Status::NotFound);
+                }
+                if entry.flags & FLAG_DIRTY == 0 {
+                    return Ok(entry.nvme);
+                }
+                if self.poisoned.get() {
+                    return Err(Status::Io);
+                }
+                let mut log = self.log.borrow_mut();
+                let Some(log) = log.as_mut() else { return Err(Status::Invalid) };
+                let header = RecordHeader {
+                    region_seq: 0,
+                    value_len: entry.value_len,
+                    value_crc: entry.value_crc,
+                    key_len: entry.key_len,
+                    flags: 0,
+                    version,
+                };
+                if header.record_len() > log.max_record_bytes() {
+                    return Err(Status::TooLarge);
+                }
+                let dram = self.dram.borrow();
+                let key_len = usize::from(entry.key_len);
+                let bytes = dram.segment().bytes(dram.offset(entry.dram), key_len + entry.value_len as usize);
+                match log.try_append(header, &bytes[..key_len], &[&bytes[key_len..]]) {
+                    Some(at) => {
+                        let entry = index.get_mut(id);
+                        entry.nvme = at;
+                        entry.flags &= !FLAG_DIRTY;
+                        add(&self.metrics.records_appended, 1);
+                        add(&self.metrics.record_bytes_appended, header.record_len() as u64);
+                        return Ok(at);
+                    }
+                    None => log.open.as_ref().map(|open| open.id),
+                }
+            };
+            self.rotate(full_region).await?;
+        }
+    }
+
+    /// Makes the log durable up to `point` (group commit: one write and flush covers every record appended
+    /// before it).
+    pub async fn sync(self: &Rc<Self>, point: DurablePoint) -> Result<(), Status> {
+        let _permit = self.log_lock.acquire_static_permit(1).await.map_err(|_| Status::ShuttingDown)?;
+        enum Step {
+            Done(Result<(), Status>),
+            Wait(Option<Rc<Semaphore>>),
+            Write { device: usize, device_offset: u64, bytes: Vec<u8>, from: usize, used: usize, chunk_bytes: usize },
+        }
+        loop {
+            let step = {
+                let mut guard = self.log.borrow_mut();
+                match guard.as_mut() {
+                    None => Step::Done(Err(Status::Invalid)),
+                    Some(log) => {
+                        let block_bytes = log.block_bytes;
+                        let chunk_bytes = log.chunk_bytes;
+                        let region = &log.regions[point.region as usize];
+                        let settled = if self.poisoned.get() { Err(Status::Io) } else { Ok(()) };
+                        match region.state {
+                            // Another generation: sealed and since reclaimed, so durable when it was sealed.
+                            _ if region.seq != point.seq => Step::Done(settled),
+                            RegionState::Sealed | RegionState::Free => Step::Done(settled),
+                            RegionState::Sealing => Step::Wait(region.sealed.clone()),
+                            RegionState::Open => {
+                                let (device, device_offset) = (region.device, region.device_offset);
+                                match log.open.as_mut() {
+                                    None => Step::Done(Err(Status::Io)),
+                                    Some(open) if open.durable >= point.end => Step::Done(Ok(())),
+                                    Some(open) => {
+                                        let from = open.durable / block_bytes * block_bytes;
+                                        let to = open.used.next_multiple_of(block_bytes);
+                                        let bytes = open.buffer.read_at(from, to - from);
+                                        Step::Write { device, device_offset, bytes, from, used: open.used, chunk_bytes }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            };
+            match step {
+                Step::Done(result) => return result,
+                Step::Wait(done) => {
+                    if let Some(done) = done {
+                        let _ = done.acquire(1).await;
+                    }
+                }
+                Step::Write { device, device_offset, bytes, from, used, chunk_bytes } => {
+                    let written = write_partial(&self.devices, device, device_offset, bytes, from, chunk_bytes).await;
+                    add(&self.metrics.durable_syncs, 1);
+                    if let Err(error) = written {
+                        self.poison("a durable write", &error);
+                        return Err(Status::Io);
+                    }
+                    if let Some(open) = self.log.borrow_mut().as_mut().and_then(|log| log.open.as_mut())
+                        && open.id == point.region
+                    {
+                        open.durable = open.durable.max(used);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Seals the open region `full` (unless another task already did) and opens the next, reclaiming as
+    /// the watermarks say.
+    async fn rotate(self: &Rc<Self>, full: Option<u32>) -> Result<(), Status> {
+        let _permit = self.log_lock.acquire_static_permit(1).await.map_err(|_| Status::ShuttingDown)?;
+        {
+            let log = self.log.borrow();
+            let Some(log) = log.as_ref() else { return Err(Status::Invalid) };
+            if log.open.as_ref().map(|open| open.id) != full {
+                return Ok(());
+            }
+        }
+        self.seal_open();
+        // A spare buffer: wait for the oldest sealing write if every buffer is in flight.
+        loop {
+            let wait = {
+                let log = self.log.borrow();
+                let Some(log) = log.as_ref() else { return Err(Status::Invalid) };
+                if !log.spare.is_empty() {
+                    break;
+                }
+                log.sealed.iter().find_map(|&id| log.regions[id as usize].sealed.clone())
+            };
+            match wait {
+                Some(done) => {
+                    let _ = done.acquire(1).await;
+                }
+                None => return Err(Status::Io),
+            }
+        }
+        if self.log.borrow().as_ref().is_some_and(|log| log.free.is_empty()) {
+            self.reclaim_oldest(false).await?;
+        }
+        if !self.log.borrow_mut().as_mut().is_some_and(RegionLog::open_next) {
+            return Err(Status::NoSpace);
+        }
+        for _ in 0..MAX_RECLAIMS_PER_ROTATION {
+            let over = {
+                let log = self.log.borrow();
+                let Some(log) = log.as_ref() else { break };
+                let total = log.regions.len() as f64;
+                let used = log.used_regions() as f64;
+                used > self.config.high_watermark * total
+                    || (used > self.config.low_watermark * total && log.free.len() < 2)
+            };
+            if !over {
+                break;
+            }
+            self.reclaim_oldest(true).await?;
+        }
+        self.update_gauges();
+        Ok(())
+    }
+
+    /// Takes the open region out and writes it in the background.
+    fn seal_open(self: &Rc<Self>) {
+        let sealing = {
+            let mut log = self.log.borrow_mut();
+            let Some(log) = log.as_mut() else { return };
+            let Some(open) = log.open.take() else { return };
+            let done = Rc::new(Semaphore::new(0));
+            let block_bytes = log.block_bytes;
+            let region = &mut log.regions[open.id as usize];
+            region.state = RegionState::Sealing;
+            region.sealed = Some(Rc::clone(&done));
+            let job = (open.id, region.device, region.device_offset, open.buffer, open.used, block_bytes, done);
+            log.sealed.push_back(open.id);
+            job
+        };
+        let (id, device, device_offset, buffer, used, block_bytes, done) = sealing;
+        let shard = Rc::clone(self);
+        let devices = Rc::clone(&self.devices);
+        glommio::spawn_local(async move {
+            let (buffer, result) = write_region(devices, device, device_offset, buffer, used, block_bytes).await;
+            {
+                let mut log = shard.log.borrow_mut();
+                if let Some(log) = log.as_mut() {
+                    let region = &mut log.regions[id as usize];
+                    region.state = RegionState::Sealed;
+                    region.sealed = None;
+                    log.spare.push(buffer);
+                }
+            }
+            if let Err(error) = result {
+                shard.poison("writing a region", &error);
+            }
+            done.close();
+        })
+        .detach();
+    }
+
+    /// Reclaims the oldest sealed region: reinserts its recently hit (and pinned or leased) records into the
+    /// open region when `reinsert`, drops the others from the index, zeroes its header, frees it.
+    async fn reclaim_oldest(self: &Rc<Self>, reinsert: bool) -> Result<(), Status> {
+        let (id, wait) = {
+            let log = self.log.borrow();
+            let Some(log) = log.as_ref() else { return Err(Status::Invalid) };
+            let Some(&id) = log.sealed.front() else { return Err(Status::NoSpace) };
+            (id, log.regions[id as usize].sealed.clone())
+        };
+        if let Some(done) = wait {
+            let _ = done.acquire(1).await;
+        }
+        let (device, device_offset, seq, region_bytes, chunk_bytes, block_bytes) = {
+            let log = self.log.borrow();
+            let Some(log) = log.as_ref() else { return Err(Status::Invalid) };
+            let region = &log.regions[id as usize];
+            (
+                region.device,
+                region.device_offset,
+                region.seq,
+                log.region_bytes as usize,
+                log.chunk_bytes,
+                log.block_bytes,
+            )
+        };
+        let staged = read_range(&self.devices, device, device_offset, 0, region_bytes, chunk_bytes).await;
+        let now = self.now_tick();
+        let recent = Self::ticks(self.config.reinsert_window);
+        {
+            let mut index = self.index.borrow_mut();
+            let mut log_ref = self.log.borrow_mut();
+            let Some(log) = log_ref.as_mut() else { return Err(Status::Invalid) };
+            match &staged {
+                Ok(staged) => {
+                    for record in scan_records(staged, seq, region_bytes) {
+                        let Ok((at, header, key)) = record else { continue };
+                        let here = location(id, at as u32);
+                        let Some(entry_id) = index.find(index_hash(&key)) else { continue };
+                        let entry = *index.get(entry_id);
+                        if entry.nvme != here {
+                            continue;
+                        }
+                        let keep = entry.flags & FLAG_PINNED != 0
+                            || entry.lease_until > now
+                            || (entry.last_hit != 0 && now.saturating_sub(entry.last_hit) <= recent);
+                        let value_at = at + RECORD_HEADER_BYTES + key.len();
+                        let moved = if reinsert && keep && header.flags & RECORD_TOMBSTONE == 0 {
+                            let value = staged.slices(value_at, header.value_len as usize);
+                            log.try_append(header, &key, &value)
+                        } else {
+                            None
+                        };
+                        let entry = index.get_mut(entry_id);
+                        match moved {
+                            Some(new_location) => {
+                                entry.nvme = new_location;
+                                add(&self.metrics.reinsertions, 1);
+                            }
+                            None => {
+                                entry.nvme = NONE_U64;
+                                add(&self.metrics.nvme_evictions, 1);
+                                if entry.dram == NONE_U32 {
+                                    index.remove(entry_id);
+                                }
+                            }
+                        }
+                    }
+                }
+                Err(error) => {
+                    // The region cannot be read back: everything in it is lost. Drop what points at it.
+                    eprintln!("strata-node shard {}: reading region {id} for reclaim: {error}", self.id);
+                    add(&self.metrics.io_errors, 1);
+                    let ids: Vec<u32> = index.ids().collect();
+                    for entry_id in ids {
+                        let entry = *index.get(entry_id);
+                        if entry.nvme != NONE_U64 && split_location(entry.nvme).0 == id {
+                            index.get_mut(entry_id).nvme = NONE_U64;
+                            if entry.dram == NONE_U32 {
+                                index.remove(entry_id);
+                            }
+                        }
+                    }
+                }
+            }
+            let region = &mut log.regions[id as usize];
+            region.state = RegionState::Free;
+            region.seq = 0;
+            log.sealed.pop_front();
+        }
+        // Zero the header before reuse, so that a crash cannot bring this generation back.
+        let device_handle = &self.devices[device];
+        let mut zero = device_handle.alloc_buffer(block_bytes);
+        zero.as_mut_slice().fill(0);
+        if let Err(error) = device_handle.write(zero, device_offset).await.1 {
+            self.poison("zeroing a reclaimed region's header", &error);
+        }
+        if let Some(log) = self.log.borrow_mut().as_mut() {
+            log.free.push_back(id);
+        }
+        add(&self.metrics.reclaims, 1);
+        Ok(())
+    }
+
+    /// Evicts from DRAM (CLOCK, sparing pinned, leased and recently referenced objects) when allocating
+    /// `need` bytes would pass the high watermark, down to the low one. Dirty objects are written to the
+    /// log first. `hard`: also when under the high watermark (the allocator found no piece that fits).
+    async fn make_dram_room(self: &Rc<Self>, need: u64, hard: bool) {
+        let (capacity, allocated) = {
+            let dram = self.dram.borrow();
+            (dram.capacity_bytes() as f64, dram.allocated_bytes() as f64)
+        };
+        if !hard && allocated + need as f64 <= self.config.high_watermark * capacity {
+            return;
+        }
+        let target = if hard {
+            (allocated - need as f64).max(0.0).min(self.config.low_watermark * capacity)
+        } else {
+            self.config.low_watermark * capacity - need as f64
+        };
+        let mut budget = self.dram.borrow().clock_len() * 2 + 8;
+        let now = self.now_tick();
+        while budget > 0 && (self.dram.borrow().allocated_bytes() as f64) > target {
+            budget -= 1;
+            let Some(slot) = self.dram.borrow_mut().next_candidate() else { break };
+            let (entry_id, entry) = {
+                let dram = self.dram.borrow();
+                let entry_id = dram.entry_of(slot);
+                (entry_id, *self.index.borrow().get(entry_id))
+            };
+            let spare = entry.flags & FLAG_PINNED != 0 || entry.lease_until > now || self.dram.borrow().is_pinned(slot);
+            if spare || entry.flags & FLAG_REFERENCED != 0 {
+                self.index.borrow_mut().get_mut(entry_id).flags &= !FLAG_REFERENCED;
+                self.dram.borrow_mut().requeue(slot);
+                continue;
+            }
+            if entry.flags & FLAG_DIRTY != 0
+                && self.has_nvme()
+                && self.persist(entry_id, entry.hash, entry.version).await.is_ok()
+            {
+                add(&self.metrics.dram_writebacks, 1);
+            }
+            // Re-check after the await: the object may have been replaced, removed or hit meanwhile.
+            let mut index = self.index.borrow_mut();
+            let mut dram = self.dram.borrow_mut();
+            let current = *index.get(entry_id);
+            if current.hash != entry.hash || current.dram != slot || dram.entry_of(slot) != entry_id {
+                continue;
+            }
+            dram.retire(slot);
+            index.get_mut(entry_id).dram = NONE_U32;
+            add(&self.metrics.dram_evictions, 1);
+            if current.nvme == NONE_U64 {
+                // Not on NVMe (no tier, too large for a region, or the write failed): gone from the cache.
+                index.remove(entry_id);
+            }
+        }
+        self.update_gauges();
+    }
+
+    // ---- reads ---------------------------------------------------------------------------------------
+
+    /// Reads `key`'s value, or `range` (offset, length) of it.
+    pub async fn get(self: &Rc<Self>, key: &[u8], range: Option<(u32, u32)>) -> Result<ReadHit, Status> {
+        let hash = index_hash(key);
+        for _attempt in 0..3 {
+            let now = self.now_tick();
+            let lease = Self::ticks(self.config.read_lease);
+            let nvme = {
+                let mut index = self.index.borrow_mut();
+                let Some(id) = index.find(hash) else { return Err(Status::NotFound) };
+                let entry = *index.get(id);
+                let (offset, len) = match range {
+                    None => (0, entry.value_len),
+                    Some((offset, len)) => {
+                        if u64::from(offset) + u64::from(len) > u64::from(entry.value_len) {
+                            return Err(Status::Invalid);
+                        }
+                        (offset, len)
+                    }
+                };
+                if entry.dram != NONE_U32 {
+                    let mut dram = self.dram.borrow_mut();
+                    let base = dram.offset(entry.dram);
+                    if dram.segment().bytes(base, key.len()) != key {
+                        return Err(Status::NotFound);
+                    }
+                    dram.pin(entry.dram);
+                    let entry_mut = index.get_mut(id);
+                    entry_mut.flags |= FLAG_REFERENCED;
+                    entry_mut.last_hit = now;
+                    entry_mut.lease_until = now + lease;
+                    add(&self.metrics.dram_hits, 1);
+                    let data_offset = base + key.len() as u64 + u64::from(offset);
+                    let data_crc = if range.is_none() {
+                        entry.value_crc
+                    } else {
+                        crc32c::crc32c(dram.segment().bytes(data_offset, len as usize))
+                    };
+                    add(&self.metrics.bytes_out, u64::from(len));
+                    let pin = DramPin { shard: Rc::clone(self), slot: entry.dram };
+                    return Ok(ReadHit {
+                        data: ReadData::Dram(pin, data_offset, len as usize),
+                        data_crc,
+                        object_len: entry.value_len,
+                    });
+                }
+                if entry.nvme == NONE_U64 {
+                    return Err(Status::NotFound);
+                }
+                (id, entry, offset, len)
+            };
+            let (id, entry, offset, len) = nvme;
+            match self.read_record(id, entry, key).await {
+                Ok(Some(staged)) => {
+                    let value_at = RECORD_HEADER_BYTES + key.len();
+                    let data_crc = if range.is_none() {
+                        entry.value_crc
+                    } else {
+                        staged
+                            .slices(value_at + offset as usize, len as usize)
+                            .iter()
+                            .fold(0, |crc, part| crc32c::crc32c_append(crc, part))
+                    };
+                    add(&self.metrics.nvme_hits, 1);
+                    add(&self.metrics.bytes_out, u64::from(len));
+                    let promote = {
+                        let mut index = self.index.borrow_mut();
+                        let entry_mut = index.get_mut(id);
+                        let window = Self::ticks(self.config.promote_window);
+                        let hot = entry_mut.last_hit != 0 && now.saturating_sub(entry_mut.last_hit) <= window;
+                        entry_mut.last_hit = now;
+                        entry_mut.lease_until = now + lease;
+                        hot
+                    };
+                    if promote {
+                        self.promote(id, entry, key, &staged).await;
+                    }
+                    return Ok(ReadHit {
+                        data: ReadData::Staged(staged, value_at + offset as usize, len as usize),
+                        data_crc,
+                        object_len: entry.value_len,
+                    });
+                }
+                Ok(None) => continue,
+                Err(status) => return Err(status),
+            }
+        }
+        Err(Status::NotFound)
+    }
+
+    /// Reads and checks the NVMe record of `entry`. `Ok(None)`: the record moved while it was read (retry).
+    async fn read_record(self: &Rc<Self>, id: u32, entry: Entry, key: &[u8]) -> Result<Option<Staged>, Status> {
+        let (region_id, offset) = split_location(entry.nvme);
+        let record_len = RECORD_HEADER_BYTES + key.len() + entry.value_len as usize;
+        let (state, seq, wait, device, device_offset, chunk_bytes) = {
+            let guard = self.log.borrow();
+            let Some(log) = guard.as_ref() else { return Err(Status::NotFound) };
+            let region = &log.regions[region_id as usize];
+            if region.state == RegionState::Open
+                && let Some(open) = log.open.as_ref()
+            {
+                let bytes = open.buffer.read_at(offset as usize, record_len);
+                drop(guard);
+                return self.check_record(id, entry, key, Staged::from_vec(bytes)).map(Some);
+            }
+            (region.state, region.seq, region.sealed.clone(), region.device, region.device_offset, log.chunk_bytes)
+        };
+        if state == RegionState::Sealing
+            && let Some(done) = wait
+        {
+            let _ = done.acquire(1).await;
+        }
+        let read = read_range(&self.devices, device, device_offset, offset as usize, record_len, chunk_bytes).await;
+        let still_there = {
+            let log = self.log.borrow();
+            let index = self.index.borrow();
+            let current = index.get(id);
+            log.as_ref().is_some_and(|log| log.regions[region_id as usize].seq == seq)
+                && current.hash == entry.hash
+                && current.nvme == entry.nvme
+        };
+        if !still_there {
+            return Ok(None);
+        }
+        match read {
+            Ok(staged) => self.check_record(id, entry, key, staged).map(Some),
+            Err(error) => {
+                eprintln!("strata-node shard {}: {error}", self.id);
+                add(&self.metrics.io_errors, 1);
+                Err(Status::Io)
+            }
+        }
+    }
+
+    /// Checks a record against the key asked for and the entry; a damaged record is dropped from the index
+    /// (never served) and reported as `Checksum`.
+    fn check_record(&self, id: u32, entry: Entry, key: &[u8], staged: Staged) -> Result<Staged, Status> {
+        let head = staged.copy(0, RECORD_HEADER_BYTES + key.len());
+        let valid = match RecordHeader::decode(&head) {
+            Ok(header) => {
+                &head[RECORD_HEADER_BYTES..] == key
+                    && header.value_len == entry.value_len
+                    && header.value_crc == entry.value_crc
+                    && staged
+                        .slices(RECORD_HEADER_BYTES + key.len(), entry.value_len as usize)
+                        .iter()
+                        .fold(0, |crc, part| crc32c::crc32c_append(crc, part))
+                        == entry.value_crc
+            }
+            Err(_) => false,
+        };
+        if valid {
+            return Ok(staged);
+        }
+        if head.get(RECORD_HEADER_BYTES..) != Some(key) && RecordHeader::decode(&head).is_ok() {
+            // Another key with the same index hash: a miss, not damage.
+            return Err(Status::NotFound);
+        }
+        add(&self.metrics.checksum_failures, 1);
+        let mut index = self.index.borrow_mut();
+        let current = *index.get(id);
+        if current.hash == entry.hash && current.nvme == entry.nvme {
+            index.get_mut(id).nvme = NONE_U64;
+            if current.dram == NONE_U32 {
+                index.remove(id);
+            }
+        }
+        Err(Status::Checksum)
+    }
+
+    /// Copies an NVMe hit into DRAM (L2 → L1 promotion) if there is room without waiting.
+    async fn promote(self: &Rc<Self>, id: u32, entry: Entry, key: &[u8], staged: &Staged) {
+        let len = key.len() as u64 + u64::from(entry.value_len);
+        self.make_dram_room(len, false).await;
+        let mut index = self.index.borrow_mut();
+        let mut dram = self.dram.borrow_mut();
+        let current = *index.get(id);
+        if current.hash != entry.hash || current.version != entry.version || current.dram != NONE_U32 {
+            return;
+        }
+        let Ok((slot, offset)) = dram.allocate(len) else { return };
+        let bytes = dram.segment().bytes_mut(offset, len as usize);
+        bytes[..key.len()].copy_from_slice(key);
+        let mut at = key.len();
+        for part in staged.slices(RECORD_HEADER_BYTES + key.len(), entry.value_len as usize) {
+            bytes[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+        dram.publish(slot, id);
+        index.get_mut(id).dram = slot;
+        add(&self.metrics.promotions, 1);
+    }
+
+    /// Whether `key` is stored, and the length of its value.
+    pub fn exists(&self, key: &[u8]) -> Result<u32, Status> {
+        let index = self.index.borrow();
+        let Some(id) = index.find(index_hash(key)) else { return Err(Status::NotFound) };
+        let entry = index.get(id);
+        if entry.dram != NONE_U32 {
+            let dram = self.dram.borrow();
+            if dram.segment().bytes(dram.offset(entry.dram), key.len()) != key {
+                return Err(Status::NotFound);
+            }
+        }
+        Ok(entry.value_len)
+    }
+
+    /// Removes `key`; a tombstone in the log keeps it removed across a restart.
+    pub async fn remove(self: &Rc<Self>, key: &[u8]) -> Result<(), Status> {
+        let hash = index_hash(key);
+        let version = {
+            let mut index = self.index.borrow_mut();
+            let Some(id) = index.find(hash) else { return Err(Status::NotFound) };
+            let entry = *index.get(id);
+            let mut dram = self.dram.borrow_mut();
+            if entry.dram != NONE_U32 {
+                if dram.segment().bytes(dram.offset(entry.dram), key.len()) != key {
+                    return Err(Status::NotFound);
+                }
+                dram.retire(entry.dram);
+            }
+            index.remove(id);
+            entry.version
+        };
+        self.update_gauges();
+        if self.has_nvme() && !self.poisoned.get() {
+            let header = RecordHeader {
+                region_seq: 0,
+                value_len: 0,
+                value_crc: 0,
+                key_len: key.len() as u16,
+                flags: RECORD_TOMBSTONE,
+                version,
+            };
+            for _ in 0..2 {
+                let full = {
+                    let mut log = self.log.borrow_mut();
+                    let Some(log) = log.as_mut() else { break };
+                    if log.try_append(header, key, &[]).is_some() {
+                        break;
+                    }
+                    log.open.as_ref().map(|open| open.id)
+                };
+                if self.rotate(full).await.is_err() {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // ---- start-up and shutdown -----------------------------------------------------------------------
+
+    /// Rebuilds the index from this shard's regions: regions in generation order, records in log order, a
+    /// later record of a key replacing an earlier one and a tombstone removing it. Torn or corrupt records
+    /// are skipped and counted.
+    pub async fn recover(self: &Rc<Self>) -> Result<RecoveryReport, String> {
+        let (regions, block_bytes, region_bytes, chunk_bytes, format_id) = {
+            let log = self.log.borrow();
+            let Some(log) = log.as_ref() else { return Ok(RecoveryReport::default()) };
+            let regions: Vec<(usize, u64)> =
+                log.regions.iter().map(|region| (region.device, region.device_offset)).collect();
+            (regions, log.block_bytes, log.region_bytes as usize, log.chunk_bytes, log.format_id)
+        };
+        let mut found = Vec::new();
+        for (id, &(device, device_offset)) in regions.iter().enumerate() {
+            let head = read_range(&self.devices, device, device_offset, 0, block_bytes, chunk_bytes)
+                .await
+                .map_err(|error| format!("reading region {id}: {error}"))?;
+            if let Ok(header) = RegionHeader::decode(&head.copy(0, crate::record::REGION_HEADER_BYTES))
+                && header.format_id == format_id
+                && header.shard == self.id
+                && header.region_id == id as u32
+            {
+                found.push((header.region_seq, id as u32));
+            }
+        }
+        found.sort_unstable();
+        let mut report = RecoveryReport { regions: found.len(), ..RecoveryReport::default() };
+        for &(seq, id) in &found {
+            let (device, device_offset) = regions[id as usize];
+            let staged = read_range(&self.devices, device, device_offset, 0, region_bytes, chunk_bytes)
+                .await
+                .map_err(|error| format!("reading region {id}: {error}"))?;
+            let mut index = self.index.borrow_mut();
+            for record in scan_records(&staged, seq, region_bytes) {
+                let (at, header, key) = match record {
+                    Ok(record) => record,
+                    Err(()) => {
+                        report.skipped += 1;
+                        continue;
+                    }
+                };
+                let hash = index_hash(&key);
+                let existing = index.find(hash);
+                if header.flags & RECORD_TOMBSTONE != 0 {
+                    if let Some(existing) = existing {
+                        index.remove(existing);
+                    }
+                    continue;
+                }
+                let entry = Entry {
+                    hash,
+                    nvme: location(id, at as u32),
+                    dram: NONE_U32,
+                    value_len: header.value_len,
+                    value_crc: header.value_crc,
+                    version: header.version,
+                    lease_until: 0,
+                    last_hit: 0,
+                    key_len: header.key_len,
+                    flags: 0,
+                };
+                match existing {
+                    Some(existing) => *index.get_mut(existing) = entry,
+                    None => {
+                        index.insert(entry);
+                    }
+                }
+                report.records += 1;
+            }
+        }
+        {
+            let mut log = self.log.borrow_mut();
+            if let Some(log) = log.as_mut() {
+                log.free.clear();
+                log.sealed.clear();
+                for &(seq, id) in &found {
+                    let region = &mut log.regions[id as usize];
+                    region.seq = seq;
+                    region.state = RegionState::Sealed;
+                    log.sealed.push_back(id);
+                }
+                for id in 0..log.regions.len() as u32 {
+                    if log.regions[id as usize].state == RegionState::Free {
+                        log.free.push_back(id);
+                    }
+                }
+                log.next_seq = found.last().map_or(1, |&(seq, _)| seq + 1);
+                if !log.free.is_empty() {
+                    log.open_next();
+                }
+            }
+        }
+        if self.log.borrow().as_ref().is_some_and(|log| log.open.is_none()) {
+            self.reclaim_oldest(false).await.map_err(|status| format!("reclaiming at start-up: {}", status.name()))?;
+            self.log.borrow_mut().as_mut().map(RegionLog::open_next);
+        }
+        add(&self.metrics.recovered_records, report.records);
+        add(&self.metrics.recovery_skipped_records, report.skipped);
+        self.update_gauges();
+        Ok(report)
+    }
+
+    /// Clean shutdown: writes dirty (write-back) objects, seals the open region and waits for every region
+    /// write to complete.
+    pub async fn flush_for_shutdown(self: &Rc<Self>) {
+        if !self.has_nvme() {
+            return;
+        }
+        let dirty: Vec<(u32, u64, u32)> = {
+            let index = self.index.borrow();
+            index
+                .ids()
+                .map(|id| (id, *index.get(id)))
+                .filter(|(_, entry)| entry.flags & FLAG_DIRTY != 0 && entry.dram != NONE_U32)
+                .map(|(id, entry)| (id, entry.hash, entry.version))
+                .collect()
+        };
+        for (id, hash, version) in dirty {
+            if self.persist(id, hash, version).await.is_err() && self.poisoned.get() {
+                break;
+            }
+        }
+        if let Ok(_permit) = self.log_lock.acquire_static_permit(1).await {
+            self.seal_open();
+        }
+        loop {
+            let wait = self
+                .log
+                .borrow()
+                .as_ref()
+                .and_then(|log| log.sealed.iter().find_map(|&id| log.regions[id as usize].sealed.clone()));
+            match wait {
+                Some(done) => {
+                    let _ = done.acquire(1).await;
+                }
+                None => break,
+            }
+        }
+    }
+}
+
+/// The records of a region of generation `seq`, in order: `Ok((offset, header, key))`, or `Err(())` for a
+/// record whose header is intact but whose value fails its checksum (torn). Stops at the first header that
+/// is not intact or not of this generation (the end of what was written).
+fn scan_records(
+    staged: &Staged,
+    seq: u64,
+    region_bytes: usize,
+) -> impl Iterator<Item = Result<(usize, RecordHeader, Vec<u8>), ()>> + '_ {
+    let mut at = REGION_HEADER_BYTES;
+    std::iter::from_fn(move || {
+        if at + RECORD_HEADER_BYTES > region_bytes {
+            return None;
+        }
+        let raw = staged.copy(at, RECORD_HEADER_BYTES);
+        let key_len = usize::from(u16::from_le_bytes([raw[24], raw[25]]));
+        if at + RECORD_HEADER_BYTES + key_len > region_bytes {
+            return None;
+        }
+        let head = staged.copy(at, RECORD_HEADER_BYTES + key_len);
+        let header = RecordHeader::decode(&head).ok()?;
+        if header.region_seq != seq || at + header.record_len() > region_bytes {
+            return None;
+        }
+        let start = at;
+        at += header.record_len();
+        let value_crc = staged
+            .slices(start + RECORD_HEADER_BYTES + key_len, header.value_len as usize)
+            .iter()
+            .fold(0, |crc, part| crc32c::crc32c_append(crc, part));
+        if header.flags & RECORD_TOMBSTONE == 0 && value_crc != header.value_crc {
+            return Some(Err(()));
+        }
+        Some(Ok((start, header, head[RECORD_HEADER_BYTES..].to_vec())))
+    })
+}

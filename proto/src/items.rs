@@ -1,0 +1,400 @@
+//! Item headers, HELLO bodies, write policies and the bounds.
+//!
+//! ```text
+//! request item (16 bytes), then the key, then (put) the value:
+//!  0         2       4           8           12          16
+//!  | key len | flags | value len | value crc | offset    |
+//!   flags bits 0-1: write policy of a put (0 node default, 1 write-through, 2 write-back, 3 durable)
+//!   value len: put: bytes of value after the key; get_range: bytes wanted; else 0
+//!   value crc: put: crc32c of the value (checked before storing); else 0
+//!   offset: get_range: first byte wanted; else 0
+//!
+//! response item (16 bytes), then (reads, status ok) data len bytes:
+//!  0        2       4          8          12           16
+//!  | status | rsvd  | data len | data crc | object len |
+//!   data crc: crc32c of the bytes that follow (reads), so the client checks them end to end
+//!   object len: length of the whole stored value (get, get_range, exists)
+//! ```
+
+use crate::frame::{Opcode, ProtoError, Status, u16_at, u32_at, u64_at};
+
+/// Bytes of a request item header.
+pub const REQUEST_ITEM_BYTES: usize = 16;
+/// Bytes of a response item header.
+pub const RESPONSE_ITEM_BYTES: usize = 16;
+/// Bytes of a HELLO reply body.
+pub const HELLO_REPLY_BYTES: usize = 40;
+/// The longest auth token.
+pub const MAX_TOKEN_BYTES: usize = 256;
+
+/// The node's bounds, sent in the HELLO reply so a client can refuse early what the node would refuse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest key.
+    pub max_key_bytes: u32,
+    /// Longest value.
+    pub max_value_bytes: u64,
+    /// Most items in one frame.
+    pub max_batch_items: u32,
+    /// Longest body of a put frame (all its keys and values).
+    pub max_put_body_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_key_bytes: 1024, max_value_bytes: 256 << 20, max_batch_items: 1024, max_put_body_bytes: 1 << 30 }
+    }
+}
+
+impl Limits {
+    /// The longest body a request of `opcode` may announce.
+    pub fn max_body_bytes(&self, opcode: Opcode) -> u64 {
+        match opcode {
+            Opcode::Hello => (4 + MAX_TOKEN_BYTES) as u64,
+            Opcode::Put => self.max_put_body_bytes,
+            _ => u64::from(self.max_batch_items) * (REQUEST_ITEM_BYTES as u64 + u64::from(self.max_key_bytes)),
+        }
+    }
+}
+
+/// When a put is acknowledged and where it goes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum WritePolicy {
+    /// Acknowledge once in DRAM; written to the NVMe tier in the background.
+    #[default]
+    WriteThrough,
+    /// Acknowledge once in DRAM; written to the NVMe tier only when evicted from DRAM.
+    WriteBack,
+    /// Acknowledge once the NVMe write is durable.
+    Durable,
+}
+
+impl WritePolicy {
+    /// The two flag bits: `None` means "the node's default".
+    pub fn to_flags(policy: Option<WritePolicy>) -> u16 {
+        match policy {
+            None => 0,
+            Some(WritePolicy::WriteThrough) => 1,
+            Some(WritePolicy::WriteBack) => 2,
+            Some(WritePolicy::Durable) => 3,
+        }
+    }
+
+    /// The policy named by flag bits 0-1.
+    pub fn from_flags(flags: u16) -> Option<WritePolicy> {
+        match flags & 3 {
+            1 => Some(WritePolicy::WriteThrough),
+            2 => Some(WritePolicy::WriteBack),
+            3 => Some(WritePolicy::Durable),
+            _ => None,
+        }
+    }
+
+    /// Parses `write-through`, `write-back` or `durable`.
+    pub fn parse(text: &str) -> Option<WritePolicy> {
+        match text {
+            "write-through" => Some(WritePolicy::WriteThrough),
+            "write-back" => Some(WritePolicy::WriteBack),
+            "durable" => Some(WritePolicy::Durable),
+            _ => None,
+        }
+    }
+
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        match self {
+            WritePolicy::WriteThrough => "write-through",
+            WritePolicy::WriteBack => "write-back",
+            WritePolicy::Durable => "durable",
+        }
+    }
+}
+
+/// A request item header.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RequestItemHeader {
+    /// Bytes of key after the header.
+    pub key_len: u16,
+    /// Flags (write policy of a put).
+    pub flags: u16,
+    /// Put: value bytes; get_range: bytes wanted.
+    pub value_len: u32,
+    /// Put: crc32c of the value.
+    pub value_crc: u32,
+    /// Get_range: first byte.
+    pub offset: u32,
+}
+
+const KNOWN_ITEM_FLAGS: u16 = 3;
+
+impl RequestItemHeader {
+    /// Appends the 16 bytes.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.key_len.to_le_bytes());
+        out.extend_from_slice(&self.flags.to_le_bytes());
+        out.extend_from_slice(&self.value_len.to_le_bytes());
+        out.extend_from_slice(&self.value_crc.to_le_bytes());
+        out.extend_from_slice(&self.offset.to_le_bytes());
+    }
+
+    /// Decodes a header of an item of `opcode` and checks its key length. The value length of a put is
+    /// not checked against the bound here: the node answers `TooLarge` for that item and skips its bytes.
+    pub fn decode(bytes: &[u8], opcode: Opcode, limits: &Limits) -> Result<Self, ProtoError> {
+        if bytes.len() < REQUEST_ITEM_BYTES {
+            return Err(ProtoError::Truncated { needed: REQUEST_ITEM_BYTES, available: bytes.len() });
+        }
+        let header = Self {
+            key_len: u16_at(bytes, 0),
+            flags: u16_at(bytes, 2),
+            value_len: u32_at(bytes, 4),
+            value_crc: u32_at(bytes, 8),
+            offset: u32_at(bytes, 12),
+        };
+        let key_len = usize::from(header.key_len);
+        if key_len == 0 || key_len > limits.max_key_bytes as usize {
+            return Err(ProtoError::KeyLength { len: key_len, max: limits.max_key_bytes as usize });
+        }
+        if header.flags & !KNOWN_ITEM_FLAGS != 0 {
+            return Err(ProtoError::Field("item flags"));
+        }
+        if opcode != Opcode::Put && opcode != Opcode::GetRange && header.value_len != 0 {
+            return Err(ProtoError::Field("value length of an item that carries no value"));
+        }
+        Ok(header)
+    }
+
+    /// Bytes of value that follow the key in the request body.
+    pub fn body_value_len(&self, opcode: Opcode) -> u64 {
+        if opcode == Opcode::Put { u64::from(self.value_len) } else { 0 }
+    }
+}
+
+/// A response item header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResponseItemHeader {
+    /// The item's status.
+    pub status: Status,
+    /// Bytes of data that follow.
+    pub data_len: u32,
+    /// crc32c of the data that follows.
+    pub data_crc: u32,
+    /// Length of the whole stored value.
+    pub object_len: u32,
+}
+
+impl ResponseItemHeader {
+    /// An item with a status and no data.
+    pub fn status(status: Status) -> Self {
+        Self { status, data_len: 0, data_crc: 0, object_len: 0 }
+    }
+
+    /// Appends the 16 bytes.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&(self.status as u16).to_le_bytes());
+        out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(&self.data_len.to_le_bytes());
+        out.extend_from_slice(&self.data_crc.to_le_bytes());
+        out.extend_from_slice(&self.object_len.to_le_bytes());
+    }
+
+    /// Decodes the 16 bytes.
+    pub fn decode(bytes: &[u8]) -> Result<Self, ProtoError> {
+        if bytes.len() < RESPONSE_ITEM_BYTES {
+            return Err(ProtoError::Truncated { needed: RESPONSE_ITEM_BYTES, available: bytes.len() });
+        }
+        let value = u16_at(bytes, 0);
+        let status = Status::from_u16(value).ok_or(ProtoError::Status(value))?;
+        let header =
+            Self { status, data_len: u32_at(bytes, 4), data_crc: u32_at(bytes, 8), object_len: u32_at(bytes, 12) };
+        if status != Status::Ok && header.data_len != 0 {
+            return Err(ProtoError::Field("data after a failed item"));
+        }
+        Ok(header)
+    }
+}
+
+/// A HELLO request body: an optional auth token (`token_len` u16, reserved u16, the token).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HelloRequest {
+    /// The token; empty for none.
+    pub token: Vec<u8>,
+}
+
+impl HelloRequest {
+    /// Appends the body.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&(self.token.len() as u16).to_le_bytes());
+        out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(&self.token);
+    }
+
+    /// Bytes of the body.
+    pub fn encoded_len(&self) -> usize {
+        4 + self.token.len()
+    }
+
+    /// Decodes a body, which must be exactly as long as it says.
+    pub fn decode(body: &[u8]) -> Result<Self, ProtoError> {
+        if body.len() < 4 {
+            return Err(ProtoError::Truncated { needed: 4, available: body.len() });
+        }
+        let len = usize::from(u16_at(body, 0));
+        if len > MAX_TOKEN_BYTES {
+            return Err(ProtoError::Field("token length"));
+        }
+        if body.len() != 4 + len {
+            return Err(ProtoError::BodyMismatch { items: (4 + len) as u64, body: body.len() as u64 });
+        }
+        Ok(Self { token: body[4..].to_vec() })
+    }
+}
+
+/// A HELLO reply body: the shard map and the node's bounds.
+///
+/// ```text
+///  0             4          8           10     12        16          20     24          32             40
+///  | shard count | shard id | base port | rsvd | max key | max batch | rsvd | max value | max put body |
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HelloReply {
+    /// Shards of the node; shard `i` listens on `base_port + i`.
+    pub shard_count: u32,
+    /// The shard that answered.
+    pub shard_id: u32,
+    /// Port of shard 0.
+    pub base_port: u16,
+    /// The node's bounds.
+    pub limits: Limits,
+}
+
+impl HelloReply {
+    /// Appends the 40 bytes.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.shard_count.to_le_bytes());
+        out.extend_from_slice(&self.shard_id.to_le_bytes());
+        out.extend_from_slice(&self.base_port.to_le_bytes());
+        out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(&self.limits.max_key_bytes.to_le_bytes());
+        out.extend_from_slice(&self.limits.max_batch_items.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&self.limits.max_value_bytes.to_le_bytes());
+        out.extend_from_slice(&self.limits.max_put_body_bytes.to_le_bytes());
+    }
+
+    /// Decodes the 40 bytes.
+    pub fn decode(body: &[u8]) -> Result<Self, ProtoError> {
+        if body.len() != HELLO_REPLY_BYTES {
+            return Err(ProtoError::Truncated { needed: HELLO_REPLY_BYTES, available: body.len() });
+        }
+        let reply = Self {
+            shard_count: u32_at(body, 0),
+            shard_id: u32_at(body, 4),
+            base_port: u16_at(body, 8),
+            limits: Limits {
+                max_key_bytes: u32_at(body, 12),
+                max_batch_items: u32_at(body, 16),
+                max_value_bytes: u64_at(body, 24),
+                max_put_body_bytes: u64_at(body, 32),
+            },
+        };
+        if reply.shard_count == 0 || reply.shard_id >= reply.shard_count {
+            return Err(ProtoError::Field("shard map"));
+        }
+        if u32::from(reply.base_port) + reply.shard_count > 65_536 {
+            return Err(ProtoError::Field("base port"));
+        }
+        Ok(reply)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::{FRAME_HEADER_BYTES, FrameHeader, RequestFrame, decode_request_frame};
+
+    fn put_frame(items: &[(&[u8], &[u8])]) -> Vec<u8> {
+        let mut body = Vec::new();
+        for (key, value) in items {
+            RequestItemHeader {
+                key_len: key.len() as u16,
+                flags: WritePolicy::to_flags(Some(WritePolicy::Durable)),
+                value_len: value.len() as u32,
+                value_crc: crc32c::crc32c(value),
+                offset: 0,
+            }
+            .encode_into(&mut body);
+            body.extend_from_slice(key);
+            body.extend_from_slice(value);
+        }
+        let mut frame = Vec::new();
+        FrameHeader::request(Opcode::Put, 9, items.len() as u32, body.len() as u64).encode_into(&mut frame);
+        frame.extend_from_slice(&body);
+        frame
+    }
+
+    #[test]
+    fn a_put_batch_decodes_item_by_item() {
+        let frame = put_frame(&[(b"k1", b"value one"), (b"key-2", b"")]);
+        let Ok(RequestFrame::Items(header, items)) = decode_request_frame(&frame, &Limits::default()) else {
+            panic!("not decoded");
+        };
+        assert_eq!(header.count, 2);
+        assert_eq!(items[0].key, b"k1");
+        assert_eq!(items[0].value, b"value one");
+        assert_eq!(items[0].header.value_crc, crc32c::crc32c(b"value one"));
+        assert_eq!(WritePolicy::from_flags(items[0].header.flags), Some(WritePolicy::Durable));
+        assert_eq!(items[1].key, b"key-2");
+        assert!(items[1].value.is_empty());
+    }
+
+    #[test]
+    fn items_that_do_not_fill_the_body_are_refused() {
+        let mut frame = put_frame(&[(b"k1", b"value one")]);
+        frame.push(0);
+        // Rewrite the header with a body one byte longer than the items.
+        let body_len = (frame.len() - FRAME_HEADER_BYTES) as u64;
+        let header = FrameHeader::request(Opcode::Put, 9, 1, body_len).encode();
+        frame[..FRAME_HEADER_BYTES].copy_from_slice(&header);
+        assert!(matches!(decode_request_frame(&frame, &Limits::default()), Err(ProtoError::BodyMismatch { .. })));
+    }
+
+    #[test]
+    fn empty_and_long_keys_are_refused() {
+        let limits = Limits { max_key_bytes: 4, ..Limits::default() };
+        let mut bytes = Vec::new();
+        RequestItemHeader { key_len: 5, ..Default::default() }.encode_into(&mut bytes);
+        assert!(matches!(RequestItemHeader::decode(&bytes, Opcode::Get, &limits), Err(ProtoError::KeyLength { .. })));
+        bytes.clear();
+        RequestItemHeader::default().encode_into(&mut bytes);
+        assert!(matches!(RequestItemHeader::decode(&bytes, Opcode::Get, &limits), Err(ProtoError::KeyLength { .. })));
+    }
+
+    #[test]
+    fn hello_bodies_round_trip() {
+        let reply = HelloReply { shard_count: 3, shard_id: 2, base_port: 7600, limits: Limits::default() };
+        let mut body = Vec::new();
+        reply.encode_into(&mut body);
+        assert_eq!(body.len(), HELLO_REPLY_BYTES);
+        assert_eq!(HelloReply::decode(&body), Ok(reply));
+        let request = HelloRequest { token: b"secret".to_vec() };
+        let mut body = Vec::new();
+        request.encode_into(&mut body);
+        assert_eq!(body.len(), request.encoded_len());
+        assert_eq!(HelloRequest::decode(&body), Ok(request));
+        let bad = HelloReply { shard_id: 3, ..reply };
+        let mut body = Vec::new();
+        bad.encode_into(&mut body);
+        assert!(HelloReply::decode(&body).is_err());
+    }
+
+    #[test]
+    fn response_items_round_trip_and_refuse_data_after_a_failure() {
+        let item = ResponseItemHeader { status: Status::Ok, data_len: 10, data_crc: 5, object_len: 20 };
+        let mut bytes = Vec::new();
+        item.encode_into(&mut bytes);
+        assert_eq!(ResponseItemHeader::decode(&bytes), Ok(item));
+        let mut bytes = Vec::new();
+        ResponseItemHeader { status: Status::NotFound, ..item }.encode_into(&mut bytes);
+        assert!(ResponseItemHeader::decode(&bytes).is_err());
+    }
+}

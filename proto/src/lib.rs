@@ -1,0 +1,28 @@
+//! `strata-proto`: the KV wire protocol of a Strata node, in one place for the node and the client.
+//!
+//! Binary, little endian, length-prefixed frames over TCP. A frame is a 40-byte [`FrameHeader`] (with its
+//! own crc32c, so a desynchronised stream is caught at the next frame) followed by `body_len` bytes: one
+//! item per key, each a fixed item header, the key and (for a put) the value. Responses echo the request's
+//! opcode and id and carry one status per item, so a batch never fails as a whole. The layout is drawn in
+//! `docs/PROTOCOL.md`.
+//!
+//! Everything here is sans-I/O: encoders append to a `Vec<u8>`, decoders take byte slices and return
+//! [`ProtoError`] for anything malformed or over a [`Limits`] bound. The node and the client stream the
+//! values themselves (straight into a DRAM segment or a caller's buffer), so the decoders work item by item
+//! and never need a whole frame in memory; [`decode_request_frame`] composes them for the fuzzer and tests.
+#![deny(missing_docs, unsafe_code)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+mod frame;
+mod hash;
+mod items;
+
+pub use frame::{
+    FRAME_HEADER_BYTES, FrameHeader, MAGIC, Opcode, PROTOCOL_VERSION, ProtoError, RequestFrame, RequestItem, Status,
+    decode_request_frame,
+};
+pub use hash::{fnv1a_64, shard_of};
+pub use items::{
+    HELLO_REPLY_BYTES, HelloReply, HelloRequest, Limits, REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES, RequestItemHeader,
+    ResponseItemHeader, WritePolicy,
+};

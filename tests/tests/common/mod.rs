@@ -1,0 +1,76 @@
+//! Starting nodes for tests: loopback, free ports, a scratch directory that is removed afterwards.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use strata_engine::{EngineConfig, Node};
+use strata_nvme::DeviceSpec;
+
+/// A scratch directory under the target directory (a real file system: O_DIRECT needs one, tmpfs has none).
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(name: &str) -> Self {
+        let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("scratch directory");
+        Scratch(path)
+    }
+
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A node config on loopback with free ports, `dram` bytes of DRAM, no metrics, normal pages, on every
+/// CPU of `cpus`.
+pub fn config(cpus: &[usize], dram: u64) -> EngineConfig {
+    EngineConfig {
+        listen: "127.0.0.1:0".parse().expect("address"),
+        cpus: cpus.to_vec(),
+        dram_bytes: dram,
+        hugepages: false,
+        metrics: None,
+        region_bytes: 1 << 20,
+        read_lease: Duration::ZERO,
+        ..EngineConfig::default()
+    }
+}
+
+/// The same with a file-backed NVMe tier of `size` bytes at `path`.
+pub fn with_file(mut config: EngineConfig, path: &std::path::Path, size: u64) -> EngineConfig {
+    config.nvme = vec![DeviceSpec::File { path: path.to_path_buf(), size_bytes: Some(size) }];
+    config
+}
+
+pub fn start(config: EngineConfig) -> Node {
+    strata_engine::start(config).expect("node starts")
+}
+
+pub fn client(node: &Node) -> strata_client::Client {
+    strata_client::Client::connect(node.local_addr(), strata_client::ClientOptions::default()).expect("client connects")
+}
+
+/// A value derived from a key index: reproducible, distinct per key and per byte position.
+pub fn value_of(index: u64, len: usize) -> Vec<u8> {
+    let mut state = index.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+pub fn key_of(index: u64) -> Vec<u8> {
+    format!("block-{index:016x}").into_bytes()
+}
