@@ -1,7 +1,7 @@
 //! A shard's object index: key hash → entry, in two flat structures sized for tens of millions of keys.
 //!
 //! - **Entries** live in a slab of fixed chunks (no doubling copy, no per-object heap allocation) and are
-//!   named by a `u32` id. An [`Entry`] is 48 bytes.
+//!   named by a `u32` id. An [`Entry`] is 40 bytes.
 //! - **The table** is open addressing with linear probing over 8-byte slots `(entry id, low 32 bits of the
 //!   hash)`: a probe compares the tag without touching the entry, and removal shifts the cluster back, so
 //!   there are no tombstones. It grows by doubling at 3/4 load: ≤ 16 bytes per object just after growing.
@@ -44,9 +44,8 @@ pub struct Entry {
     pub value_crc: u32,
     /// Version (counts puts of this key on this shard; the low 32 bits).
     pub version: u32,
-    /// Reads leave the object in place until this tick (see `Shard::now_tick`).
-    pub lease_until: u32,
-    /// Tick of the last hit.
+    /// Tick of the last hit (0: never). A read lease lasts from it for the node's lease time, so the lease
+    /// needs no field of its own.
     pub last_hit: u32,
     /// Bytes of key.
     pub key_len: u16,
@@ -225,7 +224,6 @@ mod tests {
             value_len,
             value_crc: 0,
             version: 0,
-            lease_until: 0,
             last_hit: 0,
             key_len: 1,
             flags: 0,
@@ -233,8 +231,8 @@ mod tests {
     }
 
     #[test]
-    fn an_entry_is_48_bytes() {
-        assert_eq!(size_of::<Entry>(), 48);
+    fn an_entry_is_40_bytes() {
+        assert_eq!(size_of::<Entry>(), 40);
     }
 
     proptest! {

@@ -435,7 +435,16 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
             let started = async {
                 let mut devices = Vec::new();
                 for handle in handles.iter() {
-                    devices.push(open_handle(handle, false).await?);
+                    let device = open_handle(handle, false).await?;
+                    let device = match (device, &config.faults) {
+                        (AnyDevice::File(file), Some(faults)) => {
+                            let faults =
+                                strata_nvme::FaultConfig { seed: faults.seed + u64::from(shard), ..faults.clone() };
+                            AnyDevice::FaultyFile(Box::new(strata_nvme::FaultDevice::new(file, faults)))
+                        }
+                        (device, _) => device,
+                    };
+                    devices.push(device);
                 }
                 let dram = DramTier::new(dram_per_shard, config.hugepages)?;
                 let pages = dram.pages();

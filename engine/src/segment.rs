@@ -37,10 +37,12 @@ impl Segment {
     /// pages (the caller reports which).
     pub fn map(len: usize, try_huge: bool) -> std::io::Result<Self> {
         let len = len.max(HUGE_PAGE_BYTES).next_multiple_of(HUGE_PAGE_BYTES);
+        // Without MAP_NORESERVE: a hugepage mapping must be backed by reserved pages up front, or touching
+        // a page later would be a SIGBUS rather than an error now.
         if try_huge && let Ok(base) = map_anonymous(len, libc::MAP_HUGETLB) {
             return Ok(Self { base, len, pages: PageKind::Huge, _not_send: std::marker::PhantomData });
         }
-        let base = map_anonymous(len, 0)?;
+        let base = map_anonymous(len, libc::MAP_NORESERVE)?;
         Ok(Self { base, len, pages: PageKind::Normal, _not_send: std::marker::PhantomData })
     }
 
@@ -99,7 +101,7 @@ fn map_anonymous(len: usize, extra_flags: libc::c_int) -> std::io::Result<NonNul
             std::ptr::null_mut(),
             len,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | extra_flags,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra_flags,
             -1,
             0,
         )

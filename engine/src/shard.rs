@@ -185,6 +185,11 @@ impl Shard {
         (self.started.elapsed().as_millis() / TICK.as_millis()) as u32 + 1
     }
 
+    /// Whether a read lease holds the object in place.
+    fn leased(&self, entry: &Entry, now: u32) -> bool {
+        entry.last_hit != 0 && now < entry.last_hit.saturating_add(Self::ticks(self.config.read_lease))
+    }
+
     fn ticks(duration: Duration) -> u32 {
         (duration.as_millis() / TICK.as_millis()).min(u128::from(u32::MAX / 2)) as u32
     }
@@ -272,7 +277,6 @@ impl Shard {
                     entry.key_len = key.len() as u16;
                     entry.version = entry.version.wrapping_add(1);
                     entry.flags = (entry.flags & FLAG_PINNED) | FLAG_DIRTY;
-                    entry.lease_until = 0;
                     id
                 }
                 None => index.insert(Entry {
@@ -282,7 +286,6 @@ impl Shard {
                     value_len,
                     value_crc,
                     version: 1,
-                    lease_until: 0,
                     last_hit: 0,
                     key_len: key.len() as u16,
                     flags: FLAG_DIRTY,
@@ -566,7 +569,7 @@ impl Shard {
                             continue;
                         }
                         let keep = entry.flags & FLAG_PINNED != 0
-                            || entry.lease_until > now
+                            || self.leased(&entry, now)
                             || (entry.last_hit != 0 && now.saturating_sub(entry.last_hit) <= recent);
                         let value_at = at + RECORD_HEADER_BYTES + key.len();
                         let moved = if reinsert && keep && header.flags & RECORD_TOMBSTONE == 0 {
@@ -652,7 +655,8 @@ impl Shard {
                 let entry_id = dram.entry_of(slot);
                 (entry_id, *self.index.borrow().get(entry_id))
             };
-            let spare = entry.flags & FLAG_PINNED != 0 || entry.lease_until > now || self.dram.borrow().is_pinned(slot);
+            let spare =
+                entry.flags & FLAG_PINNED != 0 || self.leased(&entry, now) || self.dram.borrow().is_pinned(slot);
             if spare || entry.flags & FLAG_REFERENCED != 0 {
                 self.index.borrow_mut().get_mut(entry_id).flags &= !FLAG_REFERENCED;
                 self.dram.borrow_mut().requeue(slot);
@@ -689,7 +693,6 @@ impl Shard {
         let hash = index_hash(key);
         for _attempt in 0..3 {
             let now = self.now_tick();
-            let lease = Self::ticks(self.config.read_lease);
             let nvme = {
                 let mut index = self.index.borrow_mut();
                 let Some(id) = index.find(hash) else { return Err(Status::NotFound) };
@@ -713,7 +716,6 @@ impl Shard {
                     let entry_mut = index.get_mut(id);
                     entry_mut.flags |= FLAG_REFERENCED;
                     entry_mut.last_hit = now;
-                    entry_mut.lease_until = now + lease;
                     add(&self.metrics.dram_hits, 1);
                     let data_offset = base + key.len() as u64 + u64::from(offset);
                     let data_crc = if range.is_none() {
@@ -754,7 +756,6 @@ impl Shard {
                         let window = Self::ticks(self.config.promote_window);
                         let hot = entry_mut.last_hit != 0 && now.saturating_sub(entry_mut.last_hit) <= window;
                         entry_mut.last_hit = now;
-                        entry_mut.lease_until = now + lease;
                         hot
                     };
                     if promote {
@@ -991,7 +992,6 @@ impl Shard {
                     value_len: header.value_len,
                     value_crc: header.value_crc,
                     version: header.version,
-                    lease_until: 0,
                     last_hit: 0,
                     key_len: header.key_len,
                     flags: 0,

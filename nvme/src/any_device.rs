@@ -17,6 +17,8 @@ pub enum AnyDevice {
     File(UringDevice),
     /// A namespace of a remote NVMe-oF controller (one I/O queue on this executor).
     Nvmf(Box<NvmfDevice>),
+    /// A file with seeded faults injected (tests of what the layers above do with torn writes and errors).
+    FaultyFile(Box<crate::faults::FaultDevice<UringDevice>>),
 }
 
 macro_rules! dispatch {
@@ -25,6 +27,7 @@ macro_rules! dispatch {
             AnyDevice::Memory($device) => $call,
             AnyDevice::File($device) => $call,
             AnyDevice::Nvmf($device) => $call,
+            AnyDevice::FaultyFile($device) => $call,
         }
     };
 }

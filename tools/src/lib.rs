@@ -8,4 +8,6 @@
 pub mod alloc_bench;
 pub mod block_bench;
 pub mod byte_size;
+pub mod kv_bench;
+pub mod node;
 pub mod pool;

@@ -271,7 +271,8 @@ impl PoolDescription {
         std::fs::rename(&temporary, path).with_context(|| format!("renaming to {}", path.display()))
     }
 
-    fn uuid_bytes(&self) -> anyhow::Result<[u8; 16]> {
+    /// The pool UUID as bytes.
+    pub fn uuid_bytes(&self) -> anyhow::Result<[u8; 16]> {
         let hex: String = self.uuid.chars().filter(|c| *c != '-').collect();
         let mut uuid = [0u8; 16];
         if hex.len() != 32 {

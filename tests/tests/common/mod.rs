@@ -74,3 +74,11 @@ pub fn value_of(index: u64, len: usize) -> Vec<u8> {
 pub fn key_of(index: u64) -> Vec<u8> {
     format!("block-{index:016x}").into_bytes()
 }
+
+/// Sums a counter over the node's shards.
+pub fn total(
+    node: &Node,
+    field: impl Fn(&strata_engine::metrics::ShardMetrics) -> &std::sync::atomic::AtomicU64,
+) -> u64 {
+    node.metrics.iter().map(|shard| field(shard).load(std::sync::atomic::Ordering::Relaxed)).sum()
+}

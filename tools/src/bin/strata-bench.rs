@@ -1,6 +1,6 @@
 //! `strata-bench`: Strata's fio-style benchmark CLI. Block mode takes fio's options and job files
 //! (`strata-bench --name=x --filename=f --rw=randread ...` or `strata-bench job.fio`); subcommands: `alloc`
-//! (allocator workloads). `kv` lands with the storage node.
+//! (allocator workloads) and `kv` (drives a storage node).
 
 use std::io::{IsTerminal, Write};
 
@@ -45,6 +45,10 @@ enum Command {
     /// Steady state: then random eviction and re-allocation until churn-factor × capacity bytes were
     /// allocated; the mean utilisation at each failure over the second half of the churn.
     Alloc(AllocArgs),
+    /// Drive a Strata node: puts, gets, exists or a mix, single keys or batches, over several connections.
+    ///
+    /// Keys and values derive from the key index and --seed, so --verify checks what any earlier run wrote.
+    Kv(strata_tools::kv_bench::KvArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -78,7 +82,7 @@ enum OutputFormat {
     Json,
 }
 
-const SUBCOMMANDS_AND_CLAP_FLAGS: [&str; 6] = ["alloc", "help", "-h", "--help", "-V", "--version"];
+const SUBCOMMANDS_AND_CLAP_FLAGS: [&str; 7] = ["alloc", "kv", "help", "-h", "--help", "-V", "--version"];
 
 fn main() -> anyhow::Result<()> {
     let arguments: Vec<String> = std::env::args().skip(1).collect();
@@ -89,6 +93,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Alloc(args) => run_alloc(args),
+        Command::Kv(args) => run_kv(args),
     }
 }
 
@@ -99,6 +104,19 @@ fn run_block_mode(arguments: &[String]) -> anyhow::Result<()> {
     std::io::stdout().flush()?;
     if !outcome.clean {
         // fio's convention: a failed job or a verify mismatch makes the run fail.
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+fn run_kv(args: strata_tools::kv_bench::KvArgs) -> anyhow::Result<()> {
+    let report = strata_tools::kv_bench::run(&args, std::io::stderr().is_terminal())?;
+    match args.output_format.as_str() {
+        "json" => println!("{}", serde_json::to_string(&report)?),
+        "normal" => print!("{}", strata_tools::kv_bench::format_report(&report)),
+        other => anyhow::bail!("--output-format {other:?}: expected normal or json"),
+    }
+    if report.errors > 0 || report.mismatches > 0 {
         std::process::exit(1);
     }
     Ok(())

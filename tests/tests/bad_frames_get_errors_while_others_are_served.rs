@@ -1,0 +1,157 @@
+//! Malformed, oversized and unauthenticated frames get an error status (and, where the stream can no longer
+//! be trusted, a closed connection); the node keeps serving every other connection, and an oversized value
+//! inside a good frame costs only that item.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::{client, config, start, total};
+use strata_client::{Client, ClientError, ClientOptions};
+use strata_proto::{FRAME_HEADER_BYTES, FrameHeader, Opcode, RequestItemHeader, ResponseItemHeader, Status};
+
+fn raw(node: &strata_engine::Node) -> TcpStream {
+    let stream = TcpStream::connect(node.local_addr()).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    stream
+}
+
+/// Reads one reply header, then expects the node to close the connection.
+fn error_then_close(mut stream: TcpStream) -> FrameHeader {
+    let mut bytes = [0u8; FRAME_HEADER_BYTES];
+    stream.read_exact(&mut bytes).expect("an error frame");
+    let header = FrameHeader::decode(&bytes).expect("a valid error frame");
+    let mut rest = Vec::new();
+    assert_eq!(stream.read_to_end(&mut rest).expect("closed"), 0, "the node closes the connection");
+    header
+}
+
+#[test]
+fn garbage_oversize_and_truncated_frames_close_only_their_connection() {
+    let node = start(config(&[0], 32 << 20));
+    let mut good = client(&node);
+    good.put(b"survivor", b"still here").expect("put");
+
+    let mut garbage = raw(&node);
+    garbage.write_all(&[0xAB; 64]).expect("send");
+    assert_eq!(error_then_close(garbage).status, Status::Invalid);
+    assert_eq!(good.get(b"survivor").expect("served"), b"still here");
+
+    // A valid header announcing a body far over the bound for a get.
+    let mut oversize = raw(&node);
+    oversize.write_all(&FrameHeader::request(Opcode::Get, 5, 1, 1 << 40).encode()).expect("send");
+    let reply = error_then_close(oversize);
+    assert_eq!((reply.status, reply.request_id), (Status::TooLarge, 5));
+
+    // Items that do not fill the body they announce.
+    let mut short = raw(&node);
+    let mut body = Vec::new();
+    RequestItemHeader { key_len: 3, ..Default::default() }.encode_into(&mut body);
+    body.extend_from_slice(b"abc");
+    let mut frame = FrameHeader::request(Opcode::Exists, 6, 1, body.len() as u64 + 4).encode().to_vec();
+    frame.extend_from_slice(&body);
+    frame.extend_from_slice(&[0; 4]);
+    short.write_all(&frame).expect("send");
+    assert_eq!(error_then_close(short).status, Status::Invalid);
+
+    // A header, then nothing: the node waits on that connection only.
+    let mut stalled = raw(&node);
+    stalled.write_all(&FrameHeader::request(Opcode::Get, 7, 1, 19).encode()).expect("send");
+    for index in 0..50u32 {
+        good.put(&index.to_le_bytes(), b"x").expect("served while another connection stalls");
+    }
+    drop(stalled);
+    assert_eq!(good.get(b"survivor").expect("served"), b"still here");
+    assert!(total(&node, |m| &m.protocol_errors) >= 3);
+    node.shutdown().expect("shutdown");
+}
+
+#[test]
+fn an_oversized_value_fails_alone_and_the_connection_goes_on() {
+    let mut node_config = config(&[0], 32 << 20);
+    node_config.limits.max_value_bytes = 64 << 10;
+    let node = start(node_config);
+    let mut stream = raw(&node);
+    let big = vec![7u8; 100 << 10];
+    let mut body = Vec::new();
+    for (key, value) in [(&b"small"[..], &b"fits"[..]), (b"big", &big[..])] {
+        RequestItemHeader {
+            key_len: key.len() as u16,
+            flags: 0,
+            value_len: value.len() as u32,
+            value_crc: crc32c::crc32c(value),
+            offset: 0,
+        }
+        .encode_into(&mut body);
+        body.extend_from_slice(key);
+        body.extend_from_slice(value);
+    }
+    let mut frame = FrameHeader::request(Opcode::Put, 9, 2, body.len() as u64).encode().to_vec();
+    frame.extend_from_slice(&body);
+    stream.write_all(&frame).expect("send");
+    let mut reply = [0u8; FRAME_HEADER_BYTES + 32];
+    stream.read_exact(&mut reply).expect("reply");
+    let header = FrameHeader::decode(&reply).expect("header");
+    assert_eq!((header.status, header.count), (Status::Ok, 2));
+    let first = ResponseItemHeader::decode(&reply[FRAME_HEADER_BYTES..]).expect("item");
+    let second = ResponseItemHeader::decode(&reply[FRAME_HEADER_BYTES + 16..]).expect("item");
+    assert_eq!((first.status, second.status), (Status::Ok, Status::TooLarge));
+    // The same connection still works: the oversized value's bytes were skipped, not parsed as frames.
+    let mut body = Vec::new();
+    RequestItemHeader { key_len: 5, ..Default::default() }.encode_into(&mut body);
+    body.extend_from_slice(b"small");
+    let mut frame = FrameHeader::request(Opcode::Get, 10, 1, body.len() as u64).encode().to_vec();
+    frame.extend_from_slice(&body);
+    stream.write_all(&frame).expect("send");
+    let mut reply = [0u8; FRAME_HEADER_BYTES + 16 + 4];
+    stream.read_exact(&mut reply).expect("reply");
+    assert_eq!(&reply[FRAME_HEADER_BYTES + 16..], b"fits");
+    // The client refuses it before sending.
+    let mut good = client(&node);
+    assert!(matches!(good.put(b"big", &big), Err(ClientError::TooLarge(_))));
+    node.shutdown().expect("shutdown");
+}
+
+#[test]
+fn a_put_damaged_in_transit_is_refused() {
+    let node = start(config(&[0], 32 << 20));
+    let mut stream = raw(&node);
+    let mut body = Vec::new();
+    RequestItemHeader { key_len: 1, flags: 0, value_len: 4, value_crc: crc32c::crc32c(b"good"), offset: 0 }
+        .encode_into(&mut body);
+    body.extend_from_slice(b"k");
+    body.extend_from_slice(b"evil");
+    let mut frame = FrameHeader::request(Opcode::Put, 1, 1, body.len() as u64).encode().to_vec();
+    frame.extend_from_slice(&body);
+    stream.write_all(&frame).expect("send");
+    let mut reply = [0u8; FRAME_HEADER_BYTES + 16];
+    stream.read_exact(&mut reply).expect("reply");
+    assert_eq!(
+        ResponseItemHeader::decode(&reply[FRAME_HEADER_BYTES..]).expect("item").status,
+        Status::TransferChecksum
+    );
+    assert_eq!(client(&node).get(b"k"), Err(ClientError::NotFound), "nothing stored");
+    node.shutdown().expect("shutdown");
+}
+
+#[test]
+fn a_node_with_a_token_refuses_clients_without_it() {
+    let mut node_config = config(&[0], 32 << 20);
+    node_config.auth_token = Some(b"s3cret".to_vec());
+    let node = start(node_config);
+    let refused = Client::connect(node.local_addr(), ClientOptions::default()).err();
+    assert_eq!(refused, Some(ClientError::Unauthenticated));
+    let wrong = ClientOptions { token: Some(b"s3cres".to_vec()), ..ClientOptions::default() };
+    assert_eq!(Client::connect(node.local_addr(), wrong).err(), Some(ClientError::Unauthenticated));
+    // A data frame before HELLO is refused too.
+    let mut stream = raw(&node);
+    stream.write_all(&FrameHeader::request(Opcode::Exists, 2, 1, 17).encode()).expect("send");
+    assert_eq!(error_then_close(stream).status, Status::Unauthenticated);
+    let right = ClientOptions { token: Some(b"s3cret".to_vec()), ..ClientOptions::default() };
+    let mut client = Client::connect(node.local_addr(), right).expect("authenticated");
+    client.put(b"k", b"v").expect("put");
+    assert_eq!(total(&node, |m| &m.auth_failures), 3);
+    node.shutdown().expect("shutdown");
+}

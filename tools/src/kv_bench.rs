@@ -1,0 +1,586 @@
+//! `strata-bench kv`: drives a node with puts, gets, exists or a mix, and reports what a caller sees.
+//!
+//! Keys and values are derived from the key index and `--seed`: key `i` is `strata-bench/{seed}/{i}` and its
+//! value is a window of a seeded random pattern that starts at an offset derived from `i`, with `i` in its
+//! first eight bytes. So a later run (or another process) can `--verify` what an earlier one wrote, every
+//! byte, and a value stored under the wrong key never passes.
+//!
+//! Each connection is a thread with its own client (one socket per shard). Latency is per call (a batch is
+//! one call), measured from the call's *scheduled* start when `--rate` paces the calls, so a slow reply
+//! delays the following calls' measurements instead of hiding them (no coordinated omission).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use hdrhistogram::Histogram;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use strata_client::{Client, ClientError, ClientOptions, WritePolicy};
+
+use crate::block_bench::options::RandomDistribution;
+use crate::block_bench::workload::BlockPicker;
+use crate::byte_size::parse_byte_size;
+
+/// What to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvOp {
+    /// Puts.
+    Put,
+    /// Gets (into a reused buffer, like `get_into`).
+    Get,
+    /// Gets and puts, `--rwmix` percent gets.
+    Mixed,
+    /// Exists.
+    Exists,
+}
+
+/// `strata-bench kv` options.
+#[derive(Clone, Debug, clap::Args)]
+pub struct KvArgs {
+    /// A shard's address of the node.
+    #[arg(long, default_value = "127.0.0.1:7600")]
+    pub server: String,
+    /// Operation.
+    #[arg(long, value_enum, default_value_t = KvOp::Get)]
+    pub op: KvOp,
+    /// Percent of gets in --op mixed.
+    #[arg(long, default_value_t = 50)]
+    pub rwmix: u32,
+    /// Bytes per value (4k, 64k, 4m, ...).
+    #[arg(long, default_value = "4k", value_parser = parse_byte_size)]
+    pub value_size: u64,
+    /// Keys in the working set.
+    #[arg(long, default_value_t = 10_000)]
+    pub keys: u64,
+    /// Keys per call (1: single-key calls).
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Connections (threads, each a client).
+    #[arg(long, default_value_t = 1)]
+    pub connections: usize,
+    /// uniform or zipf:θ.
+    #[arg(long, default_value = "uniform")]
+    pub distribution: String,
+    /// Seconds to run (after preloading).
+    #[arg(long, default_value_t = 10.0)]
+    pub runtime: f64,
+    /// Check every byte read against what the key's value must be.
+    #[arg(long)]
+    pub verify: bool,
+    /// Seed of keys, values and the key sequence.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Read (or check) without writing the keys first.
+    #[arg(long)]
+    pub no_preload: bool,
+    /// Visit every key exactly once (split between connections), then stop.
+    #[arg(long)]
+    pub once: bool,
+    /// Calls per second over all connections (0: as fast as replies come).
+    #[arg(long, default_value_t = 0.0)]
+    pub rate: f64,
+    /// Write policy of puts (default: the node's).
+    #[arg(long)]
+    pub write_policy: Option<String>,
+    /// Token for the node's HELLO.
+    #[arg(long)]
+    pub token: Option<String>,
+    /// The node's metrics address, for its CPU time per operation ("off" to skip).
+    #[arg(long, default_value = "127.0.0.1:9600")]
+    pub metrics: String,
+    /// normal or json.
+    #[arg(long = "output-format", default_value = "normal")]
+    pub output_format: String,
+}
+
+/// Latency percentiles in nanoseconds.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct Latency {
+    /// Median.
+    pub p50: u64,
+    /// 99th percentile.
+    pub p99: u64,
+    /// 99.9th percentile.
+    pub p999: u64,
+    /// Mean.
+    pub mean: f64,
+    /// Largest.
+    pub max: u64,
+}
+
+/// A run's result (the JSON output's fields).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct KvReport {
+    /// Operation.
+    pub op: KvOp,
+    /// Bytes per value.
+    pub value_size: u64,
+    /// Keys per call.
+    pub batch: usize,
+    /// Connections.
+    pub connections: usize,
+    /// Keys handled per second.
+    pub ops_per_sec: f64,
+    /// Value bytes moved per second.
+    pub bytes_per_sec: f64,
+    /// Calls per second.
+    pub calls_per_sec: f64,
+    /// Latency per call.
+    pub lat_ns: Latency,
+    /// Keys that failed (misses of a preloaded key included).
+    pub errors: u64,
+    /// Keys whose bytes were wrong (with --verify).
+    pub mismatches: u64,
+    /// Keys not found.
+    pub not_found: u64,
+    /// Keys handled.
+    pub keys_done: u64,
+    /// Seconds measured.
+    pub runtime_s: f64,
+    /// The node's CPU time per key (from its metrics), if reachable.
+    pub server_cpu_ns_per_op: Option<f64>,
+    /// This process's CPU time per key.
+    pub client_cpu_ns_per_op: f64,
+    /// Up to 5 error messages.
+    pub error_samples: Vec<String>,
+}
+
+/// The key of index `index`.
+pub fn key(seed: u64, index: u64) -> Vec<u8> {
+    format!("strata-bench/{seed}/{index}").into_bytes()
+}
+
+/// The values of a run: windows of one seeded pattern.
+pub struct Values {
+    pattern: Vec<u8>,
+    len: usize,
+}
+
+const WINDOW_STEPS: u64 = 509;
+
+impl Values {
+    /// Values of `len` bytes for `seed`.
+    pub fn new(seed: u64, len: usize) -> Self {
+        let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let words = (len + WINDOW_STEPS as usize * 8) / 8 + 1;
+        let mut pattern = Vec::with_capacity(words * 8);
+        for _ in 0..words {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            pattern.extend_from_slice(&state.to_le_bytes());
+        }
+        Self { pattern, len }
+    }
+
+    fn window(&self, index: u64) -> &[u8] {
+        let offset = ((index.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) % WINDOW_STEPS) as usize * 8;
+        &self.pattern[offset..offset + self.len]
+    }
+
+    /// Writes key `index`'s value into `out` (resized to the value length).
+    pub fn fill(&self, index: u64, out: &mut Vec<u8>) {
+        out.clear();
+        out.extend_from_slice(self.window(index));
+        let tag = index.to_le_bytes();
+        let take = tag.len().min(out.len());
+        out[..take].copy_from_slice(&tag[..take]);
+    }
+
+    /// Whether `bytes` is key `index`'s value.
+    pub fn matches(&self, index: u64, bytes: &[u8]) -> bool {
+        let tag = index.to_le_bytes();
+        let take = tag.len().min(self.len);
+        bytes.len() == self.len && bytes[..take] == tag[..take] && bytes[take..] == self.window(index)[take..]
+    }
+}
+
+fn distribution(text: &str) -> anyhow::Result<RandomDistribution> {
+    if text == "uniform" || text == "random" {
+        return Ok(RandomDistribution::Random);
+    }
+    let theta: f64 = text
+        .strip_prefix("zipf:")
+        .and_then(|theta| theta.parse().ok())
+        .with_context(|| format!("distribution {text:?}: expected uniform or zipf:θ"))?;
+    if theta <= 0.0 {
+        bail!("zipf's θ must be positive");
+    }
+    Ok(RandomDistribution::Zipf(theta))
+}
+
+fn process_cpu_ns() -> u64 {
+    strata_engine::metrics::process_cpu_ns()
+}
+
+/// The node's `strata_process_cpu_seconds_total`, in nanoseconds.
+pub fn server_cpu_ns(metrics: &str) -> Option<u64> {
+    use std::io::{Read, Write};
+    if metrics == "off" {
+        return None;
+    }
+    let addr: std::net::SocketAddr = metrics.parse().ok()?;
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    let line = text.lines().find(|line| line.starts_with("strata_process_cpu_seconds_total "))?;
+    let seconds: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some((seconds * 1e9) as u64)
+}
+
+struct ThreadResult {
+    histogram: Histogram<u64>,
+    keys: u64,
+    calls: u64,
+    bytes: u64,
+    errors: u64,
+    not_found: u64,
+    mismatches: u64,
+    samples: Vec<String>,
+}
+
+fn record_error(result: &mut ThreadResult, error: &ClientError) {
+    if *error == ClientError::NotFound {
+        result.not_found += 1;
+    }
+    result.errors += 1;
+    if result.samples.len() < 5 {
+        result.samples.push(error.to_string());
+    }
+}
+
+fn connect(args: &KvArgs) -> anyhow::Result<Client> {
+    let options =
+        ClientOptions { token: args.token.as_ref().map(|token| token.as_bytes().to_vec()), ..ClientOptions::default() };
+    Client::connect(args.server.as_str(), options).with_context(|| format!("connecting to {}", args.server))
+}
+
+/// Writes every key once, split between `args.connections` threads, in batches of `args.batch` (at least 8).
+pub fn preload(args: &KvArgs, policy: Option<WritePolicy>) -> anyhow::Result<u64> {
+    let threads = args.connections.max(1) as u64;
+    let failures = std::thread::scope(|scope| -> anyhow::Result<u64> {
+        let handles: Vec<_> = (0..threads)
+            .map(|thread| {
+                scope.spawn(move || -> anyhow::Result<u64> {
+                    let mut client = connect(args)?;
+                    let values = Values::new(args.seed, args.value_size as usize);
+                    let batch = args.batch.max(8) as u64;
+                    let mut failures = 0;
+                    let mut index = thread;
+                    let mut buffers: Vec<Vec<u8>> = Vec::new();
+                    while index < args.keys {
+                        let indices: Vec<u64> =
+                            (0..batch).map(|step| index + step * threads).filter(|&i| i < args.keys).collect();
+                        index += batch * threads;
+                        buffers.resize_with(indices.len(), Vec::new);
+                        let keys: Vec<Vec<u8>> = indices.iter().map(|&i| key(args.seed, i)).collect();
+                        for (buffer, &i) in buffers.iter_mut().zip(&indices) {
+                            values.fill(i, buffer);
+                        }
+                        let items: Vec<(&[u8], &[u8])> =
+                            keys.iter().zip(&buffers).map(|(k, v)| (&k[..], &v[..])).collect();
+                        failures +=
+                            client.batch_put_with(&items, policy).iter().filter(|result| result.is_err()).count()
+                                as u64;
+                    }
+                    Ok(failures)
+                })
+            })
+            .collect();
+        let mut failures = 0;
+        for handle in handles {
+            failures += handle.join().map_err(|_| anyhow::anyhow!("a preload thread panicked"))??;
+        }
+        Ok(failures)
+    })?;
+    Ok(failures)
+}
+
+/// Runs the benchmark.
+pub fn run(args: &KvArgs, show_progress: bool) -> anyhow::Result<KvReport> {
+    if args.batch == 0 || args.connections == 0 || args.keys == 0 {
+        bail!("--batch, --connections and --keys must be at least 1");
+    }
+    let picker_distribution = distribution(&args.distribution)?;
+    let policy = match &args.write_policy {
+        Some(text) => Some(WritePolicy::parse(text).with_context(|| format!("write policy {text:?}"))?),
+        None => None,
+    };
+    if args.op != KvOp::Put && !args.no_preload {
+        if show_progress {
+            eprint!("\rpreloading {} keys of {} bytes...\x1b[K", args.keys, args.value_size);
+        }
+        let failures = preload(args, policy)?;
+        if show_progress {
+            eprint!("\r\x1b[K");
+        }
+        if failures > 0 {
+            bail!("{failures} keys failed to preload (is the node big enough for --keys × --value-size?)");
+        }
+    }
+    let server_before = server_cpu_ns(&args.metrics);
+    let client_before = process_cpu_ns();
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(args.runtime);
+    let threads = args.connections;
+    let results = std::thread::scope(|scope| -> anyhow::Result<Vec<ThreadResult>> {
+        let handles: Vec<_> = (0..threads)
+            .map(|thread| {
+                scope.spawn(move || {
+                    run_thread(
+                        args,
+                        thread,
+                        picker_distribution,
+                        policy,
+                        started,
+                        deadline,
+                        show_progress && thread == 0,
+                    )
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|handle| handle.join().map_err(|_| anyhow::anyhow!("a bench thread panicked"))?)
+            .collect()
+    })?;
+    let elapsed = started.elapsed().as_secs_f64();
+    let client_cpu = process_cpu_ns().saturating_sub(client_before);
+    let server_after = server_cpu_ns(&args.metrics);
+    if show_progress {
+        eprint!("\r\x1b[K");
+    }
+    let mut histogram = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).context("histogram")?;
+    let (mut keys, mut calls, mut bytes, mut errors, mut not_found, mut mismatches) = (0, 0, 0, 0, 0, 0);
+    let mut samples = Vec::new();
+    for result in results {
+        histogram.add(&result.histogram).context("merging histograms")?;
+        keys += result.keys;
+        calls += result.calls;
+        bytes += result.bytes;
+        errors += result.errors;
+        not_found += result.not_found;
+        mismatches += result.mismatches;
+        samples.extend(result.samples);
+    }
+    samples.truncate(5);
+    let server_cpu_ns_per_op = match (server_before, server_after) {
+        (Some(before), Some(after)) if keys > 0 => Some(after.saturating_sub(before) as f64 / keys as f64),
+        _ => None,
+    };
+    Ok(KvReport {
+        op: args.op,
+        value_size: args.value_size,
+        batch: args.batch,
+        connections: args.connections,
+        ops_per_sec: keys as f64 / elapsed,
+        bytes_per_sec: bytes as f64 / elapsed,
+        calls_per_sec: calls as f64 / elapsed,
+        lat_ns: Latency {
+            p50: histogram.value_at_quantile(0.5),
+            p99: histogram.value_at_quantile(0.99),
+            p999: histogram.value_at_quantile(0.999),
+            mean: histogram.mean(),
+            max: histogram.max(),
+        },
+        errors,
+        mismatches,
+        not_found,
+        keys_done: keys,
+        runtime_s: elapsed,
+        server_cpu_ns_per_op,
+        client_cpu_ns_per_op: if keys > 0 { client_cpu as f64 / keys as f64 } else { 0.0 },
+        error_samples: samples,
+    })
+}
+
+fn run_thread(
+    args: &KvArgs,
+    thread: usize,
+    distribution: RandomDistribution,
+    policy: Option<WritePolicy>,
+    started: Instant,
+    deadline: Instant,
+    show_progress: bool,
+) -> anyhow::Result<ThreadResult> {
+    let mut client = connect(args)?;
+    let values = Values::new(args.seed, args.value_size as usize);
+    let mut rng = ChaCha8Rng::seed_from_u64(args.seed ^ (thread as u64).wrapping_mul(0x9e37_79b9));
+    let mut picker = BlockPicker::new(args.keys, true, distribution);
+    let mut result = ThreadResult {
+        histogram: Histogram::new_with_bounds(1, 3_600_000_000_000, 3).context("histogram")?,
+        keys: 0,
+        calls: 0,
+        bytes: 0,
+        errors: 0,
+        not_found: 0,
+        mismatches: 0,
+        samples: Vec::new(),
+    };
+    let value_len = args.value_size as usize;
+    let mut buffers: Vec<Vec<u8>> = vec![vec![0u8; value_len]; args.batch];
+    let mut put_values: Vec<Vec<u8>> = vec![Vec::new(); args.batch];
+    let interval = (args.rate > 0.0).then(|| Duration::from_secs_f64(args.connections as f64 / args.rate));
+    let mut next_call =
+        started + interval.map_or(Duration::ZERO, |interval| interval.mul_f64(thread as f64 / args.connections as f64));
+    let threads = args.connections as u64;
+    let mut once_next = thread as u64;
+    let mut last_progress = Instant::now();
+    // Bounded by count (--once, or u64::MAX calls) and by time (--runtime).
+    for _call in 0..u64::MAX {
+        let now = Instant::now();
+        if now >= deadline {
+            break;
+        }
+        let indices: Vec<u64> = if args.once {
+            let indices: Vec<u64> =
+                (0..args.batch as u64).map(|step| once_next + step * threads).filter(|&i| i < args.keys).collect();
+            once_next += args.batch as u64 * threads;
+            if indices.is_empty() {
+                break;
+            }
+            indices
+        } else {
+            (0..args.batch).map(|_| picker.next(&mut rng)).collect()
+        };
+        let is_get = match args.op {
+            KvOp::Get | KvOp::Exists => true,
+            KvOp::Put => false,
+            KvOp::Mixed => rand::RngExt::random_range(&mut rng, 0..100) < args.rwmix,
+        };
+        let scheduled = match interval {
+            Some(interval) => {
+                if next_call > now {
+                    std::thread::sleep(next_call - now);
+                }
+                let scheduled = next_call;
+                next_call += interval;
+                scheduled
+            }
+            None => now,
+        };
+        let keys: Vec<Vec<u8>> = indices.iter().map(|&i| key(args.seed, i)).collect();
+        let key_refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        if args.op == KvOp::Exists {
+            let replies = client.batch_exists(&key_refs);
+            let elapsed = scheduled.elapsed().as_nanos() as u64;
+            result.histogram.saturating_record(elapsed.max(1));
+            for reply in replies {
+                match reply {
+                    Ok(true) => {}
+                    Ok(false) => record_error(&mut result, &ClientError::NotFound),
+                    Err(error) => record_error(&mut result, &error),
+                }
+            }
+        } else if is_get {
+            let mut slices: Vec<&mut [u8]> =
+                buffers.iter_mut().take(indices.len()).map(|buffer| &mut buffer[..]).collect();
+            let replies = client.batch_get_into(&key_refs, &mut slices);
+            let elapsed = scheduled.elapsed().as_nanos() as u64;
+            result.histogram.saturating_record(elapsed.max(1));
+            for ((reply, &index), buffer) in replies.into_iter().zip(&indices).zip(&buffers) {
+                match reply {
+                    Ok(len) => {
+                        result.bytes += len as u64;
+                        if args.verify && !values.matches(index, &buffer[..len]) {
+                            result.mismatches += 1;
+                            if result.samples.len() < 5 {
+                                result.samples.push(format!("key {index}: bytes differ from what was written"));
+                            }
+                        }
+                    }
+                    Err(error) => record_error(&mut result, &error),
+                }
+            }
+        } else {
+            for (buffer, &index) in put_values.iter_mut().zip(&indices) {
+                values.fill(index, buffer);
+            }
+            let items: Vec<(&[u8], &[u8])> = key_refs.iter().zip(&put_values).map(|(k, v)| (*k, &v[..])).collect();
+            let replies = client.batch_put_with(&items, policy);
+            let elapsed = scheduled.elapsed().as_nanos() as u64;
+            result.histogram.saturating_record(elapsed.max(1));
+            for reply in replies {
+                match reply {
+                    Ok(()) => result.bytes += value_len as u64,
+                    Err(error) => record_error(&mut result, &error),
+                }
+            }
+        }
+        result.keys += indices.len() as u64;
+        result.calls += 1;
+        if show_progress && last_progress.elapsed() >= Duration::from_millis(500) {
+            last_progress = Instant::now();
+            let seconds = started.elapsed().as_secs_f64();
+            eprint!(
+                "\r[kv {:?}] {:.0} keys/s (this connection), {:.1}s/{:.0}s\x1b[K",
+                args.op,
+                result.keys as f64 / seconds,
+                seconds,
+                args.runtime
+            );
+        }
+    }
+    Ok(result)
+}
+
+/// The human report.
+pub fn format_report(report: &KvReport) -> String {
+    let mut out = format!(
+        "kv {:?}: value {} B, batch {}, {} connection(s), {:.2} s\n",
+        report.op, report.value_size, report.batch, report.connections, report.runtime_s
+    );
+    out += &format!(
+        "  keys/s {:.0}  bandwidth {:.1} MB/s  calls/s {:.0}\n",
+        report.ops_per_sec,
+        report.bytes_per_sec / 1e6,
+        report.calls_per_sec
+    );
+    out += &format!(
+        "  latency per call (us): p50 {:.1}  p99 {:.1}  p99.9 {:.1}  mean {:.1}  max {:.1}\n",
+        report.lat_ns.p50 as f64 / 1e3,
+        report.lat_ns.p99 as f64 / 1e3,
+        report.lat_ns.p999 as f64 / 1e3,
+        report.lat_ns.mean / 1e3,
+        report.lat_ns.max as f64 / 1e3
+    );
+    out += &format!(
+        "  errors {} (not found {})  mismatches {}  node CPU/key {}  bench CPU/key {:.0} ns\n",
+        report.errors,
+        report.not_found,
+        report.mismatches,
+        report.server_cpu_ns_per_op.map_or("n/a".to_string(), |ns| format!("{ns:.0} ns")),
+        report.client_cpu_ns_per_op
+    );
+    for sample in &report.error_samples {
+        out += &format!("  e.g. {sample}\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_are_distinct_per_key_and_checkable() {
+        let values = Values::new(7, 4096);
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        values.fill(1, &mut a);
+        values.fill(2, &mut b);
+        assert_eq!(a.len(), 4096);
+        assert_ne!(a, b);
+        assert!(values.matches(1, &a));
+        assert!(!values.matches(2, &a));
+        a[4000] ^= 1;
+        assert!(!values.matches(1, &a));
+        let tiny = Values::new(7, 3);
+        let mut c = Vec::new();
+        tiny.fill(9, &mut c);
+        assert!(tiny.matches(9, &c));
+    }
+}

@@ -1,0 +1,261 @@
+//! `strata-node`'s configuration: flags, a TOML file (`--config`), and the embedded default, merged into
+//! the engine's [`EngineConfig`]. Flags override the file; the file overrides the defaults.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use strata_engine::EngineConfig;
+use strata_nvme::DeviceSpec;
+use strata_proto::WritePolicy;
+
+use crate::byte_size::parse_byte_size;
+use crate::pool::{PoolDescription, parse_duration};
+
+/// Where the embedded default keeps its NVMe tier.
+pub const DEFAULT_NVME: &str = "file:./strata-data/ns0.img,size=4GiB";
+
+/// The node's settings as flags and TOML keys have them (every field optional; the same names in both).
+#[derive(Clone, Debug, Default, PartialEq, clap::Args, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct NodeSettings {
+    /// TOML file with any of these settings (flags given too override it).
+    #[arg(long)]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Address of shard 0; shard i listens on port + i. [default: 127.0.0.1:7600]
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Shards (one pinned core each). [default: every CPU]
+    #[arg(long)]
+    pub cores: Option<usize>,
+    /// CPUs to pin the shards to, e.g. 0,1 (implies --cores). [default: 0..cores]
+    #[arg(long, value_delimiter = ',')]
+    pub cpus: Option<Vec<usize>>,
+    /// DRAM tier, split evenly between shards. [default: 1GiB]
+    #[arg(long)]
+    pub dram: Option<String>,
+    /// NVMe tier namespace (repeatable): file:PATH[,size=SIZE], nvmf:trtype=tcp,traddr=..,trsvcid=..,subnqn=..,ns=N,
+    /// or memory:SIZE. [default: file:./strata-data/ns0.img,size=4GiB]
+    #[arg(long)]
+    pub nvme: Option<Vec<String>>,
+    /// Pool description written by strata-pool create: its namespaces become the NVMe tier.
+    #[arg(long)]
+    pub pool: Option<PathBuf>,
+    /// No NVMe tier (DRAM only).
+    #[arg(long)]
+    pub dram_only: Option<bool>,
+    /// Default write policy: write-through (ack from DRAM, written to NVMe right after), write-back (written
+    /// to NVMe only when evicted), durable (ack after the NVMe write). [default: write-through]
+    #[arg(long)]
+    pub write_policy: Option<String>,
+    /// Address for /metrics and /healthz, or "off". [default: 127.0.0.1:9600]
+    #[arg(long)]
+    pub metrics: Option<String>,
+    /// Region size of the NVMe tier's log. [default: 16MiB]
+    #[arg(long)]
+    pub region_size: Option<String>,
+    /// Erase the NVMe tier at start-up instead of recovering it.
+    #[arg(long)]
+    pub format: Option<bool>,
+    /// Token clients must present in HELLO (none: the node is open; keep it on loopback).
+    #[arg(long)]
+    pub token: Option<String>,
+    /// Use 2 MiB hugepages for DRAM when reserved. [default: true]
+    #[arg(long)]
+    pub hugepages: Option<bool>,
+    /// How long a read keeps an object from being evicted, e.g. 5s. [default: 5s]
+    #[arg(long)]
+    pub read_lease: Option<String>,
+    /// Evict above this share of a tier's capacity. [default: 0.95]
+    #[arg(long)]
+    pub high_watermark: Option<f64>,
+    /// Evict down to this share. [default: 0.90]
+    #[arg(long)]
+    pub low_watermark: Option<f64>,
+    /// Busy-poll each shard this long before sleeping, e.g. 50us (lower latency, busier cores).
+    #[arg(long)]
+    pub spin_before_park: Option<String>,
+}
+
+impl NodeSettings {
+    /// These settings over those of `file` (flags win).
+    pub fn over(self, file: NodeSettings) -> NodeSettings {
+        macro_rules! pick {
+            ($($field:ident),*) => { NodeSettings { config: self.config, $($field: self.$field.or(file.$field)),* } };
+        }
+        pick!(
+            listen,
+            cores,
+            cpus,
+            dram,
+            nvme,
+            pool,
+            dram_only,
+            write_policy,
+            metrics,
+            region_size,
+            format,
+            token,
+            hugepages,
+            read_lease,
+            high_watermark,
+            low_watermark,
+            spin_before_park
+        )
+    }
+
+    /// Reads `--config` (if given) and merges.
+    pub fn resolve(self) -> anyhow::Result<NodeSettings> {
+        let Some(path) = self.config.clone() else { return Ok(self) };
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let file: NodeSettings = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        Ok(self.over(file))
+    }
+
+    /// The engine configuration these settings describe.
+    pub fn engine_config(&self) -> anyhow::Result<EngineConfig> {
+        let mut config = EngineConfig::default();
+        if let Some(listen) = self.listen {
+            config.listen = listen;
+        }
+        let online = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        config.cpus = match (&self.cpus, self.cores) {
+            (Some(cpus), Some(cores)) if cpus.len() != cores => {
+                bail!("--cpus lists {} CPUs but --cores is {cores}", cpus.len())
+            }
+            (Some(cpus), _) => cpus.clone(),
+            (None, Some(cores)) => (0..cores).map(|core| core % online).collect(),
+            (None, None) => (0..online).collect(),
+        };
+        if let Some(dram) = &self.dram {
+            config.dram_bytes = parse_byte_size(dram)?;
+        }
+        let size = |text: &str| parse_byte_size(text).ok();
+        if self.dram_only == Some(true) {
+            if self.nvme.is_some() || self.pool.is_some() {
+                bail!("--dram-only contradicts --nvme / --pool");
+            }
+        } else if let Some(pool) = &self.pool {
+            if self.nvme.is_some() {
+                bail!("give either --nvme or --pool, not both");
+            }
+            let description = PoolDescription::load(pool)?;
+            config.pool_uuid = Some(description.uuid_bytes()?);
+            if description.namespaces.is_empty() {
+                bail!("pool {:?} has no namespaces: strata-pool add one", description.name);
+            }
+            for namespace in &description.namespaces {
+                config.nvme.push(DeviceSpec::parse(&namespace.spec, size)?);
+            }
+        } else {
+            let specs = self.nvme.clone().unwrap_or_else(|| vec![DEFAULT_NVME.to_string()]);
+            for spec in specs {
+                let parsed = DeviceSpec::parse(&spec, size)?;
+                if let DeviceSpec::File { path, .. } = &parsed
+                    && let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty())
+                {
+                    std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+                }
+                config.nvme.push(parsed);
+            }
+        }
+        if let Some(policy) = &self.write_policy {
+            config.write_policy = WritePolicy::parse(policy)
+                .with_context(|| format!("write policy {policy:?}: expected write-through, write-back or durable"))?;
+        }
+        match self.metrics.as_deref() {
+            None => {}
+            Some("off") => config.metrics = None,
+            Some(addr) => config.metrics = Some(addr.parse().with_context(|| format!("metrics address {addr:?}"))?),
+        }
+        if let Some(region) = &self.region_size {
+            config.region_bytes = parse_byte_size(region)?;
+        }
+        config.format = self.format.unwrap_or(false);
+        config.auth_token = self.token.as_ref().map(|token| token.as_bytes().to_vec());
+        if let Some(hugepages) = self.hugepages {
+            config.hugepages = hugepages;
+        }
+        if let Some(lease) = &self.read_lease {
+            config.read_lease = parse_duration(lease)?;
+        }
+        if let Some(high) = self.high_watermark {
+            config.high_watermark = high;
+        }
+        if let Some(low) = self.low_watermark {
+            config.low_watermark = low;
+        }
+        if let Some(spin) = &self.spin_before_park {
+            config.spin_before_park = Some(parse_duration(spin)?);
+        }
+        config.validate().map_err(anyhow::Error::msg)?;
+        Ok(config)
+    }
+}
+
+/// Blocks SIGINT and SIGTERM in this thread (and the threads it starts afterwards), so that
+/// [`wait_for_stop_signal`] receives them instead of the default handler killing the process.
+pub fn block_stop_signals() -> anyhow::Result<()> {
+    // SAFETY: sigset operations on a local set, and pthread_sigmask on the calling thread.
+    #[allow(unsafe_code)]
+    let result = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
+    };
+    if result != 0 {
+        bail!("blocking SIGINT/SIGTERM: error {result}");
+    }
+    Ok(())
+}
+
+/// Waits for SIGINT or SIGTERM; returns its name.
+pub fn wait_for_stop_signal() -> &'static str {
+    // SAFETY: sigwait on a local set of signals blocked by `block_stop_signals`.
+    #[allow(unsafe_code)]
+    let signal = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        let mut signal: libc::c_int = 0;
+        libc::sigwait(&set, &mut signal);
+        signal
+    };
+    if signal == libc::SIGINT { "SIGINT" } else { "SIGTERM" }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_the_file_and_defaults_fill_the_rest() {
+        let file: NodeSettings = toml::from_str(
+            "listen = \"127.0.0.1:7700\"\ndram = \"64MiB\"\nwrite-policy = \"durable\"\nnvme = [\"memory:64MiB\"]\ncores = 1\n",
+        )
+        .expect("toml");
+        let flags = NodeSettings { dram: Some("32MiB".into()), ..NodeSettings::default() };
+        let config = flags.over(file).engine_config().expect("config");
+        assert_eq!(config.listen.port(), 7700);
+        assert_eq!(config.dram_bytes, 32 << 20);
+        assert_eq!(config.write_policy, WritePolicy::Durable);
+        assert_eq!(config.nvme, vec![DeviceSpec::Memory { capacity_bytes: 64 << 20 }]);
+        assert_eq!(config.cpus.len(), 1);
+        assert_eq!(config.metrics, EngineConfig::default().metrics);
+    }
+
+    #[test]
+    fn contradictions_and_unknown_keys_are_refused() {
+        assert!(toml::from_str::<NodeSettings>("colour = \"blue\"\n").is_err());
+        let both =
+            NodeSettings { dram_only: Some(true), nvme: Some(vec!["memory:1GiB".into()]), ..NodeSettings::default() };
+        assert!(both.engine_config().is_err());
+        let policy =
+            NodeSettings { write_policy: Some("sometimes".into()), dram_only: Some(true), ..NodeSettings::default() };
+        assert!(policy.engine_config().is_err());
+    }
+}
