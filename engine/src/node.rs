@@ -414,7 +414,9 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
     let tier = Arc::new(tier);
     let handles = Arc::new(handles);
     let mut executors = Vec::new();
+    let mut meshes = crate::forward::mesh(shard_count).into_iter();
     for (shard, listener) in listeners.into_iter().enumerate() {
+        let peers = meshes.next().unwrap_or_default();
         let shard = shard as u32;
         let cpu = config.cpus[shard as usize];
         let (config, tier, handles, metrics, ready) = (
@@ -488,6 +490,8 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
                 let shard_state =
                     Shard::new(shard, shard_count, base_port, engine_config, dram, Rc::new(devices), log, metrics);
                 let report = shard_state.recover().await?;
+                let forwarder = crate::forward::Forwarder::connect(&shard_state, peers).await;
+                let _ = shard_state.forwarder.set(forwarder);
                 Ok((shard_state, report, pages, region_count))
             };
             let shard_state = match started.await {

@@ -21,8 +21,23 @@ use strata_proto::{
     RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, Status, WritePolicy,
 };
 
+use crate::forward::ForwardOp;
 use crate::metrics::{add, is_error};
-use crate::shard::{DurablePoint, ReadHit, Shard};
+use crate::shard::{DurablePoint, ReadData, ReadHit, Shard};
+
+/// The shard that owns `key`, if not this one (the item is then forwarded).
+fn other_owner(shard: &Shard, key: &[u8]) -> Option<u32> {
+    let owner = strata_proto::shard_of(key, shard.shard_count);
+    (owner != shard.id).then_some(owner)
+}
+
+async fn forward(shard: &Rc<Shard>, owner: u32, key: &[u8], op: ForwardOp) -> crate::forward::ForwardReply {
+    add(&shard.metrics.forwarded, 1);
+    match shard.forwarder.get() {
+        Some(forwarder) => forwarder.call(owner, key, op).await,
+        None => crate::forward::ForwardReply::failed(Status::Invalid),
+    }
+}
 
 const INPUT_BUFFER_BYTES: usize = 64 << 10;
 /// Values at least this long are sent from their own memory instead of being copied into the send buffer.
@@ -224,24 +239,33 @@ async fn handle_frame(
             let items = parse_items(&body, header, &limits)?;
             match header.opcode {
                 Opcode::Get | Opcode::GetRange => return handle_get(shard, connection, header, &body, &items).await,
-                Opcode::Exists => items
-                    .iter()
-                    .map(|(_, key_at, key_len)| {
+                Opcode::Exists => {
+                    let mut statuses = Vec::with_capacity(items.len());
+                    for (_, key_at, key_len) in &items {
                         let key = &body[*key_at..*key_at + *key_len];
-                        match shard.exists(key) {
+                        let found = match other_owner(shard, key) {
+                            None => shard.exists(key),
+                            Some(owner) => {
+                                let reply = forward(shard, owner, key, ForwardOp::Exists).await;
+                                if reply.status == Status::Ok { Ok(reply.object_len) } else { Err(reply.status) }
+                            }
+                        };
+                        statuses.push(match found {
                             Ok(len) => {
                                 ResponseItemHeader { status: Status::Ok, data_len: 0, data_crc: 0, object_len: len }
                             }
                             Err(status) => ResponseItemHeader::status(status),
-                        }
-                    })
-                    .collect(),
+                        });
+                    }
+                    statuses
+                }
                 _ => {
                     let mut statuses = Vec::with_capacity(items.len());
                     for (_, key_at, key_len) in &items {
-                        let status = match shard.remove(&body[*key_at..*key_at + *key_len]).await {
-                            Ok(()) => Status::Ok,
-                            Err(status) => status,
+                        let key = &body[*key_at..*key_at + *key_len];
+                        let status = match other_owner(shard, key) {
+                            None => shard.remove(key).await.err().unwrap_or(Status::Ok),
+                            Some(owner) => forward(shard, owner, key, ForwardOp::Remove).await.status,
                         };
                         statuses.push(ResponseItemHeader::status(status));
                     }
@@ -367,6 +391,18 @@ async fn handle_put(
             continue;
         }
         let policy = WritePolicy::from_flags(item.flags).unwrap_or(shard.config.write_policy);
+        if let Some(owner) = other_owner(shard, &key) {
+            let mut value = vec![0u8; item.value_len as usize];
+            connection.read_exact(&mut value).await?;
+            let status = if crc32c::crc32c(&value) != item.value_crc {
+                Status::TransferChecksum
+            } else {
+                let op = ForwardOp::Put { value, value_crc: item.value_crc, policy };
+                forward(shard, owner, &key, op).await.status
+            };
+            statuses.push(ResponseItemHeader::status(status));
+            continue;
+        }
         let total = key_len as u64 + u64::from(item.value_len);
         let reservation = match shard.reserve_put(total).await {
             Ok(reservation) => reservation,
@@ -422,7 +458,22 @@ async fn handle_get(
     for (item, key_at, key_len) in items {
         let key = &body[*key_at..*key_at + *key_len];
         let range = (header.opcode == Opcode::GetRange).then_some((item.offset, item.value_len));
-        results.push(shard.get(key, range).await);
+        let result = match other_owner(shard, key) {
+            None => shard.get(key, range).await,
+            Some(owner) => {
+                let reply = forward(shard, owner, key, ForwardOp::Get(range)).await;
+                if reply.status == Status::Ok {
+                    Ok(ReadHit {
+                        data_crc: reply.data_crc,
+                        object_len: reply.object_len,
+                        data: ReadData::Owned(reply.data),
+                    })
+                } else {
+                    Err(reply.status)
+                }
+            }
+        };
+        results.push(result);
     }
     let body_len: u64 = results
         .iter()

@@ -45,6 +45,8 @@ pub struct Shard {
     pub metrics: Arc<ShardMetrics>,
     started: Instant,
     poisoned: Cell<bool>,
+    /// Channels to the other shards, set once at start-up.
+    pub forwarder: std::cell::OnceCell<crate::forward::Forwarder>,
 }
 
 /// Bytes a read returns.
@@ -53,6 +55,8 @@ pub enum ReadData {
     Dram(DramPin, u64, usize),
     /// Read from the NVMe tier (or copied from the open region).
     Staged(Staged, usize, usize),
+    /// Received from the owning shard (forwarded requests).
+    Owned(Vec<u8>),
 }
 
 /// A successful read.
@@ -71,6 +75,7 @@ impl ReadHit {
         match &self.data {
             ReadData::Dram(pin, offset, len) => vec![pin.shard.dram.borrow().segment().bytes(*offset, *len)],
             ReadData::Staged(staged, offset, len) => staged.slices(*offset, *len),
+            ReadData::Owned(bytes) => vec![&bytes[..]],
         }
     }
 
@@ -78,6 +83,7 @@ impl ReadHit {
     pub fn len(&self) -> usize {
         match &self.data {
             ReadData::Dram(_, _, len) | ReadData::Staged(_, _, len) => *len,
+            ReadData::Owned(bytes) => bytes.len(),
         }
     }
 
@@ -178,6 +184,7 @@ impl Shard {
             metrics,
             started: Instant::now(),
             poisoned: Cell::new(false),
+            forwarder: std::cell::OnceCell::new(),
         })
     }
 

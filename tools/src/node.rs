@@ -43,7 +43,7 @@ pub struct NodeSettings {
     #[arg(long)]
     pub pool: Option<PathBuf>,
     /// No NVMe tier (DRAM only).
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub dram_only: Option<bool>,
     /// Default write policy: write-through (ack from DRAM, written to NVMe right after), write-back (written
     /// to NVMe only when evicted), durable (ack after the NVMe write). [default: write-through]
@@ -56,13 +56,13 @@ pub struct NodeSettings {
     #[arg(long)]
     pub region_size: Option<String>,
     /// Erase the NVMe tier at start-up instead of recovering it.
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub format: Option<bool>,
     /// Token clients must present in HELLO (none: the node is open; keep it on loopback).
     #[arg(long)]
     pub token: Option<String>,
-    /// Use 2 MiB hugepages for DRAM when reserved. [default: true]
-    #[arg(long)]
+    /// Use 2 MiB hugepages for DRAM when reserved (--hugepages=false: never). [default: true]
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub hugepages: Option<bool>,
     /// How long a read keeps an object from being evicted, e.g. 5s. [default: 5s]
     #[arg(long)]

@@ -1,0 +1,231 @@
+//! Cross-shard forwarding: an item that reached a shard that does not own its key (a client with a stale or
+//! no shard map, or one that sends everything to one port) is handed to the owner by message, over a
+//! glommio shared channel per ordered pair of shards, and the reply comes back the same way. Counted in
+//! `strata_forwarded_total`: a client that routes by the shard map never pays for it.
+//!
+//! Values cross as owned vectors (one copy each way); this is the slow path, kept simple. The owner serves
+//! each link's requests in order in one task, so one slow forwarded request delays only those behind it on
+//! the same link.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use glommio::channels::local_channel::{self, LocalSender};
+use glommio::channels::shared_channel::{self, ConnectedReceiver, ConnectedSender, SharedReceiver, SharedSender};
+use strata_proto::{Status, WritePolicy};
+
+use crate::shard::Shard;
+
+/// What a forwarded item asks.
+#[derive(Debug)]
+pub enum ForwardOp {
+    /// Store `value` (with its crc32c, checked by the client's frame already) under the key.
+    Put {
+        /// The value.
+        value: Vec<u8>,
+        /// Its crc32c.
+        value_crc: u32,
+        /// Its write policy.
+        policy: WritePolicy,
+    },
+    /// Read the value, or a range of it.
+    Get(Option<(u32, u32)>),
+    /// Is it stored.
+    Exists,
+    /// Remove it.
+    Remove,
+}
+
+/// A forwarded item.
+#[derive(Debug)]
+pub struct Forward {
+    id: u64,
+    key: Vec<u8>,
+    op: ForwardOp,
+}
+
+/// The owner's answer.
+#[derive(Debug)]
+pub struct ForwardReply {
+    id: u64,
+    /// The item's status.
+    pub status: Status,
+    /// Bytes read (gets).
+    pub data: Vec<u8>,
+    /// Their crc32c.
+    pub data_crc: u32,
+    /// Length of the whole value.
+    pub object_len: u32,
+}
+
+impl ForwardReply {
+    /// A reply that never reached the owner.
+    pub fn failed(status: Status) -> Self {
+        Self { id: 0, status, data: Vec::new(), data_crc: 0, object_len: 0 }
+    }
+}
+
+/// The endpoints one shard holds for one peer, before connecting on the shard's executor.
+pub struct PeerEndpoints {
+    /// Peer shard id.
+    pub peer: u32,
+    requests_out: SharedSender<Forward>,
+    replies_in: SharedReceiver<ForwardReply>,
+    requests_in: SharedReceiver<Forward>,
+    replies_out: SharedSender<ForwardReply>,
+}
+
+/// Both ends of a channel, each taken once when dealt to its shard.
+type Ends<T> = (Option<SharedSender<T>>, Option<SharedReceiver<T>>);
+
+/// Channels for every ordered pair of `shards` shards: element `i` holds shard `i`'s endpoints.
+pub fn mesh(shards: u32) -> Vec<Vec<PeerEndpoints>> {
+    const DEPTH: usize = 256;
+    let mut requests: HashMap<(u32, u32), Ends<Forward>> = HashMap::new();
+    let mut replies: HashMap<(u32, u32), Ends<ForwardReply>> = HashMap::new();
+    for from in 0..shards {
+        for to in 0..shards {
+            if from != to {
+                let (sender, receiver) = shared_channel::new_bounded(DEPTH);
+                requests.insert((from, to), (Some(sender), Some(receiver)));
+                let (sender, receiver) = shared_channel::new_bounded(DEPTH);
+                replies.insert((to, from), (Some(sender), Some(receiver)));
+            }
+        }
+    }
+    (0..shards)
+        .map(|me| {
+            (0..shards)
+                .filter(|&peer| peer != me)
+                .filter_map(|peer| {
+                    Some(PeerEndpoints {
+                        peer,
+                        requests_out: requests.get_mut(&(me, peer))?.0.take()?,
+                        requests_in: requests.get_mut(&(peer, me))?.1.take()?,
+                        replies_out: replies.get_mut(&(me, peer))?.0.take()?,
+                        replies_in: replies.get_mut(&(peer, me))?.1.take()?,
+                    })
+                })
+                .collect()
+        })
+        .collect()
+}
+
+struct Link {
+    requests: ConnectedSender<Forward>,
+    pending: RefCell<HashMap<u64, LocalSender<ForwardReply>>>,
+}
+
+/// A shard's side of the mesh: send to owners, serve peers.
+#[derive(Default)]
+pub struct Forwarder {
+    links: HashMap<u32, Rc<Link>>,
+    next_id: Cell<u64>,
+}
+
+impl Forwarder {
+    /// Connects `endpoints` on the current executor and starts the tasks that serve peers' requests to
+    /// `shard` and route replies back to waiting callers.
+    pub async fn connect(shard: &Rc<Shard>, endpoints: Vec<PeerEndpoints>) -> Self {
+        // Connecting an endpoint waits for its peer's end to connect, on the peer's executor: connect every
+        // endpoint at once, or shards connecting in different orders would wait for each other forever.
+        let connecting: Vec<_> = endpoints
+            .into_iter()
+            .map(|endpoint| {
+                (
+                    endpoint.peer,
+                    glommio::spawn_local(endpoint.requests_out.connect()),
+                    glommio::spawn_local(endpoint.replies_in.connect()),
+                    glommio::spawn_local(endpoint.requests_in.connect()),
+                    glommio::spawn_local(endpoint.replies_out.connect()),
+                )
+            })
+            .collect();
+        let mut links = HashMap::new();
+        for (peer, requests_out, replies_in, requests_in, replies_out) in connecting {
+            let link = Rc::new(Link { requests: requests_out.await, pending: RefCell::new(HashMap::new()) });
+            let replies_in: ConnectedReceiver<ForwardReply> = replies_in.await;
+            let waiting = Rc::clone(&link);
+            glommio::spawn_local(async move {
+                while let Some(reply) = replies_in.recv().await {
+                    if let Some(caller) = waiting.pending.borrow_mut().remove(&reply.id) {
+                        let _ = caller.try_send(reply);
+                    }
+                }
+            })
+            .detach();
+            let requests_in: ConnectedReceiver<Forward> = requests_in.await;
+            let replies_out: ConnectedSender<ForwardReply> = replies_out.await;
+            let owner = Rc::clone(shard);
+            glommio::spawn_local(async move {
+                while let Some(request) = requests_in.recv().await {
+                    let reply = serve(&owner, request).await;
+                    if replies_out.send(reply).await.is_err() {
+                        break;
+                    }
+                }
+            })
+            .detach();
+            links.insert(peer, link);
+        }
+        Self { links, next_id: Cell::new(1) }
+    }
+
+    /// Sends `op` on `key` to shard `owner` and waits for its reply.
+    pub async fn call(&self, owner: u32, key: &[u8], op: ForwardOp) -> ForwardReply {
+        let failed = ForwardReply::failed;
+        let Some(link) = self.links.get(&owner) else { return failed(Status::Invalid) };
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        let (sender, receiver) = local_channel::new_bounded(1);
+        link.pending.borrow_mut().insert(id, sender);
+        if link.requests.send(Forward { id, key: key.to_vec(), op }).await.is_err() {
+            link.pending.borrow_mut().remove(&id);
+            return failed(Status::ShuttingDown);
+        }
+        receiver.recv().await.unwrap_or_else(|| failed(Status::ShuttingDown))
+    }
+}
+
+/// The owner's side: runs a forwarded item on its shard.
+async fn serve(shard: &Rc<Shard>, request: Forward) -> ForwardReply {
+    let mut reply = ForwardReply { id: request.id, status: Status::Ok, data: Vec::new(), data_crc: 0, object_len: 0 };
+    let key = &request.key;
+    match request.op {
+        ForwardOp::Put { value, value_crc, policy } => {
+            let status = match shard.reserve_put((key.len() + value.len()) as u64).await {
+                Err(status) => status,
+                Ok(reservation) => {
+                    let bytes = reservation.bytes_mut(key.len() + value.len());
+                    bytes[..key.len()].copy_from_slice(key);
+                    bytes[key.len()..].copy_from_slice(&value);
+                    match shard.commit_put(key, reservation, value.len() as u32, value_crc, policy).await {
+                        Ok(None) => Status::Ok,
+                        Ok(Some(point)) => shard.sync(point).await.err().unwrap_or(Status::Ok),
+                        Err(status) => status,
+                    }
+                }
+            };
+            reply.status = status;
+        }
+        ForwardOp::Get(range) => match shard.get(key, range).await {
+            Ok(hit) => {
+                reply.data = hit.slices().concat();
+                reply.data_crc = hit.data_crc;
+                reply.object_len = hit.object_len;
+            }
+            Err(status) => reply.status = status,
+        },
+        ForwardOp::Exists => match shard.exists(key) {
+            Ok(len) => reply.object_len = len,
+            Err(status) => reply.status = status,
+        },
+        ForwardOp::Remove => {
+            if let Err(status) = shard.remove(key).await {
+                reply.status = status;
+            }
+        }
+    }
+    reply
+}

@@ -1,0 +1,133 @@
+//! Every put the node acknowledged in `durable` mode is readable, bit-exact, after the node is killed with
+//! SIGKILL in the middle of a stream of durable puts and restarted; a put that was in flight is either
+//! absent or whole, never torn.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use strata_client::{Client, ClientError, ClientOptions, WritePolicy};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+fn value_of(index: u64) -> Vec<u8> {
+    let len = 1000 + (index as usize * 7919) % (8 << 10);
+    (0..len).map(|at| (index as usize * 31 + at * 7) as u8).collect()
+}
+
+fn key_of(index: u64) -> Vec<u8> {
+    format!("durable/{index}").into_bytes()
+}
+
+/// A node process, killed when dropped (so a failing test leaves nothing running).
+struct NodeProcess(Child);
+
+impl NodeProcess {
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Starts the node and waits for its "ready" line; returns it with its start-up summary.
+fn start_node(port: u16, image: &std::path::Path) -> (NodeProcess, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_strata-node"))
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--cores", "1", "--dram", "64MiB", "--metrics", "off"])
+        .args(["--nvme", &format!("file:{},size=128MiB", image.display()), "--write-policy", "durable"])
+        .args(["--region-size", "1MiB", "--hugepages=false"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("strata-node starts");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut summary = String::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for line in lines.by_ref() {
+        let line = line.expect("line");
+        summary += &line;
+        summary.push('\n');
+        if line.contains("ready") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "node did not become ready:\n{summary}");
+    }
+    assert!(summary.contains("ready"), "node exited:\n{summary}");
+    // Keep draining stdout so the node never blocks on it.
+    std::thread::spawn(move || for _ in lines {});
+    (NodeProcess(child), summary)
+}
+
+#[test]
+fn acknowledged_durable_puts_survive_sigkill() {
+    let directory =
+        std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("kill-9-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&directory);
+    std::fs::create_dir_all(&directory).expect("directory");
+    let image = directory.join("ns0.img");
+    let port = free_port();
+    let (mut node, _) = start_node(port, &image);
+
+    let writer = std::thread::spawn(move || {
+        let mut client = Client::connect(("127.0.0.1", port), ClientOptions::default()).expect("connect");
+        let mut acknowledged = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut index = 0u64;
+        let mut bytes = 0usize;
+        // Bounded by count, bytes (well inside the tier, so that no region is reclaimed: durable is not
+        // "never evicted") and time; ends when the node is killed.
+        while index < 1_000_000 && bytes < 48 << 20 && Instant::now() < deadline {
+            // Alternate single puts and batches of 8, so some syncs are group commits.
+            let count = if index.is_multiple_of(3) { 8 } else { 1 };
+            let owned: Vec<(Vec<u8>, Vec<u8>)> = (index..index + count).map(|i| (key_of(i), value_of(i))).collect();
+            let items: Vec<(&[u8], &[u8])> = owned.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+            bytes += owned.iter().map(|(_, value)| value.len()).sum::<usize>();
+            let results = client.batch_put_with(&items, Some(WritePolicy::Durable));
+            let mut failed = false;
+            for (offset, result) in results.into_iter().enumerate() {
+                match result {
+                    Ok(()) => acknowledged.push(index + offset as u64),
+                    Err(_) => failed = true,
+                }
+            }
+            index += count;
+            if failed {
+                return (acknowledged, index, true);
+            }
+        }
+        (acknowledged, index, false)
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    node.kill();
+    let (acknowledged, attempted, cut_by_the_kill) = writer.join().expect("writer");
+    assert!(acknowledged.len() > 50, "only {} puts acknowledged before the kill", acknowledged.len());
+    assert!(cut_by_the_kill, "the writer finished before the kill ({attempted} puts): nothing was in flight");
+
+    let (mut node, summary) = start_node(port, &image);
+    let mut client = Client::connect(("127.0.0.1", port), ClientOptions::default()).expect("connect");
+    for &index in &acknowledged {
+        match client.get(&key_of(index)) {
+            Ok(value) => assert!(value == value_of(index), "key {index} came back with other bytes"),
+            Err(error) => panic!("acknowledged key {index} lost: {error}\n{summary}"),
+        }
+    }
+    let last_acknowledged = acknowledged.iter().max().copied().unwrap_or(0);
+    for index in last_acknowledged + 1..attempted {
+        match client.get(&key_of(index)) {
+            Ok(value) => assert!(value == value_of(index), "in-flight key {index} is torn"),
+            Err(ClientError::NotFound) => {}
+            Err(error) => panic!("in-flight key {index}: {error}"),
+        }
+    }
+    assert!(summary.contains("recovered"), "{summary}");
+    node.kill();
+    let _ = std::fs::remove_dir_all(&directory);
+}
