@@ -268,13 +268,20 @@ mod tests {
     }
 
     #[test]
-    fn a_million_objects_cost_under_64_bytes_each() {
+    fn ten_million_objects_cost_under_64_bytes_each() {
+        // The measurement point; 2^20 objects (just after a doubling, the worst load) is checked too.
         let mut index = Index::new();
-        for key in 0..1_000_000u32 {
+        for key in 0..10_000_000u32 {
             index.insert(entry(index_hash(&key.to_le_bytes()), key));
+            if key + 1 == 1 << 20 {
+                let per_object = index.memory_bytes() as f64 / index.len() as f64;
+                assert!(per_object < 64.0, "{per_object} bytes per object at 2^20 objects");
+            }
         }
         let per_object = index.memory_bytes() as f64 / index.len() as f64;
+        eprintln!("index: {per_object:.1} bytes per object for {} objects", index.len());
         assert!(per_object < 64.0, "{per_object} bytes per object");
         assert_eq!(index.get(index.find(index_hash(&77u32.to_le_bytes())).expect("found")).value_len, 77);
+        assert_eq!(index.find(index_hash(b"absent")), None);
     }
 }
