@@ -48,6 +48,9 @@ pub struct EngineConfig {
     pub metrics: Option<SocketAddr>,
     /// Busy-poll each executor for this long before sleeping (latency for CPU).
     pub spin_before_park: Option<Duration>,
+    /// Busy-poll client sockets with non-blocking system calls instead of waiting on glommio's reactor:
+    /// saves the reactor's wake-up on every frame; the shard's core never sleeps while a connection is open.
+    pub busy_poll: bool,
     /// Inject these faults (seeded; the seed is offset by the shard id) into every shard's handles on file
     /// namespaces. For tests of torn writes and device errors; never set by the node binary.
     pub faults: Option<strata_nvme::FaultConfig>,
@@ -75,6 +78,7 @@ impl Default for EngineConfig {
             auth_token: None,
             metrics: Some(SocketAddr::from(([127, 0, 0, 1], 9600))),
             spin_before_park: None,
+            busy_poll: false,
             faults: None,
         }
     }

@@ -39,10 +39,12 @@ impl Segment {
         let len = len.max(HUGE_PAGE_BYTES).next_multiple_of(HUGE_PAGE_BYTES);
         // Without MAP_NORESERVE: a hugepage mapping must be backed by reserved pages up front, or touching
         // a page later would be a SIGBUS rather than an error now.
-        if try_huge && let Ok(base) = map_anonymous(len, libc::MAP_HUGETLB) {
+        if try_huge && let Ok(base) = map_anonymous(len, libc::MAP_HUGETLB | libc::MAP_POPULATE) {
             return Ok(Self { base, len, pages: PageKind::Huge, _not_send: std::marker::PhantomData });
         }
-        let base = map_anonymous(len, libc::MAP_NORESERVE)?;
+        // MAP_POPULATE: fault every page in now, so that puts never pay a page fault (a quarter of a 4 MiB
+        // put's time on normal pages) and the memory is committed before the node says it is ready.
+        let base = map_anonymous(len, libc::MAP_POPULATE)?;
         Ok(Self { base, len, pages: PageKind::Normal, _not_send: std::marker::PhantomData })
     }
 

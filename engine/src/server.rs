@@ -14,8 +14,8 @@ use std::io;
 use std::rc::Rc;
 use std::time::Instant;
 
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
+use strata_nvme::tcp::stream::{Socket, single_stream};
 use strata_proto::{
     FRAME_HEADER_BYTES, FrameHeader, HelloReply, HelloRequest, Opcode, ProtoError, REQUEST_ITEM_BYTES,
     RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, Status, WritePolicy,
@@ -70,7 +70,7 @@ impl From<ProtoError> for ConnectionError {
 }
 
 struct Connection {
-    stream: TcpStream,
+    stream: Socket,
     input: Box<[u8]>,
     start: usize,
     end: usize,
@@ -166,6 +166,7 @@ fn tokens_match(expected: &[u8], presented: &[u8]) -> bool {
 /// Serves one client connection until it closes or breaks the protocol.
 pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
     let _ = stream.set_nodelay(true);
+    let Ok(stream) = single_stream(stream, shard.config.busy_poll) else { return };
     add(&shard.metrics.connections, 1);
     let mut connection = Connection {
         stream,
@@ -211,7 +212,7 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
         }
         break;
     }
-    let _ = connection.stream.shutdown(std::net::Shutdown::Both).await;
+    let _ = connection.stream.shutdown().await;
     shard.metrics.connections.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
 }
 

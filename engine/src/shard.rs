@@ -761,7 +761,8 @@ impl Shard {
                         let mut index = self.index.borrow_mut();
                         let entry_mut = index.get_mut(id);
                         let window = Self::ticks(self.config.promote_window);
-                        let hot = entry_mut.last_hit != 0 && now.saturating_sub(entry_mut.last_hit) <= window;
+                        let hot =
+                            window > 0 && entry_mut.last_hit != 0 && now.saturating_sub(entry_mut.last_hit) <= window;
                         entry_mut.last_hit = now;
                         hot
                     };

@@ -172,6 +172,7 @@ impl BlockDevice for UringDevice {
     }
 
     async fn read(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>) {
+        let _pending = crate::tcp::stream::ReactorIo::start();
         if let Err(error) = self.geometry.check(BlockOp::Read, &self.name, offset, buf.len() as u64, Some(&buf)) {
             return (buf, Err(error));
         }
@@ -182,6 +183,7 @@ impl BlockDevice for UringDevice {
     }
 
     async fn write(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>) {
+        let _pending = crate::tcp::stream::ReactorIo::start();
         let len = buf.len();
         if let Err(error) = self.geometry.check(BlockOp::Write, &self.name, offset, len as u64, Some(&buf)) {
             return (buf, Err(error));
@@ -208,6 +210,7 @@ impl BlockDevice for UringDevice {
     }
 
     async fn flush(&self) -> BlockResult<()> {
+        let _pending = crate::tcp::stream::ReactorIo::start();
         self.file.fdatasync().await.map_err(|error| self.io_error(BlockOp::Flush, 0, error.into()))
     }
 

@@ -1,9 +1,10 @@
 //! `strata-bench kv`: drives a node with puts, gets, exists or a mix, and reports what a caller sees.
 //!
 //! Keys and values are derived from the key index and `--seed`: key `i` is `strata-bench/{seed}/{i}` and its
-//! value is a window of a seeded random pattern that starts at an offset derived from `i`, with `i` in its
-//! first eight bytes. So a later run (or another process) can `--verify` what an earlier one wrote, every
-//! byte, and a value stored under the wrong key never passes.
+//! value is a seeded random pattern with `i` in its first eight bytes. So a later run (or another process)
+//! can `--verify` what an earlier one wrote, every byte, and a value stored under the wrong key never passes.
+//! A put rewrites only those eight bytes of a per-connection buffer: the bench spends its core on moving
+//! bytes, not on making them.
 //!
 //! Each connection is a thread with its own client (one socket per shard). Latency is per call (a batch is
 //! one call), measured from the call's *scheduled* start when `--rate` paces the calls, so a slow reply
@@ -92,6 +93,9 @@ pub struct KvArgs {
     /// normal or json.
     #[arg(long = "output-format", default_value = "normal")]
     pub output_format: String,
+    /// Busy-poll each reply this long before sleeping (e.g. 100us): lower latency, a busy client core.
+    #[arg(long)]
+    pub spin: Option<String>,
 }
 
 /// Latency percentiles in nanoseconds.
@@ -151,19 +155,17 @@ pub fn key(seed: u64, index: u64) -> Vec<u8> {
     format!("strata-bench/{seed}/{index}").into_bytes()
 }
 
-/// The values of a run: windows of one seeded pattern.
+/// The values of a run: one seeded pattern, tagged with the key index.
 pub struct Values {
     pattern: Vec<u8>,
     len: usize,
 }
 
-const WINDOW_STEPS: u64 = 509;
-
 impl Values {
     /// Values of `len` bytes for `seed`.
     pub fn new(seed: u64, len: usize) -> Self {
         let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        let words = (len + WINDOW_STEPS as usize * 8) / 8 + 1;
+        let words = len / 8 + 1;
         let mut pattern = Vec::with_capacity(words * 8);
         for _ in 0..words {
             state ^= state << 13;
@@ -174,15 +176,12 @@ impl Values {
         Self { pattern, len }
     }
 
-    fn window(&self, index: u64) -> &[u8] {
-        let offset = ((index.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) % WINDOW_STEPS) as usize * 8;
-        &self.pattern[offset..offset + self.len]
-    }
-
-    /// Writes key `index`'s value into `out` (resized to the value length).
+    /// Writes key `index`'s value into `out`: the whole pattern the first time, the tag after that.
     pub fn fill(&self, index: u64, out: &mut Vec<u8>) {
-        out.clear();
-        out.extend_from_slice(self.window(index));
+        if out.len() != self.len {
+            out.clear();
+            out.extend_from_slice(&self.pattern[..self.len]);
+        }
         let tag = index.to_le_bytes();
         let take = tag.len().min(out.len());
         out[..take].copy_from_slice(&tag[..take]);
@@ -192,7 +191,7 @@ impl Values {
     pub fn matches(&self, index: u64, bytes: &[u8]) -> bool {
         let tag = index.to_le_bytes();
         let take = tag.len().min(self.len);
-        bytes.len() == self.len && bytes[..take] == tag[..take] && bytes[take..] == self.window(index)[take..]
+        bytes.len() == self.len && bytes[..take] == tag[..take] && bytes[take..] == self.pattern[take..self.len]
     }
 }
 
@@ -253,8 +252,15 @@ fn record_error(result: &mut ThreadResult, error: &ClientError) {
 }
 
 fn connect(args: &KvArgs) -> anyhow::Result<Client> {
-    let options =
-        ClientOptions { token: args.token.as_ref().map(|token| token.as_bytes().to_vec()), ..ClientOptions::default() };
+    let spin_before_block = match &args.spin {
+        Some(text) => Some(crate::pool::parse_duration(text)?),
+        None => None,
+    };
+    let options = ClientOptions {
+        token: args.token.as_ref().map(|token| token.as_bytes().to_vec()),
+        spin_before_block,
+        ..ClientOptions::default()
+    };
     Client::connect(args.server.as_str(), options).with_context(|| format!("connecting to {}", args.server))
 }
 
@@ -453,8 +459,21 @@ fn run_thread(
         };
         let scheduled = match interval {
             Some(interval) => {
-                if next_call > now {
-                    std::thread::sleep(next_call - now);
+                // Sleep while far from the call's time, spin the last stretch: a sleep overshoots by the
+                // timer slack (50 us), which at tens of thousands of calls per second would make the run fall
+                // ever further behind its schedule.
+                let spin_below = Duration::from_micros(200);
+                let mut now = now;
+                while next_call > now {
+                    let remaining = next_call - now;
+                    if remaining > spin_below {
+                        std::thread::sleep(remaining - spin_below);
+                    } else {
+                        // Yield rather than spin: the kernel's deferred network work on this core (ksoftirqd)
+                        // must not wait for a preemption.
+                        std::thread::yield_now();
+                    }
+                    now = Instant::now();
                 }
                 let scheduled = next_call;
                 next_call += interval;

@@ -76,6 +76,13 @@ pub struct NodeSettings {
     /// Busy-poll each shard this long before sleeping, e.g. 50us (lower latency, busier cores).
     #[arg(long)]
     pub spin_before_park: Option<String>,
+    /// Promote an NVMe hit to DRAM when the object was hit within this window before (0s: never). [default: 60s]
+    #[arg(long)]
+    pub promote_window: Option<String>,
+    /// Busy-poll client sockets (non-blocking system calls) instead of the reactor: lower latency per
+    /// frame; a shard's core never sleeps while a client is connected.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub busy_poll: Option<bool>,
 }
 
 impl NodeSettings {
@@ -101,7 +108,9 @@ impl NodeSettings {
             read_lease,
             high_watermark,
             low_watermark,
-            spin_before_park
+            spin_before_park,
+            busy_poll,
+            promote_window
         )
     }
 
@@ -188,6 +197,10 @@ impl NodeSettings {
         }
         if let Some(spin) = &self.spin_before_park {
             config.spin_before_park = Some(parse_duration(spin)?);
+        }
+        config.busy_poll = self.busy_poll.unwrap_or(false);
+        if let Some(window) = &self.promote_window {
+            config.promote_window = parse_duration(window)?;
         }
         config.validate().map_err(anyhow::Error::msg)?;
         Ok(config)

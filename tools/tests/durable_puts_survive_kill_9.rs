@@ -76,6 +76,8 @@ fn acknowledged_durable_puts_survive_sigkill() {
     let port = free_port();
     let (mut node, _) = start_node(port, &image);
 
+    let progress = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let acknowledged_so_far = std::sync::Arc::clone(&progress);
     let writer = std::thread::spawn(move || {
         let mut client = Client::connect(("127.0.0.1", port), ClientOptions::default()).expect("connect");
         let mut acknowledged = Vec::new();
@@ -94,7 +96,10 @@ fn acknowledged_durable_puts_survive_sigkill() {
             let mut failed = false;
             for (offset, result) in results.into_iter().enumerate() {
                 match result {
-                    Ok(()) => acknowledged.push(index + offset as u64),
+                    Ok(()) => {
+                        acknowledged.push(index + offset as u64);
+                        acknowledged_so_far.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
                     Err(_) => failed = true,
                 }
             }
@@ -105,7 +110,12 @@ fn acknowledged_durable_puts_survive_sigkill() {
         }
         (acknowledged, index, false)
     });
-    std::thread::sleep(Duration::from_millis(1500));
+    // Kill in the middle of the stream: once a few thousand puts are acknowledged, long before the writer's
+    // byte budget runs out.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while progress.load(std::sync::atomic::Ordering::SeqCst) < 2000 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     node.kill();
     let (acknowledged, attempted, cut_by_the_kill) = writer.join().expect("writer");
     assert!(acknowledged.len() > 50, "only {} puts acknowledged before the kill", acknowledged.len());

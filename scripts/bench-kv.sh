@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The storage node's benchmark rows, side by side with their ceilings in the same run: strata-node pinned to
+# CPU 1, strata-bench kv (and iperf3's client, fio) pinned to CPU 0. Installs iperf3 and fio if missing.
+#   RUNTIME=5 REPS=3 DIR=target/bench-kv scripts/bench-kv.sh
+# Every row runs REPS times (iperf3 alternating with Strata for the 4 MiB rows); the table shows medians, and
+# the node's CPU time per key from its metrics (strata_process_cpu_seconds_total).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNTIME=${RUNTIME:-5}
+REPS=${REPS:-3}
+DIR=${DIR:-target/bench-kv}
+PORT=${PORT:-7650}
+METRICS=${METRICS:-127.0.0.1:9650}
+SPIN=${SPIN:-200us}
+for tool in iperf3 fio; do
+  command -v "$tool" >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$tool"; }
+done
+cargo build --release -q --bin strata-node --bin strata-bench
+BENCH=target/release/strata-bench
+mkdir -p "$DIR"
+
+node_pid=
+stop_node() {
+  if [ -n "$node_pid" ]; then kill -INT "$node_pid" 2>/dev/null || true; wait "$node_pid" 2>/dev/null || true; fi
+  node_pid=
+}
+trap 'stop_node; pkill -f "iperf3 -s -p 5299" 2>/dev/null || true' EXIT
+
+start_node() { # extra flags...
+  stop_node
+  rm -f "$DIR/ns0.img"
+  taskset -c 1 target/release/strata-node --listen "127.0.0.1:$PORT" --cores 1 --cpus 1 --metrics "$METRICS" \
+    --nvme "file:$DIR/ns0.img,size=8GiB" --busy-poll "$@" > "$DIR/node.log" 2>&1 &
+  node_pid=$!
+  for _ in $(seq 600); do grep -q ready "$DIR/node.log" 2>/dev/null && return; sleep 0.1; done
+  cat "$DIR/node.log" >&2; echo "node did not start" >&2; exit 1
+}
+
+kv() { # strata-bench kv flags...; prints the JSON report. The client busy-polls (--spin) only with one
+  # connection: several spinning threads on the bench's one core would take turns by the scheduler's slices.
+  local spin=(--spin "$SPIN")
+  [[ " $* " == *" --connections 1 "* || " $* " != *" --connections "* ]] || spin=()
+  taskset -c 0 "$BENCH" kv --server "127.0.0.1:$PORT" --metrics "$METRICS" "${spin[@]}" --runtime "$RUNTIME" \
+    --output-format=json "$@"
+}
+
+median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+field() { python3 -c "import json,sys; r=json.load(sys.stdin); print(eval('r' + sys.argv[1]))" "$1"; }
+
+row() { # name target flags...
+  local name=$1 target=$2; shift 2
+  local values=() cpus=() p50s=() p99s=()
+  for _ in $(seq "$REPS"); do
+    local json; json=$(kv "$@")
+    values+=("$(echo "$json" | field "['ops_per_sec']")")
+    cpus+=("$(echo "$json" | field "['server_cpu_ns_per_op']")")
+    p50s+=("$(echo "$json" | field "['lat_ns']['p50']")")
+    p99s+=("$(echo "$json" | field "['lat_ns']['p99']")")
+    [ "$(echo "$json" | field "['errors'] + r['mismatches']")" = 0 ] || { echo "$name: errors: $json" >&2; exit 1; }
+  done
+  printf '%-44s %12.0f keys/s  p50 %7.1f us  p99 %7.1f us  node %6.0f ns/key  (%s)\n' "$name" \
+    "$(printf '%s\n' "${values[@]}" | median)" "$(printf '%s\n' "${p50s[@]}" | median | awk '{print $1/1000}')" \
+    "$(printf '%s\n' "${p99s[@]}" | median | awk '{print $1/1000}')" "$(printf '%s\n' "${cpus[@]}" | median)" "$target"
+}
+
+echo "== DRAM rows (write-back: no NVMe traffic on the put path)"
+start_node --dram 6GiB --write-policy write-back
+taskset -c 1 iperf3 -s -p 5299 -D >/dev/null
+sleep 0.5
+iperf=() get4m=() put4m=()
+for _ in $(seq "$REPS"); do
+  iperf+=("$(taskset -c 0 iperf3 -c 127.0.0.1 -p 5299 -l 1M -t "$RUNTIME" -J | field "['end']['sum_received']['bits_per_second']/8")")
+  get4m+=("$(kv --op get --value-size 4m --keys 256 --connections 2 | field "['bytes_per_sec']")")
+  put4m+=("$(kv --op put --value-size 4m --keys 256 --connections 2 --no-preload | field "['bytes_per_sec']")")
+done
+pkill -f "iperf3 -s -p 5299" || true
+i=$(printf '%s\n' "${iperf[@]}" | median); g=$(printf '%s\n' "${get4m[@]}" | median); p=$(printf '%s\n' "${put4m[@]}" | median)
+printf '%-44s %8.2f GB/s\n' "iperf3 -l 1M, one stream" "$(echo "$i" | awk '{print $1/1e9}')"
+printf '%-44s %8.2f GB/s  = %.2f x iperf3 (target >= 0.8)\n' "4 MiB get, 2 connections" "$(echo "$g" | awk '{print $1/1e9}')" "$(echo "$g $i" | awk '{print $1/$2}')"
+printf '%-44s %8.2f GB/s  = %.2f x iperf3 (target >= 0.8)\n' "4 MiB put, 2 connections" "$(echo "$p" | awk '{print $1/1e9}')" "$(echo "$p $i" | awk '{print $1/$2}')"
+row "4 KiB batch get x32, 1 connection" ">= 250K" --op get --value-size 4k --keys 100000 --batch 32
+row "4 KiB batch put x32, 1 connection" ">= 150K" --op put --value-size 4k --keys 100000 --batch 32 --no-preload
+row "batch exists x32, 1 connection" ">= 1M" --op exists --value-size 4k --keys 100000 --batch 32 --no-preload
+row "single 4 KiB get, one in flight" "p50 <= 50 us" --op get --value-size 4k --keys 100000 --no-preload
+peak=$(kv --op get --value-size 64k --keys 16384 --no-preload | field "['calls_per_sec']")
+row "64 KiB get, 1 connection, peak" "peak" --op get --value-size 64k --keys 16384 --no-preload
+row "64 KiB get, 1 connection, at half of peak" "p99 <= 300 us" --op get --value-size 64k --keys 16384 --no-preload \
+  --rate "$(echo "$peak" | awk '{print $1/2}')"
+
+echo "== NVMe rows (64 MiB of DRAM, 2 GiB working set, no promotion: every get is an NVMe read)"
+start_node --dram 64MiB --write-policy write-through --promote-window 0s
+taskset -c 0 "$BENCH" kv --server "127.0.0.1:$PORT" --metrics off --op put --value-size 64k --keys 32768 \
+  --batch 16 --no-preload --once --runtime 600 >/dev/null
+for qd in 1 4; do
+  fio_bw=() kv_bw=()
+  for _ in $(seq "$REPS"); do
+    fio_bw+=("$(taskset -c 0 fio --name=r --filename="$DIR/ns0.img" --rw=randread --bs=64k --iodepth="$qd" --direct=1 \
+      --ioengine=io_uring --size=2g --offset=1m --runtime="$RUNTIME" --time_based --output-format=json | field "['jobs'][0]['read']['bw_bytes']")")
+    kv_bw+=("$(kv --op get --value-size 64k --keys 32768 --connections "$qd" --no-preload | field "['bytes_per_sec']")")
+  done
+  f=$(printf '%s\n' "${fio_bw[@]}" | median); k=$(printf '%s\n' "${kv_bw[@]}" | median)
+  printf '%-44s fio %7.0f MB/s  strata %7.0f MB/s  = %.2f x fio (target >= 0.8)\n' "64 KiB random read from NVMe, QD $qd" \
+    "$(echo "$f" | awk '{print $1/1e6}')" "$(echo "$k" | awk '{print $1/1e6}')" "$(echo "$k $f" | awk '{print $1/$2}')"
+done
+curl -s "http://$METRICS/metrics" | grep -E '^strata_tier_hits_total' || true
