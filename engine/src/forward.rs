@@ -194,7 +194,16 @@ async fn serve(shard: &Rc<Shard>, request: Forward) -> ForwardReply {
     let key = &request.key;
     match request.op {
         ForwardOp::Put { value, value_crc, policy } => {
-            let status = match shard.reserve_put((key.len() + value.len()) as u64).await {
+            let refusal = if policy == WritePolicy::Durable {
+                shard.durable_refusal(key.len(), value.len() as u32)
+            } else {
+                None
+            };
+            let status = match refusal {
+                Some(status) => Err(status),
+                None => shard.reserve_put((key.len() + value.len()) as u64).await,
+            };
+            let status = match status {
                 Err(status) => status,
                 Ok(reservation) => {
                     let bytes = reservation.bytes_mut(key.len() + value.len());

@@ -404,6 +404,13 @@ async fn handle_put(
             statuses.push(ResponseItemHeader::status(status));
             continue;
         }
+        if policy == WritePolicy::Durable
+            && let Some(status) = shard.durable_refusal(key_len, item.value_len)
+        {
+            connection.skip(u64::from(item.value_len)).await?;
+            statuses.push(ResponseItemHeader::status(status));
+            continue;
+        }
         let total = key_len as u64 + u64::from(item.value_len);
         let reservation = match shard.reserve_put(total).await {
             Ok(reservation) => reservation,

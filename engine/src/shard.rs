@@ -240,6 +240,20 @@ impl Shard {
 
     // ---- puts ----------------------------------------------------------------------------------------
 
+    /// Why a durable put of a `key_len` + `value_len` object cannot be made durable here (checked before
+    /// anything is stored, so a refused durable put leaves no copy behind): no NVMe tier, a poisoned one, or
+    /// an object larger than a region.
+    pub fn durable_refusal(&self, key_len: usize, value_len: u32) -> Option<Status> {
+        let log = self.log.borrow();
+        let Some(log) = log.as_ref() else { return Some(Status::Invalid) };
+        if self.poisoned.get() {
+            return Some(Status::Io);
+        }
+        let record =
+            RecordHeader { region_seq: 0, value_len, value_crc: 0, key_len: key_len as u16, flags: 0, version: 0 };
+        (record.record_len() > log.max_record_bytes()).then_some(Status::TooLarge)
+    }
+
     /// Reserves DRAM for an object of `len` bytes (`[key][value]`), evicting first if the tier is above
     /// its high watermark.
     pub async fn reserve_put(self: &Rc<Self>, len: u64) -> Result<PutReservation, Status> {

@@ -67,6 +67,10 @@ fn batches_report_per_key_and_fill_duplicates() {
     }
     let exists = client.batch_exists(&asked);
     assert_eq!(exists, vec![Ok(true), Ok(false), Ok(true), Ok(true), Ok(true)]);
+    // Without an NVMe tier nothing can be durable: refused, not stored.
+    let durable = client.put_with(b"durable", b"v", Some(strata_proto::WritePolicy::Durable));
+    assert!(matches!(durable, Err(ClientError::Invalid(_))), "{durable:?}");
+    assert_eq!(client.get(b"durable"), Err(ClientError::NotFound));
     let removed = client.batch_remove(&[&keys[1], &missing]);
     assert_eq!(removed, vec![Ok(()), Err(ClientError::NotFound)]);
     node.shutdown().expect("shutdown");

@@ -28,6 +28,13 @@ fn every_size_round_trips() {
     for (index, result) in client.batch_get(&key_refs).into_iter().enumerate() {
         assert!(result.expect("batch get") == value_of(index as u64, sizes[index]));
     }
+    // A durable put of an object larger than a region (1 MiB here) cannot be made durable: refused, and
+    // nothing is left behind.
+    let big = vec![1u8; 2 << 20];
+    let refused = client.put_with(b"durable-big", &big, Some(strata_proto::WritePolicy::Durable));
+    assert!(matches!(refused, Err(strata_client::ClientError::TooLarge(_))), "{refused:?}");
+    assert_eq!(client.get(b"durable-big"), Err(strata_client::ClientError::NotFound));
+    client.put_with(b"durable-small", b"kept", Some(strata_proto::WritePolicy::Durable)).expect("durable put");
     // An empty value is a value.
     client.put(b"empty", b"").expect("put empty");
     assert_eq!(client.get(b"empty").expect("get empty"), Vec::<u8>::new());
