@@ -254,6 +254,8 @@ impl BlockDevice for NvmfDevice {
     }
 
     async fn read(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>) {
+        // Its queue's socket may be driven by the reactor: polled sockets of the executor must let it run.
+        let _pending = crate::tcp::stream::ReactorIo::start();
         let geometry = self.share.geometry;
         if let Err(error) = geometry.check(BlockOp::Read, &self.name, offset, buf.len() as u64, Some(&buf)) {
             return (buf, Err(error));
@@ -265,6 +267,8 @@ impl BlockDevice for NvmfDevice {
     }
 
     async fn write(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>) {
+        // Its queue's socket may be driven by the reactor: polled sockets of the executor must let it run.
+        let _pending = crate::tcp::stream::ReactorIo::start();
         let geometry = self.share.geometry;
         if let Err(error) = geometry.check(BlockOp::Write, &self.name, offset, buf.len() as u64, Some(&buf)) {
             return (buf, Err(error));
@@ -276,6 +280,8 @@ impl BlockDevice for NvmfDevice {
     }
 
     async fn flush(&self) -> BlockResult<()> {
+        // Its queue's socket may be driven by the reactor: polled sockets of the executor must let it run.
+        let _pending = crate::tcp::stream::ReactorIo::start();
         let mut command = Command::new(IoOpcode::Flush as u8, 0);
         command.nsid = self.share.address.nsid;
         self.submit(BlockOp::Flush, 0, command, None, None).await.0.map(drop)
