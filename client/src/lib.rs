@@ -11,14 +11,17 @@
 //! client checks after receiving. `get_into` reads the value from the socket straight into the caller's
 //! buffer.
 //!
-//! The protocol logic (framing, batching, reply parsing) is written once over `std::io::Read + Write`; this
-//! crate's front is blocking (`std::net`). The async (tokio) front is not written yet (see the issue notes).
+//! The protocol logic (framing, batching, reply parsing) is written once, in the blocking [`Client`]
+//! (`std::net`). [`AsyncClient`] is the async front over it: runtime-agnostic futures (they work on tokio),
+//! the blocking client running on an I/O thread of its own, owned buffers in and out.
 #![deny(missing_docs, unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+mod async_client;
 mod client;
 mod error;
 
+pub use crate::async_client::AsyncClient;
 pub use crate::client::{Client, ClientOptions};
 pub use crate::error::ClientError;
 pub use strata_proto::WritePolicy;

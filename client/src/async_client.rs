@@ -1,0 +1,233 @@
+//! The async front: [`AsyncClient`] runs the one blocking implementation ([`Client`]) on a thread of its
+//! own and hands it work by message, so an async caller (tokio, glommio, any executor: the futures here
+//! depend on no runtime) never blocks its executor on a socket.
+//!
+//! Buffers are owned, as in io_uring-style APIs: `get_into` takes a `Vec<u8>` and gives it back filled,
+//! because a borrowed buffer could not outlive a future that is dropped while the I/O thread writes into it.
+//! The cost is one thread per `AsyncClient` and one hand-off per call (a few microseconds); calls from many
+//! tasks are served in order on the client's connections. For parallelism, open several.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, mpsc};
+use std::task::{Context, Poll, Waker};
+
+use strata_proto::WritePolicy;
+
+use crate::client::{Client, ClientOptions};
+use crate::error::ClientError;
+
+struct Slot<T> {
+    value: Option<T>,
+    waker: Option<Waker>,
+    closed: bool,
+}
+
+/// The receiving half of a one-shot reply: resolves to `None` if the I/O thread went away.
+struct Reply<T>(Arc<Mutex<Slot<T>>>);
+
+/// The sending half; dropping it unsent closes the reply.
+struct ReplySender<T>(Arc<Mutex<Slot<T>>>);
+
+fn reply_channel<T>() -> (ReplySender<T>, Reply<T>) {
+    let slot = Arc::new(Mutex::new(Slot { value: None, waker: None, closed: false }));
+    (ReplySender(Arc::clone(&slot)), Reply(slot))
+}
+
+impl<T> ReplySender<T> {
+    fn send(self, value: T) {
+        let waker = {
+            let mut slot = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            slot.value = Some(value);
+            slot.waker.take()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
+impl<T> Drop for ReplySender<T> {
+    fn drop(&mut self) {
+        let waker = {
+            let mut slot = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            slot.closed = true;
+            slot.waker.take()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
+impl<T> Future for Reply<T> {
+    type Output = Option<T>;
+
+    fn poll(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<Option<T>> {
+        let mut slot = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(value) = slot.value.take() {
+            return Poll::Ready(Some(value));
+        }
+        if slot.closed {
+            return Poll::Ready(None);
+        }
+        slot.waker = Some(context.waker().clone());
+        Poll::Pending
+    }
+}
+
+type Job = Box<dyn FnOnce(&mut Client) + Send>;
+
+/// An async client of one node (see the module doc).
+pub struct AsyncClient {
+    jobs: Option<mpsc::Sender<Job>>,
+    worker: Option<std::thread::JoinHandle<()>>,
+}
+
+fn gone() -> ClientError {
+    ClientError::Connection("the client's I/O thread is gone".into())
+}
+
+impl AsyncClient {
+    /// Connects to the node at `addr` (any shard's port), on the client's own I/O thread.
+    pub async fn connect(addr: SocketAddr, options: ClientOptions) -> Result<Self, ClientError> {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let (ready, connected) = reply_channel::<Result<(), ClientError>>();
+        let worker = std::thread::Builder::new()
+            .name("strata-client".into())
+            .spawn(move || {
+                let mut client = match Client::connect(addr, options) {
+                    Ok(client) => {
+                        ready.send(Ok(()));
+                        client
+                    }
+                    Err(error) => return ready.send(Err(error)),
+                };
+                // Ends when every sender is dropped (the AsyncClient was dropped).
+                while let Ok(job) = queue.recv() {
+                    job(&mut client);
+                }
+            })
+            .map_err(|error| ClientError::Connection(format!("starting the I/O thread: {error}")))?;
+        connected.await.ok_or_else(gone)??;
+        Ok(Self { jobs: Some(jobs), worker: Some(worker) })
+    }
+
+    async fn call<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut Client) -> T + Send + 'static,
+    ) -> Result<T, ClientError> {
+        let (sender, reply) = reply_channel();
+        let job: Job = Box::new(move |client| sender.send(work(client)));
+        self.jobs.as_ref().ok_or_else(gone)?.send(job).map_err(|_| gone())?;
+        reply.await.ok_or_else(gone)
+    }
+
+    /// Stores `value` under `key` (a new version if it exists), with `policy` (none: the node's default).
+    pub async fn put(&self, key: Vec<u8>, value: Vec<u8>, policy: Option<WritePolicy>) -> Result<(), ClientError> {
+        self.call(move |client| client.put_with(&key, &value, policy)).await?
+    }
+
+    /// Reads `key`'s value.
+    pub async fn get(&self, key: Vec<u8>) -> Result<Vec<u8>, ClientError> {
+        self.call(move |client| client.get(&key)).await?
+    }
+
+    /// Reads `key`'s value into `buffer` (straight from the socket) and gives the buffer back with the
+    /// value's length.
+    pub async fn get_into(&self, key: Vec<u8>, mut buffer: Vec<u8>) -> (Vec<u8>, Result<usize, ClientError>) {
+        let (sender, reply) = reply_channel();
+        let job: Job = Box::new(move |client| {
+            let result = client.get_into(&key, &mut buffer);
+            sender.send((buffer, result));
+        });
+        match self.jobs.as_ref().map(|jobs| jobs.send(job)) {
+            Some(Ok(())) => reply.await.unwrap_or_else(|| (Vec::new(), Err(gone()))),
+            // The job (and the buffer in it) came back with the error; the buffer cannot be recovered from
+            // a closed channel's error without unboxing the closure, so an empty one is returned.
+            _ => (Vec::new(), Err(gone())),
+        }
+    }
+
+    /// Whether `key` is stored.
+    pub async fn exists(&self, key: Vec<u8>) -> Result<bool, ClientError> {
+        self.call(move |client| client.exists(&key)).await?
+    }
+
+    /// Removes `key`.
+    pub async fn remove(&self, key: Vec<u8>) -> Result<(), ClientError> {
+        self.call(move |client| client.remove(&key)).await?
+    }
+
+    /// Stores every `(key, value)`; a result per key.
+    pub async fn batch_put(
+        &self,
+        items: Vec<(Vec<u8>, Vec<u8>)>,
+        policy: Option<WritePolicy>,
+    ) -> Vec<Result<(), ClientError>> {
+        let count = items.len();
+        let result = self
+            .call(move |client| {
+                let refs: Vec<(&[u8], &[u8])> = items.iter().map(|(key, value)| (&key[..], &value[..])).collect();
+                client.batch_put_with(&refs, policy)
+            })
+            .await;
+        result.unwrap_or_else(|error| vec![Err(error); count])
+    }
+
+    /// Reads every key; a result per key.
+    pub async fn batch_get(&self, keys: Vec<Vec<u8>>) -> Vec<Result<Vec<u8>, ClientError>> {
+        let count = keys.len();
+        let result =
+            self.call(move |client| client.batch_get(&keys.iter().map(Vec::as_slice).collect::<Vec<_>>())).await;
+        result.unwrap_or_else(|error| vec![Err(error); count])
+    }
+
+    /// Reads every key into its buffer; gives the buffers back with a result (the value's length) per key.
+    pub async fn batch_get_into(
+        &self,
+        keys: Vec<Vec<u8>>,
+        mut buffers: Vec<Vec<u8>>,
+    ) -> (Vec<Vec<u8>>, Vec<Result<usize, ClientError>>) {
+        let count = keys.len();
+        let (sender, reply) = reply_channel();
+        let job: Job = Box::new(move |client| {
+            let key_refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+            let mut slices: Vec<&mut [u8]> = buffers.iter_mut().map(|buffer| &mut buffer[..]).collect();
+            let results = client.batch_get_into(&key_refs, &mut slices);
+            drop(slices);
+            sender.send((buffers, results));
+        });
+        match self.jobs.as_ref().map(|jobs| jobs.send(job)) {
+            Some(Ok(())) => reply.await.unwrap_or_else(|| (Vec::new(), vec![Err(gone()); count])),
+            _ => (Vec::new(), vec![Err(gone()); count]),
+        }
+    }
+
+    /// Whether each key is stored; a result per key.
+    pub async fn batch_exists(&self, keys: Vec<Vec<u8>>) -> Vec<Result<bool, ClientError>> {
+        let count = keys.len();
+        let result =
+            self.call(move |client| client.batch_exists(&keys.iter().map(Vec::as_slice).collect::<Vec<_>>())).await;
+        result.unwrap_or_else(|error| vec![Err(error); count])
+    }
+
+    /// Removes every key; a result per key.
+    pub async fn batch_remove(&self, keys: Vec<Vec<u8>>) -> Vec<Result<(), ClientError>> {
+        let count = keys.len();
+        let result =
+            self.call(move |client| client.batch_remove(&keys.iter().map(Vec::as_slice).collect::<Vec<_>>())).await;
+        result.unwrap_or_else(|error| vec![Err(error); count])
+    }
+}
+
+impl Drop for AsyncClient {
+    fn drop(&mut self) {
+        // Closing the queue ends the I/O thread once the calls already queued are done.
+        drop(self.jobs.take());
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}

@@ -1,0 +1,48 @@
+//! The async front serves the blocking client's operations from async code, with owned buffers and a
+//! result per key, and two async clients progress concurrently on one single-threaded executor.
+
+mod common;
+
+use common::{config, key_of, start, value_of};
+use strata_client::{AsyncClient, ClientError, ClientOptions};
+
+#[test]
+fn async_calls_round_trip_and_run_concurrently() {
+    let node = start(config(&[0, 1], 32 << 20));
+    let addr = node.local_addr();
+    futures_lite::future::block_on(async move {
+        let first = AsyncClient::connect(addr, ClientOptions::default()).await.expect("connect");
+        let second = AsyncClient::connect(addr, ClientOptions::default()).await.expect("connect");
+        first.put(key_of(1), value_of(1, 5000), None).await.expect("put");
+        assert_eq!(first.get(key_of(1)).await.expect("get"), value_of(1, 5000));
+        let (buffer, length) = first.get_into(key_of(1), vec![0u8; 8192]).await;
+        assert_eq!(length, Ok(5000));
+        assert_eq!(&buffer[..5000], &value_of(1, 5000)[..]);
+        let (_, too_small) = first.get_into(key_of(1), vec![0u8; 10]).await;
+        assert!(matches!(too_small, Err(ClientError::BufferTooSmall { needed: 5000, .. })));
+
+        // Two clients' batches in flight at once from one thread.
+        let items = |base: u64| (base..base + 32).map(|i| (key_of(i), value_of(i, 1024))).collect::<Vec<_>>();
+        let (a, b) =
+            futures_lite::future::zip(first.batch_put(items(100), None), second.batch_put(items(200), None)).await;
+        assert!(a.iter().chain(&b).all(Result::is_ok));
+        let keys: Vec<Vec<u8>> = vec![key_of(100), key_of(999), key_of(231)];
+        let (buffers, lengths) = second.batch_get_into(keys.clone(), vec![vec![0u8; 1024]; 3]).await;
+        assert_eq!(lengths, vec![Ok(1024), Err(ClientError::NotFound), Ok(1024)]);
+        assert_eq!(buffers[0], value_of(100, 1024));
+        assert_eq!(buffers[2], value_of(231, 1024));
+        assert_eq!(first.batch_exists(keys.clone()).await, vec![Ok(true), Ok(false), Ok(true)]);
+        let got = first.batch_get(keys.clone()).await;
+        assert_eq!(got[1], Err(ClientError::NotFound));
+        assert_eq!(second.batch_remove(keys.clone()).await, vec![Ok(()), Err(ClientError::NotFound), Ok(())]);
+        assert!(!first.exists(key_of(100)).await.expect("exists"));
+        assert_eq!(first.remove(key_of(100)).await, Err(ClientError::NotFound));
+    });
+    // A node that is not there: the connect error comes back through the future.
+    let refused = futures_lite::future::block_on(AsyncClient::connect(
+        "127.0.0.1:1".parse().expect("addr"),
+        ClientOptions::default(),
+    ));
+    assert!(matches!(refused, Err(ClientError::Connection(_))));
+    node.shutdown().expect("shutdown");
+}
