@@ -40,6 +40,8 @@ async fn forward(shard: &Rc<Shard>, owner: u32, key: &[u8], op: ForwardOp) -> cr
 }
 
 const INPUT_BUFFER_BYTES: usize = 64 << 10;
+/// A large value is received (and checksummed) in pieces of at most this many bytes.
+const CRC_PIECE_BYTES: usize = 256 << 10;
 /// Values at least this long are sent from their own memory instead of being copied into the send buffer.
 const DIRECT_SEND_BYTES: usize = 16 << 10;
 
@@ -122,6 +124,30 @@ impl Connection {
         rest.copy_from_slice(&self.input[self.start..self.start + rest.len()]);
         self.start += rest.len();
         Ok(())
+    }
+
+    /// Fills `destination` and returns the crc32c of its bytes, computed piece by piece as they arrive, while
+    /// they are still in cache (a 4 MiB value checked after the fact would be read back from memory).
+    async fn read_exact_crc(&mut self, destination: &mut [u8]) -> io::Result<u32> {
+        let from_buffer = destination.len().min(self.buffered());
+        destination[..from_buffer].copy_from_slice(&self.input[self.start..self.start + from_buffer]);
+        self.start += from_buffer;
+        let mut crc = crc32c::crc32c(&destination[..from_buffer]);
+        let mut at = from_buffer;
+        if destination.len() - at < INPUT_BUFFER_BYTES / 2 {
+            self.read_exact(&mut destination[at..]).await?;
+            return Ok(crc32c::crc32c_append(crc, &destination[at..]));
+        }
+        while at < destination.len() {
+            let end = destination.len().min(at + CRC_PIECE_BYTES);
+            let read = self.stream.read(&mut destination[at..end]).await?;
+            if read == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            crc = crc32c::crc32c_append(crc, &destination[at..at + read]);
+            at += read;
+        }
+        Ok(crc)
     }
 
     async fn skip(&mut self, mut len: u64) -> io::Result<()> {
@@ -394,8 +420,7 @@ async fn handle_put(
         let policy = WritePolicy::from_flags(item.flags).unwrap_or(shard.config.write_policy);
         if let Some(owner) = other_owner(shard, &key) {
             let mut value = vec![0u8; item.value_len as usize];
-            connection.read_exact(&mut value).await?;
-            let status = if crc32c::crc32c(&value) != item.value_crc {
+            let status = if connection.read_exact_crc(&mut value).await? != item.value_crc {
                 Status::TransferChecksum
             } else {
                 let op = ForwardOp::Put { value, value_crc: item.value_crc, policy };
@@ -422,8 +447,7 @@ async fn handle_put(
         };
         let bytes = reservation.bytes_mut(total as usize);
         bytes[..key_len].copy_from_slice(&key);
-        connection.read_exact(&mut bytes[key_len..]).await?;
-        if crc32c::crc32c(&bytes[key_len..]) != item.value_crc {
+        if connection.read_exact_crc(&mut bytes[key_len..]).await? != item.value_crc {
             statuses.push(ResponseItemHeader::status(Status::TransferChecksum));
             continue;
         }
