@@ -321,6 +321,11 @@ impl Staged {
         out
     }
 
+    /// The crc32c of `[offset, offset + len)`, over the pieces in order.
+    pub fn crc(&self, offset: usize, len: usize) -> u32 {
+        self.slices(offset, len).iter().fold(0, |crc, part| crc32c::crc32c_append(crc, part))
+    }
+
     /// Copies `[offset, offset + len)` out.
     pub fn copy(&self, offset: usize, len: usize) -> Vec<u8> {
         self.slices(offset, len).concat()

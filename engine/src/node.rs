@@ -11,7 +11,9 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use glommio::{LocalExecutorBuilder, Placement};
-use strata_nvme::superblock::{NamespaceRole, PoolSuperblock, SuperblockError, uuid_text};
+use strata_nvme::superblock::{
+    NamespaceRole, PoolSuperblock, SuperblockError, read_at, read_superblock, uuid_text, write_block0, write_padded,
+};
 use strata_nvme::{AnyDevice, BlockDevice, DeviceSpec, HostOptions, MemoryDevice};
 
 use crate::config::EngineConfig;
@@ -215,21 +217,6 @@ fn random_u64() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |since| since.as_nanos() as u64)
 }
 
-/// Reads `len` bytes at `offset` (len a multiple of the block size).
-async fn read_bytes(device: &AnyDevice, offset: u64, len: usize) -> Result<Vec<u8>, String> {
-    let (buffer, result) = device.read(device.alloc_buffer(len), offset).await;
-    result.map_err(|error| error.to_string())?;
-    Ok(buffer.as_slice().to_vec())
-}
-
-async fn write_bytes(device: &AnyDevice, offset: u64, bytes: &[u8], len: usize) -> Result<(), String> {
-    let mut buffer = device.alloc_buffer(len);
-    buffer.as_mut_slice().fill(0);
-    buffer.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
-    device.write(buffer, offset).await.1.map_err(|error| error.to_string())?;
-    device.flush().await.map_err(|error| error.to_string())
-}
-
 /// Checks every namespace's pool superblock and tier header, formatting what is new (or everything, with
 /// `format`); returns the tier headers.
 async fn prepare_tier(
@@ -250,8 +237,8 @@ async fn prepare_tier(
         let device = open_handle(handle, true).await.map_err(|error| format!("{name}: {error}"))?;
         let geometry = device.geometry();
         let block = geometry.logical_block_bytes as usize;
-        let superblock_len = block.max(strata_nvme::superblock::SUPERBLOCK_BYTES);
-        match PoolSuperblock::decode(&read_bytes(&device, 0, superblock_len).await?) {
+        let io = |error: strata_nvme::BlockError| format!("{name}: {error}");
+        match read_superblock(&device).await.map_err(io)? {
             Ok(found) => {
                 if let Some(expected) = config.pool_uuid
                     && found.pool_uuid != expected
@@ -277,7 +264,7 @@ async fn prepare_tier(
                         .duration_since(std::time::UNIX_EPOCH)
                         .map_or(0, |since| since.as_secs()),
                 };
-                write_bytes(&device, 0, &superblock.encode(), superblock_len).await?;
+                write_block0(&device, &superblock.encode()).await.map_err(io)?;
             }
             Err(SuperblockError::NotFormatted) => {
                 return Err(format!("{name} is not formatted into a pool: run strata-pool create (or add) first"));
@@ -285,7 +272,7 @@ async fn prepare_tier(
             Err(error) => return Err(format!("{name}: {error}; run strata-pool create --force to reformat it")),
         }
         let tier_len = block.max(crate::record::TIER_HEADER_BYTES).next_multiple_of(block);
-        let existing = TierHeader::decode(&read_bytes(&device, TIER_HEADER_OFFSET, tier_len).await?);
+        let existing = TierHeader::decode(read_at(&device, TIER_HEADER_OFFSET, tier_len).await.map_err(io)?.as_slice());
         let region_count = geometry.capacity_bytes.saturating_sub(FIRST_REGION_OFFSET) / config.region_bytes;
         let header = match existing {
             Ok(found) if !config.format => {
@@ -328,7 +315,7 @@ async fn prepare_tier(
                 ));
             }
         };
-        write_bytes(&device, TIER_HEADER_OFFSET, &header.encode(), tier_len).await?;
+        write_padded(&device, TIER_HEADER_OFFSET, &header.encode(), tier_len).await.map_err(io)?;
         headers.push((header, geometry.capacity_bytes));
     }
     Ok(headers)

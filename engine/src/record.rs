@@ -6,6 +6,8 @@
 //! records of its previous generation that were not overwritten still carry valid checksums, and the
 //! sequence number is what tells them apart, so they are never resurrected.
 
+use strata_nvme::spec::{get_u16, get_u32, get_u64};
+
 /// Bytes of a record header.
 pub const RECORD_HEADER_BYTES: usize = 32;
 /// Bytes of a region header (records start right after it).
@@ -42,22 +44,6 @@ pub enum FormatError {
     /// A field that no build writes.
     #[error("invalid field {0}")]
     Field(&'static str),
-}
-
-fn u16_at(bytes: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([bytes[at], bytes[at + 1]])
-}
-
-fn u32_at(bytes: &[u8], at: usize) -> u32 {
-    let mut word = [0u8; 4];
-    word.copy_from_slice(&bytes[at..at + 4]);
-    u32::from_le_bytes(word)
-}
-
-fn u64_at(bytes: &[u8], at: usize) -> u64 {
-    let mut word = [0u8; 8];
-    word.copy_from_slice(&bytes[at..at + 8]);
-    u64::from_le_bytes(word)
 }
 
 /// A record header.
@@ -109,16 +95,16 @@ impl RecordHeader {
         if bytes.len() < RECORD_HEADER_BYTES {
             return Err(FormatError::Truncated);
         }
-        if u32_at(bytes, 0) != RECORD_MAGIC {
+        if get_u32(bytes, 0) != RECORD_MAGIC {
             return Err(FormatError::NoMagic);
         }
         let header = Self {
-            region_seq: u64_at(bytes, 8),
-            value_len: u32_at(bytes, 16),
-            value_crc: u32_at(bytes, 20),
-            key_len: u16_at(bytes, 24),
-            flags: u16_at(bytes, 26),
-            version: u32_at(bytes, 28),
+            region_seq: get_u64(bytes, 8),
+            value_len: get_u32(bytes, 16),
+            value_crc: get_u32(bytes, 20),
+            key_len: get_u16(bytes, 24),
+            flags: get_u16(bytes, 26),
+            version: get_u32(bytes, 28),
         };
         let key_end = RECORD_HEADER_BYTES + usize::from(header.key_len);
         if header.key_len == 0 {
@@ -128,7 +114,7 @@ impl RecordHeader {
             return Err(FormatError::Truncated);
         }
         let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[8..32]), &bytes[RECORD_HEADER_BYTES..key_end]);
-        if crc != u32_at(bytes, 4) {
+        if crc != get_u32(bytes, 4) {
             return Err(FormatError::Checksum);
         }
         if header.flags & !RECORD_TOMBSTONE != 0 {
@@ -179,18 +165,18 @@ impl RegionHeader {
         if bytes.len() < REGION_HEADER_BYTES {
             return Err(FormatError::Truncated);
         }
-        if u32_at(bytes, 0) != REGION_MAGIC {
+        if get_u32(bytes, 0) != REGION_MAGIC {
             return Err(FormatError::NoMagic);
         }
-        if crc32c::crc32c(&bytes[8..REGION_HEADER_BYTES]) != u32_at(bytes, 4) {
+        if crc32c::crc32c(&bytes[8..REGION_HEADER_BYTES]) != get_u32(bytes, 4) {
             return Err(FormatError::Checksum);
         }
         Ok(Self {
-            region_seq: u64_at(bytes, 8),
-            shard: u32_at(bytes, 16),
-            region_id: u32_at(bytes, 20),
-            format_id: u64_at(bytes, 24),
-            epoch: u64_at(bytes, 32),
+            region_seq: get_u64(bytes, 8),
+            shard: get_u32(bytes, 16),
+            region_id: get_u32(bytes, 20),
+            format_id: get_u64(bytes, 24),
+            epoch: get_u64(bytes, 32),
         })
     }
 }
@@ -251,20 +237,20 @@ impl TierHeader {
         let mut copy = [0u8; TIER_HEADER_BYTES];
         copy.copy_from_slice(&bytes[..TIER_HEADER_BYTES]);
         copy[12..16].fill(0);
-        if crc32c::crc32c(&copy) != u32_at(bytes, 12) {
+        if crc32c::crc32c(&copy) != get_u32(bytes, 12) {
             return Err(FormatError::Checksum);
         }
-        if u32_at(bytes, 8) != TIER_VERSION {
+        if get_u32(bytes, 8) != TIER_VERSION {
             return Err(FormatError::Field("tier format version"));
         }
         let header = Self {
-            shard_count: u32_at(bytes, 16),
-            namespace_index: u32_at(bytes, 20),
-            region_bytes: u64_at(bytes, 24),
-            first_region_offset: u64_at(bytes, 32),
-            region_count: u64_at(bytes, 40),
-            format_id: u64_at(bytes, 48),
-            epoch: u64_at(bytes, 56),
+            shard_count: get_u32(bytes, 16),
+            namespace_index: get_u32(bytes, 20),
+            region_bytes: get_u64(bytes, 24),
+            first_region_offset: get_u64(bytes, 32),
+            region_count: get_u64(bytes, 40),
+            format_id: get_u64(bytes, 48),
+            epoch: get_u64(bytes, 56),
         };
         if header.shard_count == 0 || header.region_bytes == 0 || !header.region_bytes.is_power_of_two() {
             return Err(FormatError::Field("geometry"));

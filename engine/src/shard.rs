@@ -764,10 +764,7 @@ impl Shard {
                     let data_crc = if range.is_none() {
                         entry.value_crc
                     } else {
-                        staged
-                            .slices(value_at + offset as usize, len as usize)
-                            .iter()
-                            .fold(0, |crc, part| crc32c::crc32c_append(crc, part))
+                        staged.crc(value_at + offset as usize, len as usize)
                     };
                     add(&self.metrics.nvme_hits, 1);
                     add(&self.metrics.bytes_out, u64::from(len));
@@ -849,11 +846,7 @@ impl Shard {
                 &head[RECORD_HEADER_BYTES..] == key
                     && header.value_len == entry.value_len
                     && header.value_crc == entry.value_crc
-                    && staged
-                        .slices(RECORD_HEADER_BYTES + key.len(), entry.value_len as usize)
-                        .iter()
-                        .fold(0, |crc, part| crc32c::crc32c_append(crc, part))
-                        == entry.value_crc
+                    && staged.crc(RECORD_HEADER_BYTES + key.len(), entry.value_len as usize) == entry.value_crc
             }
             Err(_) => false,
         };
@@ -1118,10 +1111,7 @@ fn scan_records(
         }
         let start = at;
         at += header.record_len();
-        let value_crc = staged
-            .slices(start + RECORD_HEADER_BYTES + key_len, header.value_len as usize)
-            .iter()
-            .fold(0, |crc, part| crc32c::crc32c_append(crc, part));
+        let value_crc = staged.crc(start + RECORD_HEADER_BYTES + key_len, header.value_len as usize);
         if header.flags & RECORD_TOMBSTONE == 0 && value_crc != header.value_crc {
             return Some(Err(()));
         }

@@ -67,6 +67,49 @@ pub enum SuperblockError {
     Invalid(&'static str),
 }
 
+/// Bytes read and written at block 0 of a device of this geometry: the superblock, or a whole block when
+/// blocks are larger.
+pub fn block0_len(geometry: &crate::device::Geometry) -> usize {
+    (geometry.logical_block_bytes as usize).max(SUPERBLOCK_BYTES)
+}
+
+/// Reads `len` bytes at `offset` (both multiples of the device's block size).
+pub async fn read_at(
+    device: &impl crate::device::BlockDevice,
+    offset: u64,
+    len: usize,
+) -> crate::error::BlockResult<crate::buffer::IoBuffer> {
+    let (buffer, result) = device.read(device.alloc_buffer(len), offset).await;
+    result.map(|()| buffer)
+}
+
+/// Writes `bytes`, zero padded to `len`, at `offset`, and makes them durable (a flush).
+pub async fn write_padded(
+    device: &impl crate::device::BlockDevice,
+    offset: u64,
+    bytes: &[u8],
+    len: usize,
+) -> crate::error::BlockResult<()> {
+    let mut buffer = device.alloc_buffer(len);
+    buffer.as_mut_slice().fill(0);
+    buffer.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
+    device.write(buffer, offset).await.1?;
+    device.flush().await
+}
+
+/// Reads and decodes block 0: the device's I/O error, or what decoding found.
+pub async fn read_superblock(
+    device: &impl crate::device::BlockDevice,
+) -> crate::error::BlockResult<Result<PoolSuperblock, SuperblockError>> {
+    let buffer = read_at(device, 0, block0_len(&device.geometry())).await?;
+    Ok(PoolSuperblock::decode(buffer.as_slice()))
+}
+
+/// Writes `bytes` (zero padded) as block 0 and makes it durable.
+pub async fn write_block0(device: &impl crate::device::BlockDevice, bytes: &[u8]) -> crate::error::BlockResult<()> {
+    write_padded(device, 0, bytes, block0_len(&device.geometry())).await
+}
+
 fn checksum(bytes: &[u8]) -> u32 {
     let mut copy = bytes[..SUPERBLOCK_BYTES].to_vec();
     copy[12..16].fill(0);

@@ -296,34 +296,11 @@ async fn open_namespace(spec: &str) -> anyhow::Result<AnyDevice> {
     Ok(AnyDevice::open(&parsed, &options).await?)
 }
 
-/// Bytes read and written at block 0: the superblock, or a whole block when blocks are larger.
-fn superblock_len(device: &AnyDevice) -> usize {
-    (device.geometry().logical_block_bytes as usize).max(strata_nvme::superblock::SUPERBLOCK_BYTES)
-}
-
-async fn read_superblock(
-    device: &AnyDevice,
-) -> anyhow::Result<Result<PoolSuperblock, strata_nvme::superblock::SuperblockError>> {
-    let (buffer, result) = device.read(device.alloc_buffer(superblock_len(device)), 0).await;
-    result?;
-    Ok(PoolSuperblock::decode(buffer.as_slice()))
-}
-
-/// Writes `bytes` (zero padded) as block 0 and makes it durable.
-async fn write_block0(device: &AnyDevice, bytes: &[u8]) -> anyhow::Result<()> {
-    let mut buffer = device.alloc_buffer(superblock_len(device));
-    buffer.as_mut_slice().fill(0);
-    buffer.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
-    device.write(buffer, 0).await.1?;
-    device.flush().await?;
-    Ok(())
-}
-
 /// Deallocates everything after block 0, showing progress on a terminal.
 async fn wipe(device: &AnyDevice, spec: &str, show_progress: bool) -> anyhow::Result<()> {
     let geometry = device.geometry();
     let chunk = (1u64 << 30) / geometry.logical_block_bytes * geometry.logical_block_bytes;
-    let mut at = superblock_len(device) as u64;
+    let mut at = block0_len(&geometry) as u64;
     while at < geometry.capacity_bytes {
         let len = chunk.min(geometry.capacity_bytes - at);
         device.deallocate(at, len).await?;
@@ -338,7 +315,7 @@ async fn wipe(device: &AnyDevice, spec: &str, show_progress: bool) -> anyhow::Re
     Ok(())
 }
 
-use strata_nvme::superblock::{NamespaceRole, PoolSuperblock, uuid_text};
+use strata_nvme::superblock::{NamespaceRole, PoolSuperblock, block0_len, read_superblock, uuid_text, write_block0};
 
 fn run_on_executor<T: Send + 'static, F: Future<Output = anyhow::Result<T>> + 'static>(
     work: impl FnOnce() -> F + Send + 'static,

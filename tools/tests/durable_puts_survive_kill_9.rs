@@ -2,8 +2,9 @@
 //! SIGKILL in the middle of a stream of durable puts and restarted; a put that was in flight is either
 //! absent or whole, never torn.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use strata_client::{Client, ClientError, ClientOptions, WritePolicy};
@@ -39,28 +40,12 @@ impl Drop for NodeProcess {
 
 /// Starts the node and waits for its "ready" line; returns it with its start-up summary.
 fn start_node(port: u16, image: &std::path::Path) -> (NodeProcess, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_strata-node"))
-        .args(["--listen", &format!("127.0.0.1:{port}"), "--cores", "1", "--dram", "64MiB", "--metrics", "off"])
-        .args(["--nvme", &format!("file:{},size=128MiB", image.display()), "--write-policy", "durable"])
-        .args(["--region-size", "1MiB", "--hugepages=false"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("strata-node starts");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let mut summary = String::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    for line in lines.by_ref() {
-        let line = line.expect("line");
-        summary += &line;
-        summary.push('\n');
-        if line.contains("ready") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "node did not become ready:\n{summary}");
-    }
-    assert!(summary.contains("ready"), "node exited:\n{summary}");
+    let (child, lines, summary) = common::start_until_ready(|command| {
+        command
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--cores", "1", "--dram", "64MiB", "--metrics", "off"])
+            .args(["--nvme", &format!("file:{},size=128MiB", image.display()), "--write-policy", "durable"])
+            .args(["--region-size", "1MiB", "--hugepages=false"])
+    });
     // Keep draining stdout so the node never blocks on it.
     std::thread::spawn(move || for _ in lines {});
     (NodeProcess(child), summary)

@@ -2,8 +2,9 @@
 //! file tier under ./strata-data, 127.0.0.1:7600, metrics on 127.0.0.1:9600), serves a client, answers
 //! /healthz and /metrics, and stops cleanly on SIGTERM, keeping what it was given across a restart.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Command, Stdio};
+mod common;
+
+use std::io::{Read, Write};
 use std::time::Duration;
 
 fn http_get(path: &str) -> String {
@@ -16,24 +17,7 @@ fn http_get(path: &str) -> String {
 }
 
 fn run_default(directory: &std::path::Path, work: impl FnOnce()) -> String {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_strata-node"))
-        .current_dir(directory)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("strata-node starts");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let mut output = String::new();
-    for line in lines.by_ref() {
-        let line = line.expect("line");
-        output += &line;
-        output.push('\n');
-        if line.contains("ready") {
-            break;
-        }
-    }
-    assert!(output.contains("ready"), "no ready line:\n{output}");
+    let (mut child, lines, mut output) = common::start_until_ready(|command| command.current_dir(directory));
     work();
     // SAFETY: kill(2) on our child's pid.
     #[allow(unsafe_code)]

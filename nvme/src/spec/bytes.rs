@@ -1,15 +1,18 @@
 //! Little-endian field access at fixed offsets. Callers pass slices whose length they checked (or fixed-size
 //! arrays), so the indexing here cannot go out of bounds on network input.
 
-pub(crate) fn get_u16(bytes: &[u8], at: usize) -> u16 {
+/// The little-endian `u16` at `at`.
+pub fn get_u16(bytes: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([bytes[at], bytes[at + 1]])
 }
 
-pub(crate) fn get_u32(bytes: &[u8], at: usize) -> u32 {
+/// The little-endian `u32` at `at`.
+pub fn get_u32(bytes: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
 }
 
-pub(crate) fn get_u64(bytes: &[u8], at: usize) -> u64 {
+/// The little-endian `u64` at `at`.
+pub fn get_u64(bytes: &[u8], at: usize) -> u64 {
     u64::from(get_u32(bytes, at)) | (u64::from(get_u32(bytes, at + 4)) << 32)
 }
 

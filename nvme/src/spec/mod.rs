@@ -20,7 +20,8 @@ pub use identify::{
 pub use log::{DiscoveryEntry, DiscoveryLog, ErrorLogEntry, LogPage, SmartLog};
 pub use status::{NvmeStatus, StatusType};
 
-pub(crate) use bytes::{get_u16, get_u32, get_u64, put_u16, put_u32};
+pub use bytes::{get_u16, get_u32, get_u64};
+pub(crate) use bytes::{put_u16, put_u32};
 
 /// Size of a submission queue entry (a command).
 pub const COMMAND_BYTES: usize = 64;
