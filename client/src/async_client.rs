@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, mpsc};
 use std::task::{Context, Poll, Waker};
 
-use strata_proto::WritePolicy;
+use strata_proto::PutOptions;
 
 use crate::client::{Client, ClientOptions};
 use crate::error::ClientError;
@@ -124,9 +124,15 @@ impl AsyncClient {
         reply.await.ok_or_else(gone)
     }
 
-    /// Stores `value` under `key` (a new version if it exists), with `policy` (none: the node's default).
-    pub async fn put(&self, key: Vec<u8>, value: Vec<u8>, policy: Option<WritePolicy>) -> Result<(), ClientError> {
-        self.call(move |client| client.put_with(&key, &value, policy)).await?
+    /// Stores `value` under `key` with `options` (a stored key is refused with `Exists` unless
+    /// `options.upsert`).
+    pub async fn put(&self, key: Vec<u8>, value: Vec<u8>, options: PutOptions) -> Result<(), ClientError> {
+        self.call(move |client| client.put_with(&key, &value, options)).await?
+    }
+
+    /// How many leading keys of `chain` are stored.
+    pub async fn prefix_match(&self, chain: Vec<Vec<u8>>) -> Result<usize, ClientError> {
+        self.call(move |client| client.prefix_match(&chain.iter().map(Vec::as_slice).collect::<Vec<_>>())).await?
     }
 
     /// Reads `key`'s value.
@@ -161,16 +167,12 @@ impl AsyncClient {
     }
 
     /// Stores every `(key, value)`; a result per key.
-    pub async fn batch_put(
-        &self,
-        items: Vec<(Vec<u8>, Vec<u8>)>,
-        policy: Option<WritePolicy>,
-    ) -> Vec<Result<(), ClientError>> {
+    pub async fn batch_put(&self, items: Vec<(Vec<u8>, Vec<u8>)>, options: PutOptions) -> Vec<Result<(), ClientError>> {
         let count = items.len();
         let result = self
             .call(move |client| {
                 let refs: Vec<(&[u8], &[u8])> = items.iter().map(|(key, value)| (&key[..], &value[..])).collect();
-                client.batch_put_with(&refs, policy)
+                client.batch_put_with(&refs, options)
             })
             .await;
         result.unwrap_or_else(|error| vec![Err(error); count])

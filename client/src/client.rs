@@ -5,8 +5,8 @@ use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use strata_proto::{
-    FRAME_HEADER_BYTES, FrameHeader, HELLO_REPLY_BYTES, HelloReply, HelloRequest, Limits, Opcode, REQUEST_ITEM_BYTES,
-    RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, Status, WritePolicy, shard_of,
+    FRAME_HEADER_BYTES, FrameHeader, HELLO_REPLY_BYTES, HelloReply, HelloRequest, Limits, Opcode, PutOptions,
+    REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, Status, shard_of,
 };
 
 use crate::error::ClientError;
@@ -162,20 +162,32 @@ impl ShardConnection {
 /// One key of a batch.
 struct Item<'a> {
     key: &'a [u8],
-    value: &'a [u8],
-    /// get_range: (offset, length).
+    /// A put's value, as the pieces it is sent from in order (one per layer, say).
+    value: &'a [&'a [u8]],
+    /// get_range: (offset, length); prefix_match: (chain, 0).
     range: (u32, u32),
 }
 
+impl Item<'_> {
+    fn value_len(&self) -> usize {
+        self.value.iter().map(|part| part.len()).sum()
+    }
+}
+
 /// Where a read's bytes go.
-enum Sink<'a, 'b> {
+enum Sink<'a, 'b, 'c> {
     /// Nowhere (exists, remove, put).
     None,
     /// A new vector per key.
     Vectors(&'a mut [Option<Vec<u8>>]),
     /// The caller's buffers.
     Buffers(&'a mut [&'b mut [u8]]),
+    /// Several buffers per key, filled in order (one per layer, say).
+    Parts(&'a mut [&'c mut [&'b mut [u8]]]),
 }
+
+/// A byte range of a stored value: `(key, offset, length)`, for gathers and scatters.
+pub type KeyRange<'a> = (&'a [u8], u32, u32);
 
 /// What one key's reply said.
 #[derive(Clone, Copy, Debug)]
@@ -241,14 +253,38 @@ impl Client {
 
     // ---- single keys --------------------------------------------------------------------------------
 
-    /// Stores `value` under `key` with the node's default write policy (a new version if it exists).
+    /// Stores `value` under `key` with the node's default write policy; a key that is stored already is
+    /// left as it is and answers [`ClientError::Exists`] (see [`Client::upsert`]).
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), ClientError> {
-        self.put_with(key, value, None)
+        self.put_with(key, value, PutOptions::default())
     }
 
-    /// Stores `value` under `key` with `policy` (none: the node's default).
-    pub fn put_with(&mut self, key: &[u8], value: &[u8], policy: Option<WritePolicy>) -> Result<(), ClientError> {
-        one(self.batch_put_with(&[(key, value)], policy))
+    /// Stores `value` under `key`, replacing a stored version (readers of the old one finish with it).
+    pub fn upsert(&mut self, key: &[u8], value: &[u8]) -> Result<(), ClientError> {
+        self.put_with(key, value, PutOptions::upsert())
+    }
+
+    /// Stores `value` under `key` with `options` (write policy, upsert, pin).
+    pub fn put_with(&mut self, key: &[u8], value: &[u8], options: PutOptions) -> Result<(), ClientError> {
+        one(self.batch_put_with(&[(key, value)], options))
+    }
+
+    /// Stores one value sent from several buffers in order (e.g. one per layer) under `key`.
+    pub fn put_parts(&mut self, key: &[u8], parts: &[&[u8]], options: PutOptions) -> Result<(), ClientError> {
+        one(self.batch_put_parts(&[(key, parts)], options))
+    }
+
+    /// Reads `key`'s value into several buffers in order (e.g. one per layer), straight from the socket;
+    /// returns the value's length. The buffers together must hold the value.
+    pub fn get_into_parts(&mut self, key: &[u8], parts: &mut [&mut [u8]]) -> Result<usize, ClientError> {
+        let mut per_key = [parts];
+        one(self.batch_get_into_parts(&[key], &mut per_key))
+    }
+
+    /// How many leading keys of `chain` are stored: one frame to each shard that owns some of them, sent
+    /// to all shards before any reply is read; each shard stops at its first miss.
+    pub fn prefix_match(&mut self, chain: &[&[u8]]) -> Result<usize, ClientError> {
+        one(self.batch_prefix_match(&[chain]))
     }
 
     /// Reads `key`'s value.
@@ -267,8 +303,56 @@ impl Client {
         let len = u32::try_from(buffer.len()).map_err(|_| ClientError::TooLarge("range over 4 GiB".into()))?;
         let items = [Item { key, value: &[], range: (offset, len) }];
         let mut buffers = [buffer];
-        let replies = self.run(Opcode::GetRange, &items, None, Sink::Buffers(&mut buffers));
+        let replies = self.run(Opcode::GetRange, &items, PutOptions::default(), Sink::Buffers(&mut buffers));
         one(replies).map(|reply| reply.data_len as usize)
+    }
+
+    /// Gathers byte ranges of several keys into one buffer, back to back in the order given (e.g. the KV
+    /// head slices a decode rank needs from the shards of several prefill ranks): one GET_RANGE frame per
+    /// shard, all in flight together. `destination` must be at least the sum of the lengths; a result per
+    /// range (its length), so a failed range leaves its bytes of `destination` unspecified and the caller
+    /// recomputes exactly that piece.
+    pub fn gather_into(&mut self, ranges: &[KeyRange<'_>], destination: &mut [u8]) -> Vec<Result<usize, ClientError>> {
+        let total: u64 = ranges.iter().map(|range| u64::from(range.2)).sum();
+        if total > destination.len() as u64 {
+            let error = ClientError::BufferTooSmall { needed: total as usize, available: destination.len() };
+            return ranges.iter().map(|_| Err(error.clone())).collect();
+        }
+        let items: Vec<Item<'_>> =
+            ranges.iter().map(|&(key, offset, len)| Item { key, value: &[], range: (offset, len) }).collect();
+        let mut buffers: Vec<&mut [u8]> = Vec::with_capacity(ranges.len());
+        let mut rest = destination;
+        for range in ranges {
+            let (piece, tail) = rest.split_at_mut(range.2 as usize);
+            buffers.push(piece);
+            rest = tail;
+        }
+        self.run(Opcode::GetRange, &items, PutOptions::default(), Sink::Buffers(&mut buffers))
+            .into_iter()
+            .map(|result| result.map(|reply| reply.data_len as usize))
+            .collect()
+    }
+
+    /// The matching scatter on write: stores consecutive pieces of `source` as whole values of the keys
+    /// given, in order (`(key, length)`); a result per key.
+    pub fn scatter_put(
+        &mut self,
+        source: &[u8],
+        pieces: &[(&[u8], usize)],
+        options: PutOptions,
+    ) -> Vec<Result<(), ClientError>> {
+        let total: usize = pieces.iter().map(|piece| piece.1).sum();
+        if total > source.len() {
+            let error = ClientError::BufferTooSmall { needed: total, available: source.len() };
+            return pieces.iter().map(|_| Err(error.clone())).collect();
+        }
+        let mut items: Vec<(&[u8], &[u8])> = Vec::with_capacity(pieces.len());
+        let mut at = 0;
+        for &(key, len) in pieces {
+            items.push((key, &source[at..at + len]));
+            at += len;
+        }
+        self.batch_put_with(&items, options)
     }
 
     /// Whether `key` is stored.
@@ -279,7 +363,8 @@ impl Client {
     /// The length of `key`'s value.
     pub fn get_size(&mut self, key: &[u8]) -> Result<u64, ClientError> {
         let items = [Item { key, value: &[], range: (0, 0) }];
-        one(self.run(Opcode::Exists, &items, None, Sink::None)).map(|reply| u64::from(reply.object_len))
+        one(self.run(Opcode::Exists, &items, PutOptions::default(), Sink::None))
+            .map(|reply| u64::from(reply.object_len))
     }
 
     /// Removes `key`.
@@ -289,26 +374,95 @@ impl Client {
 
     // ---- batches ------------------------------------------------------------------------------------
 
-    /// Stores every `(key, value)`; a result per key.
+    /// Stores every `(key, value)` (stored keys answer [`ClientError::Exists`]); a result per key.
     pub fn batch_put(&mut self, items: &[(&[u8], &[u8])]) -> Vec<Result<(), ClientError>> {
-        self.batch_put_with(items, None)
+        self.batch_put_with(items, PutOptions::default())
     }
 
-    /// Stores every `(key, value)` with `policy`; a result per key.
-    pub fn batch_put_with(
+    /// Stores every `(key, value)`, replacing stored versions; a result per key.
+    pub fn batch_upsert(&mut self, items: &[(&[u8], &[u8])]) -> Vec<Result<(), ClientError>> {
+        self.batch_put_with(items, PutOptions::upsert())
+    }
+
+    /// Stores every `(key, value)` with `options`; a result per key.
+    pub fn batch_put_with(&mut self, items: &[(&[u8], &[u8])], options: PutOptions) -> Vec<Result<(), ClientError>> {
+        let values: Vec<&[u8]> = items.iter().map(|(_, value)| *value).collect();
+        let items: Vec<Item<'_>> = items
+            .iter()
+            .zip(&values)
+            .map(|((key, _), value)| Item { key, value: std::slice::from_ref(value), range: (0, 0) })
+            .collect();
+        self.run(Opcode::Put, &items, options, Sink::None).into_iter().map(|result| result.map(|_| ())).collect()
+    }
+
+    /// Stores every `(key, parts)`: each value sent from several buffers in order; a result per key.
+    pub fn batch_put_parts(
         &mut self,
-        items: &[(&[u8], &[u8])],
-        policy: Option<WritePolicy>,
+        items: &[(&[u8], &[&[u8]])],
+        options: PutOptions,
     ) -> Vec<Result<(), ClientError>> {
-        let items: Vec<Item<'_>> = items.iter().map(|(key, value)| Item { key, value, range: (0, 0) }).collect();
-        self.run(Opcode::Put, &items, policy, Sink::None).into_iter().map(|result| result.map(|_| ())).collect()
+        let items: Vec<Item<'_>> = items.iter().map(|(key, parts)| Item { key, value: parts, range: (0, 0) }).collect();
+        self.run(Opcode::Put, &items, options, Sink::None).into_iter().map(|result| result.map(|_| ())).collect()
+    }
+
+    /// Reads every key into its list of buffers, filled in order; a result (the value's length) per key.
+    pub fn batch_get_into_parts(
+        &mut self,
+        keys: &[&[u8]],
+        parts: &mut [&mut [&mut [u8]]],
+    ) -> Vec<Result<usize, ClientError>> {
+        if parts.len() != keys.len() {
+            return keys
+                .iter()
+                .map(|_| Err(ClientError::Invalid("one list of buffers per key is needed".into())))
+                .collect();
+        }
+        let items = key_items(keys);
+        self.run(Opcode::Get, &items, PutOptions::default(), Sink::Parts(parts))
+            .into_iter()
+            .map(|result| result.map(|reply| reply.data_len as usize))
+            .collect()
+    }
+
+    /// How many leading keys of each chain are stored; a result per chain. One frame per shard carries the
+    /// keys of every chain it owns, so the whole batch costs one round trip per shard.
+    pub fn batch_prefix_match(&mut self, chains: &[&[&[u8]]]) -> Vec<Result<usize, ClientError>> {
+        let mut items = Vec::with_capacity(chains.iter().map(|chain| chain.len()).sum());
+        for (chain_index, chain) in chains.iter().enumerate() {
+            for key in chain.iter() {
+                items.push(Item { key, value: &[], range: (chain_index as u32, 0) });
+            }
+        }
+        let replies = self.run(Opcode::PrefixMatch, &items, PutOptions::default(), Sink::None);
+        let mut replies = replies.into_iter();
+        chains
+            .iter()
+            .map(|chain| {
+                let mut matched: Result<usize, ClientError> = Ok(0);
+                let mut counting = true;
+                for reply in replies.by_ref().take(chain.len()) {
+                    if !counting {
+                        continue;
+                    }
+                    match reply {
+                        Ok(_) => matched = matched.map(|count| count + 1),
+                        Err(ClientError::NotFound) => counting = false,
+                        Err(error) => {
+                            matched = Err(error);
+                            counting = false;
+                        }
+                    }
+                }
+                matched
+            })
+            .collect()
     }
 
     /// Reads every key; a result per key (duplicates are each filled).
     pub fn batch_get(&mut self, keys: &[&[u8]]) -> Vec<Result<Vec<u8>, ClientError>> {
         let items = key_items(keys);
         let mut vectors: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
-        let replies = self.run(Opcode::Get, &items, None, Sink::Vectors(&mut vectors));
+        let replies = self.run(Opcode::Get, &items, PutOptions::default(), Sink::Vectors(&mut vectors));
         replies
             .into_iter()
             .zip(vectors)
@@ -322,7 +476,7 @@ impl Client {
             return keys.iter().map(|_| Err(ClientError::Invalid("one buffer per key is needed".into()))).collect();
         }
         let items = key_items(keys);
-        self.run(Opcode::Get, &items, None, Sink::Buffers(buffers))
+        self.run(Opcode::Get, &items, PutOptions::default(), Sink::Buffers(buffers))
             .into_iter()
             .map(|result| result.map(|reply| reply.data_len as usize))
             .collect()
@@ -330,7 +484,7 @@ impl Client {
 
     /// Whether each key is stored; a result per key.
     pub fn batch_exists(&mut self, keys: &[&[u8]]) -> Vec<Result<bool, ClientError>> {
-        self.run(Opcode::Exists, &key_items(keys), None, Sink::None)
+        self.run(Opcode::Exists, &key_items(keys), PutOptions::default(), Sink::None)
             .into_iter()
             .map(|result| match result {
                 Ok(_) => Ok(true),
@@ -342,7 +496,7 @@ impl Client {
 
     /// Removes every key; a result per key.
     pub fn batch_remove(&mut self, keys: &[&[u8]]) -> Vec<Result<(), ClientError>> {
-        self.run(Opcode::Remove, &key_items(keys), None, Sink::None)
+        self.run(Opcode::Remove, &key_items(keys), PutOptions::default(), Sink::None)
             .into_iter()
             .map(|result| result.map(|_| ()))
             .collect()
@@ -356,8 +510,8 @@ impl Client {
         &mut self,
         opcode: Opcode,
         items: &[Item<'_>],
-        policy: Option<WritePolicy>,
-        mut sink: Sink<'_, '_>,
+        options: PutOptions,
+        mut sink: Sink<'_, '_, '_>,
     ) -> Vec<Result<ItemReply, ClientError>> {
         let mut results: Vec<Result<ItemReply, ClientError>> =
             (0..items.len()).map(|_| Err(ClientError::Protocol("no reply".into()))).collect();
@@ -374,16 +528,16 @@ impl Client {
                 )));
                 continue;
             }
-            if item.value.len() as u64 > limits.max_value_bytes {
+            let value_len = item.value_len();
+            if value_len as u64 > limits.max_value_bytes {
                 results[index] = Err(ClientError::TooLarge(format!(
-                    "value of {} bytes (bound {})",
-                    item.value.len(),
+                    "value of {value_len} bytes (bound {})",
                     limits.max_value_bytes
                 )));
                 continue;
             }
             let shard = shard_of(item.key, self.hello.shard_count) as usize;
-            let bytes = (REQUEST_ITEM_BYTES + item.key.len() + item.value.len()) as u64;
+            let bytes = (REQUEST_ITEM_BYTES + item.key.len() + value_len) as u64;
             let queue = &mut frames[shard];
             let full = queue.back().is_none_or(|frame| {
                 frame.len() as u32 >= limits.max_batch_items
@@ -402,7 +556,7 @@ impl Client {
         // frame as soon as its previous reply is in.
         let mut in_flight: Vec<Option<(u64, Vec<usize>)>> = vec![None; frames.len()];
         for shard in 0..frames.len() {
-            self.send_next(shard, opcode, items, policy, &mut frames, &mut in_flight, &mut results);
+            self.send_next(shard, opcode, items, options, &mut frames, &mut in_flight, &mut results);
         }
         loop {
             let mut progressed = false;
@@ -417,7 +571,7 @@ impl Client {
                     frames[shard].clear();
                     continue;
                 }
-                self.send_next(shard, opcode, items, policy, &mut frames, &mut in_flight, &mut results);
+                self.send_next(shard, opcode, items, options, &mut frames, &mut in_flight, &mut results);
             }
             if !progressed {
                 break;
@@ -432,7 +586,7 @@ impl Client {
         shard: usize,
         opcode: Opcode,
         items: &[Item<'_>],
-        policy: Option<WritePolicy>,
+        options: PutOptions,
         frames: &mut [std::collections::VecDeque<Vec<usize>>],
         in_flight: &mut [Option<(u64, Vec<usize>)>],
         results: &mut [Result<ItemReply, ClientError>],
@@ -441,7 +595,7 @@ impl Client {
             let request_id = self.next_request_id;
             self.next_request_id += 1;
             let sent = self.connection(shard as u32).and_then(|connection| {
-                send_frame(connection, opcode, request_id, items, &indices, policy)
+                send_frame(connection, opcode, request_id, items, &indices, options)
                     .map_err(|error| ClientError::from_io(&error))
             });
             match sent {
@@ -465,7 +619,7 @@ impl Client {
         opcode: Opcode,
         request_id: u64,
         indices: &[usize],
-        sink: &mut Sink<'_, '_>,
+        sink: &mut Sink<'_, '_, '_>,
         results: &mut [Result<ItemReply, ClientError>],
     ) -> Result<(), ClientError> {
         let verify = self.options.verify_checksums;
@@ -515,6 +669,30 @@ impl Client {
                     connection.reader.read_exact(&mut buffer[..data_len]).map_err(io)?;
                     Some(if verify { crc32c::crc32c(&buffer[..data_len]) } else { item.data_crc })
                 }
+                Sink::Parts(per_key) => {
+                    let parts = &mut per_key[index];
+                    let available: usize = parts.iter().map(|part| part.len()).sum();
+                    if available < data_len {
+                        std::io::copy(&mut (&mut connection.reader).take(data_len as u64), &mut std::io::sink())
+                            .map_err(io)?;
+                        results[index] = Err(ClientError::BufferTooSmall { needed: data_len, available });
+                        continue;
+                    }
+                    let mut crc = 0u32;
+                    let mut left = data_len;
+                    for part in parts.iter_mut() {
+                        let take = left.min(part.len());
+                        connection.reader.read_exact(&mut part[..take]).map_err(io)?;
+                        if verify {
+                            crc = crc32c::crc32c_append(crc, &part[..take]);
+                        }
+                        left -= take;
+                        if left == 0 {
+                            break;
+                        }
+                    }
+                    Some(if verify { crc } else { item.data_crc })
+                }
             };
             results[index] = match received {
                 Some(crc) if verify && crc != item.data_crc => Err(ClientError::Checksum),
@@ -542,29 +720,29 @@ fn send_frame(
     request_id: u64,
     items: &[Item<'_>],
     indices: &[usize],
-    policy: Option<WritePolicy>,
+    options: PutOptions,
 ) -> std::io::Result<()> {
     let body_len: u64 = indices
         .iter()
         .map(|&index| {
             let item = &items[index];
             (REQUEST_ITEM_BYTES + item.key.len()) as u64
-                + if opcode == Opcode::Put { item.value.len() as u64 } else { 0 }
+                + if opcode == Opcode::Put { item.value_len() as u64 } else { 0 }
         })
         .sum();
     let mut head = Vec::with_capacity(FRAME_HEADER_BYTES);
     FrameHeader::request(opcode, request_id, indices.len() as u32, body_len).encode_into(&mut head);
     connection.send(&head)?;
-    let flags = WritePolicy::to_flags(policy);
+    let (flags, put_offset) = options.encode();
     for &index in indices {
         let item = &items[index];
         let header = match opcode {
             Opcode::Put => RequestItemHeader {
                 key_len: item.key.len() as u16,
                 flags,
-                value_len: item.value.len() as u32,
-                value_crc: crc32c::crc32c(item.value),
-                offset: 0,
+                value_len: item.value_len() as u32,
+                value_crc: item.value.iter().fold(0, |crc, part| crc32c::crc32c_append(crc, part)),
+                offset: put_offset,
             },
             Opcode::GetRange => RequestItemHeader {
                 key_len: item.key.len() as u16,
@@ -573,6 +751,9 @@ fn send_frame(
                 value_crc: 0,
                 offset: item.range.0,
             },
+            Opcode::PrefixMatch => {
+                RequestItemHeader { key_len: item.key.len() as u16, offset: item.range.0, ..Default::default() }
+            }
             _ => RequestItemHeader { key_len: item.key.len() as u16, ..Default::default() },
         };
         let mut bytes = Vec::with_capacity(REQUEST_ITEM_BYTES);
@@ -580,7 +761,9 @@ fn send_frame(
         connection.send(&bytes)?;
         connection.send(item.key)?;
         if opcode == Opcode::Put {
-            connection.send(item.value)?;
+            for part in item.value {
+                connection.send(part)?;
+            }
         }
     }
     connection.flush()

@@ -47,6 +47,12 @@ pub enum ClientError {
     /// The node is shutting down.
     #[error("the node is shutting down")]
     ShuttingDown,
+    /// A put (not an upsert) of a key that is stored already; the stored version was kept.
+    #[error("the key is stored already (use upsert to replace it)")]
+    Exists,
+    /// Over a limit of the node (e.g. its bytes of pinned objects); nothing was stored.
+    #[error("over the node's quota")]
+    Quota,
 }
 
 impl ClientError {
@@ -63,6 +69,8 @@ impl ClientError {
             Status::Unauthenticated => ClientError::Unauthenticated,
             Status::Version => ClientError::Protocol("the node speaks another protocol version".into()),
             Status::ShuttingDown => ClientError::ShuttingDown,
+            Status::Exists => ClientError::Exists,
+            Status::Quota => ClientError::Quota,
         }
     }
 

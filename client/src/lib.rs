@@ -22,6 +22,6 @@ mod client;
 mod error;
 
 pub use crate::async_client::AsyncClient;
-pub use crate::client::{Client, ClientOptions};
+pub use crate::client::{Client, ClientOptions, KeyRange};
 pub use crate::error::ClientError;
-pub use strata_proto::WritePolicy;
+pub use strata_proto::{Pin, PutOptions, WritePolicy};

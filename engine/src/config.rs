@@ -40,6 +40,11 @@ pub struct EngineConfig {
     pub promote_window: Duration,
     /// At reclaim, a record hit within this window is reinserted rather than dropped.
     pub reinsert_window: Duration,
+    /// TTL of a soft pin whose put names none.
+    pub soft_pin_ttl: Duration,
+    /// Pinned objects (hard and soft) may take at most this share of a shard's DRAM; a pin past it is
+    /// refused with `Quota`, so pins can never leave the cache without room to work.
+    pub max_pinned_share: f64,
     /// Protocol bounds.
     pub limits: Limits,
     /// Token a client must present in HELLO; none: the node is open.
@@ -74,6 +79,8 @@ impl Default for EngineConfig {
             read_lease: Duration::from_secs(5),
             promote_window: Duration::from_secs(60),
             reinsert_window: Duration::from_secs(60),
+            soft_pin_ttl: Duration::from_secs(600),
+            max_pinned_share: 0.5,
             limits: Limits::default(),
             auth_token: None,
             metrics: Some(SocketAddr::from(([127, 0, 0, 1], 9600))),
@@ -98,6 +105,9 @@ impl EngineConfig {
         }
         if !self.region_bytes.is_power_of_two() || !(1 << 20..=1 << 30).contains(&self.region_bytes) {
             return Err(format!("region size {} must be a power of two from 1 MiB to 1 GiB", self.region_bytes));
+        }
+        if !(0.0..=0.9).contains(&self.max_pinned_share) {
+            return Err(format!("the pinned share {} must be within 0..=0.9", self.max_pinned_share));
         }
         if self.region_buffers < 2 {
             return Err("at least 2 region buffers per shard are needed (one fills while one is written)".into());

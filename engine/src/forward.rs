@@ -13,7 +13,7 @@ use std::rc::Rc;
 
 use glommio::channels::local_channel::{self, LocalSender};
 use glommio::channels::shared_channel::{self, ConnectedReceiver, ConnectedSender, SharedReceiver, SharedSender};
-use strata_proto::{Status, WritePolicy};
+use strata_proto::{PutOptions, Status};
 
 use crate::shard::Shard;
 
@@ -26,8 +26,8 @@ pub enum ForwardOp {
         value: Vec<u8>,
         /// Its crc32c.
         value_crc: u32,
-        /// Its write policy.
-        policy: WritePolicy,
+        /// Its options (the write policy is the client's, or none for the owner's default).
+        options: PutOptions,
     },
     /// Read the value, or a range of it.
     Get(Option<(u32, u32)>),
@@ -193,13 +193,8 @@ async fn serve(shard: &Rc<Shard>, request: Forward) -> ForwardReply {
     let mut reply = ForwardReply { id: request.id, status: Status::Ok, data: Vec::new(), data_crc: 0, object_len: 0 };
     let key = &request.key;
     match request.op {
-        ForwardOp::Put { value, value_crc, policy } => {
-            let refusal = if policy == WritePolicy::Durable {
-                shard.durable_refusal(key.len(), value.len() as u32)
-            } else {
-                None
-            };
-            let status = match refusal {
+        ForwardOp::Put { value, value_crc, options } => {
+            let status = match shard.put_refusal(key, value.len() as u32, &options) {
                 Some(status) => Err(status),
                 None => shard.reserve_put((key.len() + value.len()) as u64).await,
             };
@@ -209,7 +204,7 @@ async fn serve(shard: &Rc<Shard>, request: Forward) -> ForwardReply {
                     let bytes = reservation.bytes_mut(key.len() + value.len());
                     bytes[..key.len()].copy_from_slice(key);
                     bytes[key.len()..].copy_from_slice(&value);
-                    match shard.commit_put(key, reservation, value.len() as u32, value_crc, policy).await {
+                    match shard.commit_put(key, reservation, value.len() as u32, value_crc, options).await {
                         Ok(None) => Status::Ok,
                         Ok(Some(point)) => shard.sync(point).await.err().unwrap_or(Status::Ok),
                         Err(status) => status,

@@ -26,8 +26,10 @@ pub const NONE_U32: u32 = u32::MAX;
 pub const FLAG_DIRTY: u16 = 1;
 /// Entry flag: hit since it was last looked at by the DRAM clock (second chance).
 pub const FLAG_REFERENCED: u16 = 2;
-/// Entry flag: pinned, never evicted.
+/// Entry flag: pinned hard, never evicted.
 pub const FLAG_PINNED: u16 = 4;
+/// Entry flag: pinned soft (its expiry is in the shard's pin book): evicted only when nothing else can be.
+pub const FLAG_SOFT_PINNED: u16 = 8;
 
 /// One object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

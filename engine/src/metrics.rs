@@ -98,6 +98,8 @@ pub struct ShardMetrics {
     pub recovery_skipped_records: AtomicU64,
     /// Whether the NVMe tier is poisoned by a failed write (gauge, 0/1).
     pub nvme_poisoned: AtomicU64,
+    /// Bytes of pinned objects, hard and soft (gauge).
+    pub pinned_bytes: AtomicU64,
 }
 
 /// Adds `value` to a counter.
@@ -129,9 +131,9 @@ impl ShardMetrics {
     }
 }
 
-/// Whether an item status counts as an error (a miss is not one).
+/// Whether an item status counts as an error (a miss is not one, nor a put of a key already stored).
 pub fn is_error(status: Status) -> bool {
-    !matches!(status, Status::Ok | Status::NotFound)
+    !matches!(status, Status::Ok | Status::NotFound | Status::Exists)
 }
 
 /// CPU time of the whole process (user + system), in nanoseconds.
@@ -222,7 +224,7 @@ pub fn render(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
     let _ = writeln!(out, "strata_tier_capacity_bytes{{tier=\"nvme\"}} {}", sum(|s| &s.nvme_regions) * region_bytes);
     let _ = writeln!(out, "strata_tier_evictions_total{{tier=\"nvme\"}} {}", sum(|s| &s.nvme_evictions));
 
-    let counters: [(&str, &str, Field); 20] = [
+    let counters: [(&str, &str, Field); 21] = [
         ("strata_misses_total", "Lookups that found no object.", |s| &s.ops[Opcode::Get as usize - 1].misses),
         ("strata_promotions_total", "Objects promoted from NVMe to DRAM.", |s| &s.promotions),
         ("strata_dram_writebacks_total", "Objects written to NVMe when evicted from DRAM.", |s| &s.dram_writebacks),
@@ -249,6 +251,7 @@ pub fn render(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
         ("strata_connections", "Open client connections.", |s| &s.connections),
         ("strata_index_objects", "Objects in the index.", |s| &s.index_objects),
         ("strata_index_bytes", "Bytes of the index.", |s| &s.index_bytes),
+        ("strata_pinned_bytes", "Bytes of pinned objects (hard and soft).", |s| &s.pinned_bytes),
     ];
     for (name, help, field) in counters {
         let kind = if name.ends_with("_total") { "counter" } else { "gauge" };

@@ -28,6 +28,8 @@ const TIER_VERSION: u32 = 1;
 
 /// Record flag: a removal (no value).
 pub const RECORD_TOMBSTONE: u16 = 1;
+/// Record flag: the object is hard-pinned (restored pinned after a restart).
+pub const RECORD_PINNED: u16 = 2;
 
 /// Why bytes are not a structure of the tier.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -117,7 +119,7 @@ impl RecordHeader {
         if crc != get_u32(bytes, 4) {
             return Err(FormatError::Checksum);
         }
-        if header.flags & !RECORD_TOMBSTONE != 0 {
+        if header.flags & !(RECORD_TOMBSTONE | RECORD_PINNED) != 0 {
             return Err(FormatError::Field("record flags"));
         }
         Ok(header)

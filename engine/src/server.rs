@@ -17,8 +17,8 @@ use std::time::Instant;
 use glommio::net::TcpStream;
 use strata_nvme::tcp::stream::{Socket, single_stream};
 use strata_proto::{
-    FRAME_HEADER_BYTES, FrameHeader, HelloReply, HelloRequest, Opcode, ProtoError, REQUEST_ITEM_BYTES,
-    RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, Status, WritePolicy,
+    FRAME_HEADER_BYTES, FrameHeader, HelloReply, HelloRequest, Opcode, ProtoError, PutOptions, REQUEST_ITEM_BYTES,
+    RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, Status,
 };
 
 use crate::forward::ForwardOp;
@@ -266,10 +266,19 @@ async fn handle_frame(
             let items = parse_items(&body, header, &limits)?;
             match header.opcode {
                 Opcode::Get | Opcode::GetRange => return handle_get(shard, connection, header, &body, &items).await,
-                Opcode::Exists => {
+                Opcode::Exists | Opcode::PrefixMatch => {
+                    // A prefix match looks keys up in order and stops at each chain's first miss: the rest
+                    // of that chain is useless to the caller (a suffix without its prefix), so it is
+                    // answered NOT_FOUND without a lookup.
+                    let prefix = header.opcode == Opcode::PrefixMatch;
+                    let mut broken_chains: std::collections::HashSet<u32> = std::collections::HashSet::new();
                     let mut statuses = Vec::with_capacity(items.len());
-                    for (_, key_at, key_len) in &items {
+                    for (item, key_at, key_len) in &items {
                         let key = &body[*key_at..*key_at + *key_len];
+                        if prefix && broken_chains.contains(&item.offset) {
+                            statuses.push(ResponseItemHeader::status(Status::NotFound));
+                            continue;
+                        }
                         let found = match other_owner(shard, key) {
                             None => shard.exists(key),
                             Some(owner) => {
@@ -277,6 +286,9 @@ async fn handle_frame(
                                 if reply.status == Status::Ok { Ok(reply.object_len) } else { Err(reply.status) }
                             }
                         };
+                        if prefix && found.is_err() {
+                            broken_chains.insert(item.offset);
+                        }
                         statuses.push(match found {
                             Ok(len) => {
                                 ResponseItemHeader { status: Status::Ok, data_len: 0, data_crc: 0, object_len: len }
@@ -417,21 +429,20 @@ async fn handle_put(
             statuses.push(ResponseItemHeader::status(Status::TooLarge));
             continue;
         }
-        let policy = WritePolicy::from_flags(item.flags).unwrap_or(shard.config.write_policy);
+        let mut options = PutOptions::decode(&item);
         if let Some(owner) = other_owner(shard, &key) {
             let mut value = vec![0u8; item.value_len as usize];
             let status = if connection.read_exact_crc(&mut value).await? != item.value_crc {
                 Status::TransferChecksum
             } else {
-                let op = ForwardOp::Put { value, value_crc: item.value_crc, policy };
+                let op = ForwardOp::Put { value, value_crc: item.value_crc, options };
                 forward(shard, owner, &key, op).await.status
             };
             statuses.push(ResponseItemHeader::status(status));
             continue;
         }
-        if policy == WritePolicy::Durable
-            && let Some(status) = shard.durable_refusal(key_len, item.value_len)
-        {
+        options.policy = Some(options.policy.unwrap_or(shard.config.write_policy));
+        if let Some(status) = shard.put_refusal(&key, item.value_len, &options) {
             connection.skip(u64::from(item.value_len)).await?;
             statuses.push(ResponseItemHeader::status(status));
             continue;
@@ -451,7 +462,7 @@ async fn handle_put(
             statuses.push(ResponseItemHeader::status(Status::TransferChecksum));
             continue;
         }
-        let status = match shard.commit_put(&key, reservation, item.value_len, item.value_crc, policy).await {
+        let status = match shard.commit_put(&key, reservation, item.value_len, item.value_crc, options).await {
             Ok(Some(point)) => {
                 durable.push(point);
                 durable_items.push(statuses.len());

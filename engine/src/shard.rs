@@ -12,14 +12,18 @@ use std::time::{Duration, Instant};
 
 use glommio::sync::Semaphore;
 use strata_nvme::{AnyDevice, BlockDevice};
-use strata_proto::{Status, WritePolicy};
+use strata_proto::{Pin, PutOptions, Status, WritePolicy};
 
 use crate::config::EngineConfig;
 use crate::dram::{DramFull, DramTier};
-use crate::index::{Entry, FLAG_DIRTY, FLAG_PINNED, FLAG_REFERENCED, Index, NONE_U32, NONE_U64, index_hash};
+use crate::index::{
+    Entry, FLAG_DIRTY, FLAG_PINNED, FLAG_REFERENCED, FLAG_SOFT_PINNED, Index, NONE_U32, NONE_U64, index_hash,
+};
 use crate::log::{RegionLog, RegionState, Staged, location, read_range, split_location, write_partial, write_region};
 use crate::metrics::{ShardMetrics, add, set};
-use crate::record::{RECORD_HEADER_BYTES, RECORD_TOMBSTONE, REGION_HEADER_BYTES, RecordHeader, RegionHeader};
+use crate::record::{
+    RECORD_HEADER_BYTES, RECORD_PINNED, RECORD_TOMBSTONE, REGION_HEADER_BYTES, RecordHeader, RegionHeader,
+};
 
 /// Ticks are 10 ms: leases and windows are coarse, and a `u32` of ticks lasts 497 days.
 const TICK: Duration = Duration::from_millis(10);
@@ -47,6 +51,28 @@ pub struct Shard {
     poisoned: Cell<bool>,
     /// Channels to the other shards, set once at start-up.
     pub forwarder: std::cell::OnceCell<crate::forward::Forwarder>,
+    pins: RefCell<PinBook>,
+}
+
+/// What the shard knows of its pinned objects. The index entry says *whether* an object is pinned (a flag);
+/// soft pins' expiry ticks live here, because only a few objects are pinned and the entry has no room to
+/// spare for them (see the index's budget).
+#[derive(Default)]
+struct PinBook {
+    /// Entry hash → tick at which the soft pin lapses.
+    soft_expiry: std::collections::HashMap<u64, u32>,
+    /// Bytes (key + value) of pinned objects, hard and soft.
+    bytes: u64,
+    /// The most `bytes` may reach.
+    limit: u64,
+}
+
+fn object_bytes(entry: &Entry) -> u64 {
+    u64::from(entry.key_len) + u64::from(entry.value_len)
+}
+
+fn is_pinned(entry: &Entry) -> bool {
+    entry.flags & (FLAG_PINNED | FLAG_SOFT_PINNED) != 0
 }
 
 /// Bytes a read returns.
@@ -167,6 +193,7 @@ impl Shard {
         metrics: Arc<ShardMetrics>,
     ) -> Rc<Self> {
         set(&metrics.dram_capacity_bytes, dram.capacity_bytes());
+        let pin_limit = (dram.capacity_bytes() as f64 * config.max_pinned_share) as u64;
         if let Some(log) = &log {
             set(&metrics.nvme_regions, log.regions.len() as u64);
             set(&metrics.nvme_region_bytes, log.region_bytes);
@@ -185,7 +212,44 @@ impl Shard {
             started: Instant::now(),
             poisoned: Cell::new(false),
             forwarder: std::cell::OnceCell::new(),
+            pins: RefCell::new(PinBook { limit: pin_limit, ..PinBook::default() }),
         })
+    }
+
+    /// Drops entry `id` from the index, and from the pin book if it was pinned. Every removal goes through
+    /// here so that the pinned-bytes count stays exact.
+    fn forget(&self, index: &mut Index, id: u32) -> Entry {
+        let entry = index.remove(id);
+        self.unpin_entry(&entry);
+        entry
+    }
+
+    fn unpin_entry(&self, entry: &Entry) {
+        if is_pinned(entry) {
+            let mut pins = self.pins.borrow_mut();
+            pins.bytes = pins.bytes.saturating_sub(object_bytes(entry));
+            pins.soft_expiry.remove(&entry.hash);
+            set(&self.metrics.pinned_bytes, pins.bytes);
+        }
+    }
+
+    /// Whether the pin of `entry` holds at `now`: hard pins always, soft pins until their TTL lapses
+    /// (a lapsed soft pin is dropped here).
+    fn pin_holds(&self, index: &mut Index, id: u32, now: u32) -> bool {
+        let entry = *index.get(id);
+        if entry.flags & FLAG_PINNED != 0 {
+            return true;
+        }
+        if entry.flags & FLAG_SOFT_PINNED == 0 {
+            return false;
+        }
+        let expiry = self.pins.borrow().soft_expiry.get(&entry.hash).copied().unwrap_or(0);
+        if now < expiry {
+            return true;
+        }
+        self.unpin_entry(&entry);
+        index.get_mut(id).flags &= !FLAG_SOFT_PINNED;
+        false
     }
 
     fn now_tick(&self) -> u32 {
@@ -240,10 +304,29 @@ impl Shard {
 
     // ---- puts ----------------------------------------------------------------------------------------
 
+    /// Why a put of `key` with a `value_len`-byte value and `options` (policy resolved) must be refused
+    /// before a byte of it is stored: `Exists` for a put (not an upsert) of a stored key, `Quota` for a pin
+    /// over the shard's pinned-bytes limit, or a durable put that cannot be made durable here.
+    pub fn put_refusal(&self, key: &[u8], value_len: u32, options: &PutOptions) -> Option<Status> {
+        if !options.upsert && self.index.borrow().find(index_hash(key)).is_some() {
+            return Some(Status::Exists);
+        }
+        if options.pin != Pin::None {
+            let pins = self.pins.borrow();
+            if pins.bytes + key.len() as u64 + u64::from(value_len) > pins.limit {
+                return Some(Status::Quota);
+            }
+        }
+        if options.policy == Some(WritePolicy::Durable) {
+            return self.durable_refusal(key.len(), value_len);
+        }
+        None
+    }
+
     /// Why a durable put of a `key_len` + `value_len` object cannot be made durable here (checked before
     /// anything is stored, so a refused durable put leaves no copy behind): no NVMe tier, a poisoned one, or
     /// an object larger than a region.
-    pub fn durable_refusal(&self, key_len: usize, value_len: u32) -> Option<Status> {
+    fn durable_refusal(&self, key_len: usize, value_len: u32) -> Option<Status> {
         let log = self.log.borrow();
         let Some(log) = log.as_ref() else { return Some(Status::Invalid) };
         if self.poisoned.get() {
@@ -271,22 +354,46 @@ impl Shard {
 
     /// Publishes a filled reservation as the newest version of `key` and applies the write policy. A
     /// durable put returns where its record ends; the caller syncs once for a whole batch
-    /// ([`Shard::sync`]).
+    /// ([`Shard::sync`]). The refusals of [`Shard::put_refusal`] are checked again here, because another
+    /// put of the key may have committed while this one's bytes arrived.
     pub async fn commit_put(
         self: &Rc<Self>,
         key: &[u8],
         mut reservation: PutReservation,
         value_len: u32,
         value_crc: u32,
-        policy: WritePolicy,
+        options: PutOptions,
     ) -> Result<Option<DurablePoint>, Status> {
+        let policy = options.policy.unwrap_or(self.config.write_policy);
         let hash = index_hash(key);
-        let Some(slot) = reservation.slot.take() else { return Err(Status::Invalid) };
         let (id, version) = {
             let mut index = self.index.borrow_mut();
+            let existing = index.find(hash);
+            if existing.is_some() && !options.upsert {
+                return Err(Status::Exists);
+            }
+            let pin_flags = match options.pin {
+                Pin::None => existing.map_or(0, |id| index.get(id).flags & (FLAG_PINNED | FLAG_SOFT_PINNED)),
+                Pin::Soft { .. } => FLAG_SOFT_PINNED,
+                Pin::Hard => FLAG_PINNED,
+            };
+            let new_bytes = key.len() as u64 + u64::from(value_len);
+            {
+                let pins = self.pins.borrow();
+                let released = existing.map_or(0, |id| {
+                    let entry = index.get(id);
+                    if is_pinned(entry) { object_bytes(entry) } else { 0 }
+                });
+                if pin_flags != 0 && pins.bytes - released.min(pins.bytes) + new_bytes > pins.limit {
+                    return Err(Status::Quota);
+                }
+            }
+            let Some(slot) = reservation.slot.take() else { return Err(Status::Invalid) };
             let mut dram = self.dram.borrow_mut();
-            let id = match index.find(hash) {
+            let id = match existing {
                 Some(id) => {
+                    let old = *index.get(id);
+                    self.unpin_entry(&old);
                     let entry = index.get_mut(id);
                     if entry.dram != NONE_U32 {
                         dram.retire(entry.dram);
@@ -297,7 +404,7 @@ impl Shard {
                     entry.value_crc = value_crc;
                     entry.key_len = key.len() as u16;
                     entry.version = entry.version.wrapping_add(1);
-                    entry.flags = (entry.flags & FLAG_PINNED) | FLAG_DIRTY;
+                    entry.flags = pin_flags | FLAG_DIRTY;
                     id
                 }
                 None => index.insert(Entry {
@@ -309,10 +416,25 @@ impl Shard {
                     version: 1,
                     last_hit: 0,
                     key_len: key.len() as u16,
-                    flags: FLAG_DIRTY,
+                    flags: pin_flags | FLAG_DIRTY,
                 }),
             };
             dram.publish(slot, id);
+            if pin_flags != 0 {
+                let mut pins = self.pins.borrow_mut();
+                pins.bytes += new_bytes;
+                set(&self.metrics.pinned_bytes, pins.bytes);
+                if let Pin::Soft { ttl_seconds } = options.pin {
+                    let ttl = if ttl_seconds == 0 {
+                        self.config.soft_pin_ttl
+                    } else {
+                        Duration::from_secs(u64::from(ttl_seconds))
+                    };
+                    pins.soft_expiry.insert(hash, self.now_tick().saturating_add(Self::ticks(ttl)));
+                } else {
+                    pins.soft_expiry.remove(&hash);
+                }
+            }
             (id, index.get(id).version)
         };
         add(&self.metrics.bytes_in, u64::from(value_len));
@@ -367,7 +489,8 @@ impl Shard {
                     value_len: entry.value_len,
                     value_crc: entry.value_crc,
                     key_len: entry.key_len,
-                    flags: 0,
+                    // Hard pins survive a restart; soft pins are a hint with a TTL and do not.
+                    flags: if entry.flags & FLAG_PINNED != 0 { RECORD_PINNED } else { 0 },
                     version,
                 };
                 if header.record_len() > log.max_record_bytes() {
@@ -589,7 +712,7 @@ impl Shard {
                         if entry.nvme != here {
                             continue;
                         }
-                        let keep = entry.flags & FLAG_PINNED != 0
+                        let keep = is_pinned(&entry)
                             || self.leased(&entry, now)
                             || (entry.last_hit != 0 && now.saturating_sub(entry.last_hit) <= recent);
                         let value_at = at + RECORD_HEADER_BYTES + key.len();
@@ -609,7 +732,7 @@ impl Shard {
                                 entry.nvme = NONE_U64;
                                 add(&self.metrics.nvme_evictions, 1);
                                 if entry.dram == NONE_U32 {
-                                    index.remove(entry_id);
+                                    self.forget(&mut index, entry_id);
                                 }
                             }
                         }
@@ -625,7 +748,7 @@ impl Shard {
                         if entry.nvme != NONE_U64 && split_location(entry.nvme).0 == id {
                             index.get_mut(entry_id).nvme = NONE_U64;
                             if entry.dram == NONE_U32 {
-                                index.remove(entry_id);
+                                self.forget(&mut index, entry_id);
                             }
                         }
                     }
@@ -666,18 +789,27 @@ impl Shard {
         } else {
             self.config.low_watermark * capacity - need as f64
         };
-        let mut budget = self.dram.borrow().clock_len() * 2 + 8;
+        let clock_len = self.dram.borrow().clock_len();
+        let mut budget = clock_len * 3 + 8;
+        let mut visited = 0usize;
         let now = self.now_tick();
         while budget > 0 && (self.dram.borrow().allocated_bytes() as f64) > target {
             budget -= 1;
+            visited += 1;
             let Some(slot) = self.dram.borrow_mut().next_candidate() else { break };
             let (entry_id, entry) = {
                 let dram = self.dram.borrow();
                 let entry_id = dram.entry_of(slot);
                 (entry_id, *self.index.borrow().get(entry_id))
             };
-            let spare =
-                entry.flags & FLAG_PINNED != 0 || self.leased(&entry, now) || self.dram.borrow().is_pinned(slot);
+            // Soft pins are spared for the first two turns of the clock (the second clears the referenced
+            // bits); after that nothing unpinned is left to take, so they go too.
+            let soft_pins_hold = visited <= clock_len * 2;
+            let pinned = {
+                let mut index = self.index.borrow_mut();
+                self.pin_holds(&mut index, entry_id, now) && (entry.flags & FLAG_PINNED != 0 || soft_pins_hold)
+            };
+            let spare = pinned || self.leased(&entry, now) || self.dram.borrow().is_pinned(slot);
             if spare || entry.flags & FLAG_REFERENCED != 0 {
                 self.index.borrow_mut().get_mut(entry_id).flags &= !FLAG_REFERENCED;
                 self.dram.borrow_mut().requeue(slot);
@@ -701,7 +833,7 @@ impl Shard {
             add(&self.metrics.dram_evictions, 1);
             if current.nvme == NONE_U64 {
                 // Not on NVMe (no tier, too large for a region, or the write failed): gone from the cache.
-                index.remove(entry_id);
+                self.forget(&mut index, entry_id);
             }
         }
         self.update_gauges();
@@ -863,7 +995,7 @@ impl Shard {
         if current.hash == entry.hash && current.nvme == entry.nvme {
             index.get_mut(id).nvme = NONE_U64;
             if current.dram == NONE_U32 {
-                index.remove(id);
+                self.forget(&mut index, id);
             }
         }
         Err(Status::Checksum)
@@ -915,7 +1047,8 @@ impl Shard {
                 }
                 dram.retire(entry.dram);
             }
-            index.remove(id);
+            drop(dram);
+            self.forget(&mut index, id);
             entry.version
         };
         self.update_gauges();
@@ -991,7 +1124,7 @@ impl Shard {
                 let existing = index.find(hash);
                 if header.flags & RECORD_TOMBSTONE != 0 {
                     if let Some(existing) = existing {
-                        index.remove(existing);
+                        self.forget(&mut index, existing);
                     }
                     continue;
                 }
@@ -1004,13 +1137,23 @@ impl Shard {
                     version: header.version,
                     last_hit: 0,
                     key_len: header.key_len,
-                    flags: 0,
+                    flags: if header.flags & RECORD_PINNED != 0 { FLAG_PINNED } else { 0 },
                 };
                 match existing {
-                    Some(existing) => *index.get_mut(existing) = entry,
+                    Some(existing) => {
+                        let old = *index.get(existing);
+                        self.unpin_entry(&old);
+                        *index.get_mut(existing) = entry;
+                    }
                     None => {
                         index.insert(entry);
                     }
+                }
+                if is_pinned(&entry) {
+                    // Restored pins count against the limit even past it: they were admitted before.
+                    let mut pins = self.pins.borrow_mut();
+                    pins.bytes += object_bytes(&entry);
+                    set(&self.metrics.pinned_bytes, pins.bytes);
                 }
                 report.records += 1;
             }

@@ -23,7 +23,8 @@ pub const PROTOCOL_VERSION: u8 = 1;
 pub enum Opcode {
     /// Version and optional auth token; the reply carries the shard map and the node's bounds.
     Hello = 1,
-    /// Store values (an upsert: a new version replaces the old one).
+    /// Store values. A key that is stored already is refused (`Exists`) unless the item asks for an upsert
+    /// (`ITEM_UPSERT`), which makes a new version.
     Put = 2,
     /// Read whole values.
     Get = 3,
@@ -33,6 +34,10 @@ pub enum Opcode {
     Exists = 5,
     /// Remove keys.
     Remove = 6,
+    /// How many leading keys of each chain are stored: the items are chains' keys in chain order (`offset`
+    /// names the chain); the shard looks keys up in order and stops at a chain's first miss, answering
+    /// `NotFound` for it and every later key of that chain without looking them up.
+    PrefixMatch = 7,
 }
 
 impl Opcode {
@@ -45,6 +50,7 @@ impl Opcode {
             4 => Opcode::GetRange,
             5 => Opcode::Exists,
             6 => Opcode::Remove,
+            7 => Opcode::PrefixMatch,
             _ => return None,
         })
     }
@@ -58,12 +64,20 @@ impl Opcode {
             Opcode::GetRange => "get_range",
             Opcode::Exists => "exists",
             Opcode::Remove => "remove",
+            Opcode::PrefixMatch => "prefix_match",
         }
     }
 
     /// Every opcode, in wire order.
-    pub const ALL: [Opcode; 6] =
-        [Opcode::Hello, Opcode::Put, Opcode::Get, Opcode::GetRange, Opcode::Exists, Opcode::Remove];
+    pub const ALL: [Opcode; 7] = [
+        Opcode::Hello,
+        Opcode::Put,
+        Opcode::Get,
+        Opcode::GetRange,
+        Opcode::Exists,
+        Opcode::Remove,
+        Opcode::PrefixMatch,
+    ];
 }
 
 /// The status of an item (or, in a frame header, of the whole frame).
@@ -92,6 +106,10 @@ pub enum Status {
     Version = 9,
     /// The node is shutting down.
     ShuttingDown = 10,
+    /// A put (not an upsert) of a key that is stored already; the stored version is kept.
+    Exists = 11,
+    /// Over a limit of the node (e.g. its bytes of pinned objects); nothing was stored.
+    Quota = 12,
 }
 
 impl Status {
@@ -109,6 +127,8 @@ impl Status {
             8 => Status::Unauthenticated,
             9 => Status::Version,
             10 => Status::ShuttingDown,
+            11 => Status::Exists,
+            12 => Status::Quota,
             _ => return None,
         })
     }
@@ -127,6 +147,8 @@ impl Status {
             Status::Unauthenticated => "unauthenticated",
             Status::Version => "version",
             Status::ShuttingDown => "shutting_down",
+            Status::Exists => "exists",
+            Status::Quota => "quota",
         }
     }
 }

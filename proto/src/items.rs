@@ -4,10 +4,12 @@
 //! request item (16 bytes), then the key, then (put) the value:
 //!  0         2       4           8           12          16
 //!  | key len | flags | value len | value crc | offset    |
-//!   flags bits 0-1: write policy of a put (0 node default, 1 write-through, 2 write-back, 3 durable)
+//!   flags (put): bits 0-1 write policy (0 node default, 1 write-through, 2 write-back, 3 durable),
+//!     bit 2 upsert (replace a stored key), bit 3 hard pin, bit 4 soft pin; other opcodes: 0
 //!   value len: put: bytes of value after the key; get_range: bytes wanted; else 0
 //!   value crc: put: crc32c of the value (checked before storing); else 0
-//!   offset: get_range: first byte wanted; else 0
+//!   offset: get_range: first byte wanted; put with a soft pin: its TTL in seconds (0: the node's
+//!     default); prefix_match: the chain the key belongs to; else 0
 //!
 //! response item (16 bytes), then (reads, status ok) data len bytes:
 //!  0        2       4          8          12           16
@@ -125,7 +127,71 @@ pub struct RequestItemHeader {
     pub offset: u32,
 }
 
-const KNOWN_ITEM_FLAGS: u16 = 3;
+/// Put item flag: replace the key's stored version (without it, a stored key answers `Exists`).
+pub const ITEM_UPSERT: u16 = 1 << 2;
+/// Put item flag: pin hard — never evicted, removed only by an explicit remove.
+pub const ITEM_PIN_HARD: u16 = 1 << 3;
+/// Put item flag: pin soft for `offset` seconds — evicted only when nothing else can be.
+pub const ITEM_PIN_SOFT: u16 = 1 << 4;
+const PUT_ITEM_FLAGS: u16 = 3 | ITEM_UPSERT | ITEM_PIN_HARD | ITEM_PIN_SOFT;
+
+/// How a put's object is pinned.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Pin {
+    /// Not pinned: evicted by the tiers' policy.
+    #[default]
+    None,
+    /// Evicted only when nothing else can be, until the TTL (seconds; 0: the node's default) runs out.
+    Soft {
+        /// Seconds the pin lasts.
+        ttl_seconds: u32,
+    },
+    /// Never evicted; removed only by an explicit remove.
+    Hard,
+}
+
+/// What a put item asks besides its key and value: its flags and `offset` field.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PutOptions {
+    /// When the put is acknowledged (none: the node's default).
+    pub policy: Option<WritePolicy>,
+    /// Replace a stored version instead of refusing with `Exists`.
+    pub upsert: bool,
+    /// Pinning.
+    pub pin: Pin,
+}
+
+impl PutOptions {
+    /// Upsert with the node's default policy and no pin.
+    pub fn upsert() -> Self {
+        Self { upsert: true, ..Self::default() }
+    }
+
+    /// The item header's `(flags, offset)`.
+    pub fn encode(&self) -> (u16, u32) {
+        let mut flags = WritePolicy::to_flags(self.policy);
+        if self.upsert {
+            flags |= ITEM_UPSERT;
+        }
+        match self.pin {
+            Pin::None => (flags, 0),
+            Pin::Soft { ttl_seconds } => (flags | ITEM_PIN_SOFT, ttl_seconds),
+            Pin::Hard => (flags | ITEM_PIN_HARD, 0),
+        }
+    }
+
+    /// The options of a put item header (its flags were checked by [`RequestItemHeader::decode`]).
+    pub fn decode(header: &RequestItemHeader) -> Self {
+        let pin = if header.flags & ITEM_PIN_HARD != 0 {
+            Pin::Hard
+        } else if header.flags & ITEM_PIN_SOFT != 0 {
+            Pin::Soft { ttl_seconds: header.offset }
+        } else {
+            Pin::None
+        };
+        Self { policy: WritePolicy::from_flags(header.flags), upsert: header.flags & ITEM_UPSERT != 0, pin }
+    }
+}
 
 impl RequestItemHeader {
     /// Appends the 16 bytes.
@@ -154,8 +220,15 @@ impl RequestItemHeader {
         if key_len == 0 || key_len > limits.max_key_bytes as usize {
             return Err(ProtoError::KeyLength { len: key_len, max: limits.max_key_bytes as usize });
         }
-        if header.flags & !KNOWN_ITEM_FLAGS != 0 {
+        let known = if opcode == Opcode::Put { PUT_ITEM_FLAGS } else { 0 };
+        if header.flags & !known != 0 {
             return Err(ProtoError::Field("item flags"));
+        }
+        if header.flags & ITEM_PIN_HARD != 0 && header.flags & ITEM_PIN_SOFT != 0 {
+            return Err(ProtoError::Field("a put pinned both hard and soft"));
+        }
+        if opcode == Opcode::Put && header.flags & ITEM_PIN_SOFT == 0 && header.offset != 0 {
+            return Err(ProtoError::Field("offset of a put that is not soft-pinned"));
         }
         if opcode != Opcode::Put && opcode != Opcode::GetRange && header.value_len != 0 {
             return Err(ProtoError::Field("value length of an item that carries no value"));

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{config, key_of, start, value_of};
-use strata_client::{AsyncClient, ClientError, ClientOptions};
+use strata_client::{AsyncClient, ClientError, ClientOptions, PutOptions};
 
 #[test]
 fn async_calls_round_trip_and_run_concurrently() {
@@ -13,18 +13,27 @@ fn async_calls_round_trip_and_run_concurrently() {
     futures_lite::future::block_on(async move {
         let first = AsyncClient::connect(addr, ClientOptions::default()).await.expect("connect");
         let second = AsyncClient::connect(addr, ClientOptions::default()).await.expect("connect");
-        first.put(key_of(1), value_of(1, 5000), None).await.expect("put");
+        first.put(key_of(1), value_of(1, 5000), PutOptions::default()).await.expect("put");
         assert_eq!(first.get(key_of(1)).await.expect("get"), value_of(1, 5000));
         let (buffer, length) = first.get_into(key_of(1), vec![0u8; 8192]).await;
         assert_eq!(length, Ok(5000));
         assert_eq!(&buffer[..5000], &value_of(1, 5000)[..]);
+        // A put does not replace a stored key; an upsert does.
+        assert_eq!(first.put(key_of(1), value_of(2, 10), PutOptions::default()).await, Err(ClientError::Exists));
+        assert_eq!(first.get(key_of(1)).await.expect("get").len(), 5000);
+        first.put(key_of(1), value_of(1, 5000), PutOptions::upsert()).await.expect("upsert");
+        let chain = vec![key_of(1), key_of(404), key_of(1)];
+        assert_eq!(second.prefix_match(chain).await, Ok(1));
         let (_, too_small) = first.get_into(key_of(1), vec![0u8; 10]).await;
         assert!(matches!(too_small, Err(ClientError::BufferTooSmall { needed: 5000, .. })));
 
         // Two clients' batches in flight at once from one thread.
         let items = |base: u64| (base..base + 32).map(|i| (key_of(i), value_of(i, 1024))).collect::<Vec<_>>();
-        let (a, b) =
-            futures_lite::future::zip(first.batch_put(items(100), None), second.batch_put(items(200), None)).await;
+        let (a, b) = futures_lite::future::zip(
+            first.batch_put(items(100), PutOptions::default()),
+            second.batch_put(items(200), PutOptions::default()),
+        )
+        .await;
         assert!(a.iter().chain(&b).all(Result::is_ok));
         let keys: Vec<Vec<u8>> = vec![key_of(100), key_of(999), key_of(231)];
         let (buffers, lengths) = second.batch_get_into(keys.clone(), vec![vec![0u8; 1024]; 3]).await;

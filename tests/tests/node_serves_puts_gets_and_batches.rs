@@ -34,8 +34,10 @@ fn single_keys_round_trip_on_two_shards() {
     assert_eq!(client.get(&key_of(3)), Err(ClientError::NotFound));
     assert!(!client.exists(&key_of(3)).expect("exists"));
     assert_eq!(client.remove(&key_of(3)), Err(ClientError::NotFound));
-    // An upsert replaces the value.
-    client.put(&key_of(4), b"new value").expect("upsert");
+    // A put leaves a stored key as it is; an upsert replaces the value.
+    assert_eq!(client.put(&key_of(4), b"new value"), Err(ClientError::Exists));
+    assert_eq!(client.get(&key_of(4)).expect("get"), value_of(4, 104));
+    client.upsert(&key_of(4), b"new value").expect("upsert");
     assert_eq!(client.get(&key_of(4)).expect("get"), b"new value");
     node.shutdown().expect("shutdown");
 }
@@ -68,7 +70,8 @@ fn batches_report_per_key_and_fill_duplicates() {
     let exists = client.batch_exists(&asked);
     assert_eq!(exists, vec![Ok(true), Ok(false), Ok(true), Ok(true), Ok(true)]);
     // Without an NVMe tier nothing can be durable: refused, not stored.
-    let durable = client.put_with(b"durable", b"v", Some(strata_proto::WritePolicy::Durable));
+    let options = strata_client::PutOptions { policy: Some(strata_proto::WritePolicy::Durable), ..Default::default() };
+    let durable = client.put_with(b"durable", b"v", options);
     assert!(matches!(durable, Err(ClientError::Invalid(_))), "{durable:?}");
     assert_eq!(client.get(b"durable"), Err(ClientError::NotFound));
     let removed = client.batch_remove(&[&keys[1], &missing]);

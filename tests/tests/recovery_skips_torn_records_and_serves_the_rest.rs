@@ -56,9 +56,11 @@ fn a_clean_restart_restores_everything_written_through() {
     for index in 0..KEYS {
         writer.put(&key_of(index), &value_of(index, VALUE_BYTES)).expect("put");
     }
-    // A removal and an upsert survive the restart too.
+    // A removal, an upsert and a hard pin survive the restart too.
     writer.remove(&key_of(0)).expect("remove");
-    writer.put(&key_of(1), b"second version").expect("upsert");
+    writer.upsert(&key_of(1), b"second version").expect("upsert");
+    let hard = strata_client::PutOptions { pin: strata_client::Pin::Hard, ..Default::default() };
+    writer.put_with(b"pinned", b"kept", hard).expect("pinned put");
     drop(writer);
     node.shutdown().expect("shutdown");
 
@@ -66,6 +68,8 @@ fn a_clean_restart_restores_everything_written_through() {
     let mut reader = client(&node);
     assert_eq!(reader.get(&key_of(0)), Err(ClientError::NotFound));
     assert_eq!(reader.get(&key_of(1)).expect("upserted"), b"second version");
+    assert_eq!(reader.get(b"pinned").expect("pinned"), b"kept");
+    assert_eq!(total(&node, |m| &m.pinned_bytes), 6 + 4, "the hard pin is restored");
     for index in 2..KEYS {
         assert!(reader.get(&key_of(index)).expect("recovered") == value_of(index, VALUE_BYTES), "key {index}");
     }

@@ -31,10 +31,11 @@ fn every_size_round_trips() {
     // A durable put of an object larger than a region (1 MiB here) cannot be made durable: refused, and
     // nothing is left behind.
     let big = vec![1u8; 2 << 20];
-    let refused = client.put_with(b"durable-big", &big, Some(strata_proto::WritePolicy::Durable));
+    let durable = strata_client::PutOptions { policy: Some(strata_proto::WritePolicy::Durable), ..Default::default() };
+    let refused = client.put_with(b"durable-big", &big, durable);
     assert!(matches!(refused, Err(strata_client::ClientError::TooLarge(_))), "{refused:?}");
     assert_eq!(client.get(b"durable-big"), Err(strata_client::ClientError::NotFound));
-    client.put_with(b"durable-small", b"kept", Some(strata_proto::WritePolicy::Durable)).expect("durable put");
+    client.put_with(b"durable-small", b"kept", durable).expect("durable put");
     // An empty value is a value.
     client.put(b"empty", b"").expect("put empty");
     assert_eq!(client.get(b"empty").expect("get empty"), Vec::<u8>::new());

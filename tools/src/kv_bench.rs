@@ -16,7 +16,7 @@ use anyhow::{Context, bail};
 use hdrhistogram::Histogram;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use strata_client::{Client, ClientError, ClientOptions, WritePolicy};
+use strata_client::{Client, ClientError, ClientOptions, PutOptions, WritePolicy};
 
 use crate::block_bench::options::RandomDistribution;
 use crate::block_bench::workload::BlockPicker;
@@ -264,6 +264,11 @@ fn connect(args: &KvArgs) -> anyhow::Result<Client> {
     Client::connect(args.server.as_str(), options).with_context(|| format!("connecting to {}", args.server))
 }
 
+/// The bench's puts replace what a previous run or the preload stored under the same key.
+fn upserts(policy: Option<WritePolicy>) -> PutOptions {
+    PutOptions { policy, upsert: true, ..PutOptions::default() }
+}
+
 /// Writes every key once, split between `args.connections` threads, in batches of `args.batch` (at least 8).
 pub fn preload(args: &KvArgs, policy: Option<WritePolicy>) -> anyhow::Result<u64> {
     let threads = args.connections.max(1) as u64;
@@ -288,9 +293,11 @@ pub fn preload(args: &KvArgs, policy: Option<WritePolicy>) -> anyhow::Result<u64
                         }
                         let items: Vec<(&[u8], &[u8])> =
                             keys.iter().zip(&buffers).map(|(k, v)| (&k[..], &v[..])).collect();
-                        failures +=
-                            client.batch_put_with(&items, policy).iter().filter(|result| result.is_err()).count()
-                                as u64;
+                        failures += client
+                            .batch_put_with(&items, upserts(policy))
+                            .iter()
+                            .filter(|result| result.is_err())
+                            .count() as u64;
                     }
                     Ok(failures)
                 })
@@ -519,7 +526,7 @@ fn run_thread(
                 values.fill(index, buffer);
             }
             let items: Vec<(&[u8], &[u8])> = key_refs.iter().zip(&put_values).map(|(k, v)| (*k, &v[..])).collect();
-            let replies = client.batch_put_with(&items, policy);
+            let replies = client.batch_put_with(&items, upserts(policy));
             let elapsed = scheduled.elapsed().as_nanos() as u64;
             result.histogram.saturating_record(elapsed.max(1));
             for reply in replies {

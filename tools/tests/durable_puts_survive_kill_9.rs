@@ -7,7 +7,7 @@ mod common;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use strata_client::{Client, ClientError, ClientOptions, WritePolicy};
+use strata_client::{Client, ClientError, ClientOptions, PutOptions, WritePolicy};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
@@ -77,7 +77,8 @@ fn acknowledged_durable_puts_survive_sigkill() {
             let owned: Vec<(Vec<u8>, Vec<u8>)> = (index..index + count).map(|i| (key_of(i), value_of(i))).collect();
             let items: Vec<(&[u8], &[u8])> = owned.iter().map(|(k, v)| (&k[..], &v[..])).collect();
             bytes += owned.iter().map(|(_, value)| value.len()).sum::<usize>();
-            let results = client.batch_put_with(&items, Some(WritePolicy::Durable));
+            let durable = PutOptions { policy: Some(WritePolicy::Durable), ..PutOptions::default() };
+            let results = client.batch_put_with(&items, durable);
             let mut failed = false;
             for (offset, result) in results.into_iter().enumerate() {
                 match result {
