@@ -31,3 +31,13 @@ tests/lab/kernel-nvmf prepare
 cargo test --workspace
 # The allocator's property and edge-case tests again with its expensive invariant walk after every operation.
 cargo test -p strata-alloc --features invariants --test allocator_edge_cases --test allocator_matches_reference_model
+
+# The Python package: a wheel built by maturin, installed in a virtual environment under target/, and its
+# pytest suite run against the strata-node binary built above.
+python3 -m venv target/pyenv
+target/pyenv/bin/pip install -q --disable-pip-version-check -r client/python/requirements-dev.txt
+rm -rf target/wheels
+target/pyenv/bin/maturin build -q --release -m client/python/Cargo.toml -o target/wheels
+target/pyenv/bin/pip install -q --disable-pip-version-check --force-reinstall --no-deps target/wheels/strata-*.whl
+cargo build -q --bin strata-node
+STRATA_NODE="$PWD/target/debug/strata-node" target/pyenv/bin/python -m pytest -q client/python/tests

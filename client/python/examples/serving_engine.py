@@ -1,0 +1,100 @@
+"""A serving engine's KV connector in miniature, over a Strata node.
+
+Run: python serving_engine.py 127.0.0.1:7600
+
+Blocks of 16 tokens are keyed by a chained hash (a block's key covers its tokens and its whole prefix, as
+vLLM's prefix caching does). Before prefilling a request the engine asks how many leading blocks are
+stored (prefix match), loads those into registered buffers (batch_get_into), computes only the rest, and
+stores what it computed (batch_put_from). A second request that shares a prefix with the first loads it.
+"""
+
+import hashlib
+import sys
+
+import numpy as np
+
+import strata
+
+TOKENS_PER_BLOCK = 16
+# A small model: 4 layers × K,V × 2 KV heads × head_dim 64 × bf16, per token.
+BYTES_PER_TOKEN = 4 * 2 * 2 * 64 * 2
+BLOCK_BYTES = TOKENS_PER_BLOCK * BYTES_PER_TOKEN
+
+
+def block_keys(tokens, model="demo-model"):
+    """Chained block hashes: key i depends on blocks 0..i (a suffix is useless without its prefix)."""
+    keys, parent = [], model.encode()
+    for start in range(0, len(tokens) - len(tokens) % TOKENS_PER_BLOCK, TOKENS_PER_BLOCK):
+        block = np.asarray(tokens[start : start + TOKENS_PER_BLOCK], dtype=np.int32).tobytes()
+        parent = hashlib.sha256(parent + block).digest()
+        keys.append(parent.hex())
+    return keys
+
+
+def compute_kv(key):
+    """Stands in for the attention layers: deterministic bytes per block."""
+    seed = int(key[:16], 16)
+    return np.random.default_rng(seed).integers(0, 256, BLOCK_BYTES, dtype=np.uint8)
+
+
+class Engine:
+    def __init__(self, address, max_blocks=64):
+        self.store = strata.StrataStore()
+        code = self.store.setup(address)
+        if code != 0:
+            raise SystemExit(f"setup failed: {strata.error_name(code)}")
+        # The engine's KV buffer pool, registered once (as vLLM registers its paged KV cache).
+        self.pool = np.zeros(max_blocks * BLOCK_BYTES, dtype=np.uint8)
+        self.base = self.pool.ctypes.data
+        assert self.store.register_buffer(self.base, self.pool.nbytes) == 0
+
+    def slot(self, index):
+        return self.base + index * BLOCK_BYTES
+
+    def prefill(self, tokens):
+        keys = block_keys(tokens)
+        hit = self.store.prefix_match(keys)
+        if hit < 0:
+            raise RuntimeError(f"prefix_match: {strata.error_name(hit)}")
+        loaded = self.store.batch_get_into(keys[:hit], [self.slot(i) for i in range(hit)], [BLOCK_BYTES] * hit)
+        # A block that failed to load (evicted meanwhile, checksum, I/O) is recomputed, and so is
+        # everything after it.
+        usable = next((i for i, code in enumerate(loaded) if code != BLOCK_BYTES), hit)
+        for index in range(usable):
+            assert np.array_equal(self.pool[index * BLOCK_BYTES : (index + 1) * BLOCK_BYTES], compute_kv(keys[index]))
+        for index in range(usable, len(keys)):
+            self.pool[index * BLOCK_BYTES : (index + 1) * BLOCK_BYTES] = compute_kv(keys[index])
+        new = list(range(usable, len(keys)))
+        stored = self.store.batch_put_from(
+            [keys[i] for i in new], [self.slot(i) for i in new], [BLOCK_BYTES] * len(new)
+        )
+        # Another engine may have stored the same block meanwhile: that is as good as storing it.
+        failed = [code for code in stored if code not in (0, strata.OBJECT_ALREADY_EXISTS)]
+        if failed:
+            raise RuntimeError(f"batch_put_from: {[strata.error_name(code) for code in failed]}")
+        return usable, len(keys)
+
+    def close(self):
+        self.store.unregister_buffer(self.base)
+        self.store.close()
+
+
+def main(address):
+    engine = Engine(address)
+    rng = np.random.default_rng(7)
+    system_prompt = rng.integers(0, 32000, 5 * TOKENS_PER_BLOCK).tolist()
+    first = system_prompt + rng.integers(0, 32000, 3 * TOKENS_PER_BLOCK).tolist()
+    second = system_prompt + rng.integers(0, 32000, 4 * TOKENS_PER_BLOCK).tolist()
+    loaded, total = engine.prefill(first)
+    print(f"request 1: {loaded} of {total} blocks loaded, {total - loaded} computed")
+    loaded_again, total_again = engine.prefill(first)
+    print(f"request 1 again: {loaded_again} of {total_again} blocks loaded")
+    shared, total_second = engine.prefill(second)
+    print(f"request 2: {shared} of {total_second} blocks loaded (the shared system prompt)")
+    engine.close()
+    assert (loaded, loaded_again, shared) == (0, total, 5), (loaded, loaded_again, shared)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1:7600")

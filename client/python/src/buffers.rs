@@ -1,0 +1,84 @@
+//! Raw addresses from Python (`register_buffer(ptr, size)`, then `get_into(key, ptr, size)`): the path
+//! vLLM and SGLang use for pinned host and GPU-mapped memory. An address is only turned into a slice when
+//! the whole range lies inside a buffer the caller registered, so a stray integer is an `INVALID_PARAMS`,
+//! not a write to random memory. This is the crate's only `unsafe` module.
+#![allow(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+/// The registered buffers: start address → length.
+#[derive(Default)]
+pub struct Registry {
+    buffers: Mutex<BTreeMap<usize, usize>>,
+}
+
+impl Registry {
+    /// Registers `[start, start + len)`; `false` if it is empty, wraps, or overlaps a registered buffer.
+    pub fn register(&self, start: usize, len: usize) -> bool {
+        let Some(end) = start.checked_add(len) else { return false };
+        if start == 0 || len == 0 {
+            return false;
+        }
+        let mut buffers = self.buffers.lock().unwrap_or_else(|poison| poison.into_inner());
+        let before = buffers.range(..end).next_back().map(|(&other, &other_len)| other + other_len > start);
+        if before == Some(true) {
+            return false;
+        }
+        buffers.insert(start, len);
+        true
+    }
+
+    /// Unregisters the buffer that starts at `start`; `false` if none does.
+    pub fn unregister(&self, start: usize) -> bool {
+        self.buffers.lock().unwrap_or_else(|poison| poison.into_inner()).remove(&start).is_some()
+    }
+
+    fn covers(&self, start: usize, len: usize) -> bool {
+        let Some(end) = start.checked_add(len) else { return false };
+        let buffers = self.buffers.lock().unwrap_or_else(|poison| poison.into_inner());
+        buffers.range(..=start).next_back().is_some_and(|(&base, &base_len)| end <= base + base_len)
+    }
+
+    /// `[start, start + len)` as a slice to read, if a registered buffer covers it.
+    pub fn read(&self, start: usize, len: usize) -> Option<&'static [u8]> {
+        if len == 0 {
+            return Some(&[]);
+        }
+        // SAFETY: the range lies inside memory the caller registered as a buffer of its own and promised
+        // (the contract of `register_buffer`, as in Mooncake) to keep valid until it unregisters it, and not
+        // to free while an operation on it runs. The slice does not outlive the call that uses it.
+        self.covers(start, len).then(|| unsafe { std::slice::from_raw_parts(start as *const u8, len) })
+    }
+
+    /// `[start, start + len)` as a slice to fill, if a registered buffer covers it.
+    pub fn write(&self, start: usize, len: usize) -> Option<&'static mut [u8]> {
+        if len == 0 {
+            return Some(&mut []);
+        }
+        // SAFETY: as in `read`; the caller hands the range to this call to be written, and ranges of one
+        // batch must not overlap (checked by `disjoint` before a batch uses them).
+        self.covers(start, len).then(|| unsafe { std::slice::from_raw_parts_mut(start as *mut u8, len) })
+    }
+}
+
+/// Whether the ranges `(start, len)` are pairwise disjoint (two keys of one batch may not be read into the
+/// same bytes: that would alias two mutable slices).
+pub fn disjoint(ranges: &mut [(usize, usize)]) -> bool {
+    ranges.sort_unstable();
+    ranges.windows(2).all(|pair| pair[0].0.saturating_add(pair[0].1) <= pair[1].0)
+}
+
+/// The bytes of a Python buffer-protocol object (bytes, bytearray, memoryview, numpy), if C-contiguous.
+pub fn object_bytes(buffer: &pyo3::buffer::PyUntypedBuffer) -> Option<&[u8]> {
+    if !buffer.is_c_contiguous() {
+        return None;
+    }
+    let len = buffer.len_bytes();
+    if len == 0 {
+        return Some(&[]);
+    }
+    // SAFETY: a C-contiguous buffer's memory is `len_bytes` bytes from `buf_ptr`, kept alive (and its
+    // exporter kept from resizing it) until the `PyUntypedBuffer` the slice borrows from is released.
+    Some(unsafe { std::slice::from_raw_parts(buffer.buf_ptr() as *const u8, len) })
+}

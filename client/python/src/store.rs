@@ -1,0 +1,511 @@
+//! `StrataStore`: Mooncake's `MooncakeDistributedStore` surface over one [`strata_client::Client`].
+//!
+//! Conventions (Mooncake's): puts return `0` or a negative code; reads into buffers return the bytes read
+//! or a negative code; `get` returns the value, or empty bytes on any failure; `is_exist` returns 1, 0 or
+//! a negative code; batch forms return one such integer per key. A Python exception is raised only for a
+//! call Python itself could not make (a key that is neither `str` nor `bytes`, a non-contiguous buffer).
+//!
+//! One `StrataStore` holds one client behind a mutex: calls from several Python threads run one at a time
+//! on it, each with the GIL released; open one store per thread for parallel I/O.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use pyo3::buffer::PyUntypedBuffer;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString};
+use strata_client::{Client, ClientError, ClientOptions, Pin, PutOptions, WritePolicy};
+
+use crate::buffers::{Registry, disjoint, object_bytes};
+use crate::codes;
+
+/// A connection to a Strata node with Mooncake's store methods.
+#[pyclass(module = "strata._strata")]
+pub struct StrataStore {
+    client: Mutex<Option<Client>>,
+    registry: Registry,
+}
+
+fn key_of(key: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    if let Ok(text) = key.cast::<PyString>() {
+        return Ok(text.to_str()?.as_bytes().to_vec());
+    }
+    if let Ok(bytes) = key.cast::<PyBytes>() {
+        return Ok(bytes.as_bytes().to_vec());
+    }
+    Err(PyTypeError::new_err("a key is a str or bytes"))
+}
+
+fn keys_of(keys: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<u8>>> {
+    keys.try_iter()?.map(|key| key_of(&key?)).collect()
+}
+
+fn refs(keys: &[Vec<u8>]) -> Vec<&[u8]> {
+    keys.iter().map(Vec::as_slice).collect()
+}
+
+fn attribute<'py, T: for<'a> FromPyObject<'a, 'py>>(config: &Bound<'py, PyAny>, name: &str) -> PyResult<Option<T>> {
+    match config.getattr(name) {
+        Ok(value) if value.is_none() => Ok(None),
+        Ok(value) => value.extract::<T>().map(Some).map_err(|_| PyTypeError::new_err(format!("config.{name}"))),
+        Err(_) => Ok(None),
+    }
+}
+
+/// The put options of a `ReplicateConfig` (Mooncake's `with_soft_pin`; Strata's `with_hard_pin`,
+/// `soft_pin_ttl_seconds`, `upsert`, `write_policy`). `replica_num` and `preferred_segment` are accepted
+/// and ignored: a node keeps one copy.
+fn put_options(config: Option<&Bound<'_, PyAny>>, upsert: bool) -> PyResult<PutOptions> {
+    let mut options = PutOptions { upsert, ..PutOptions::default() };
+    let Some(config) = config.filter(|config| !config.is_none()) else { return Ok(options) };
+    let ttl_seconds = attribute::<u32>(config, "soft_pin_ttl_seconds")?.unwrap_or(0);
+    if attribute::<bool>(config, "with_hard_pin")?.unwrap_or(false) {
+        options.pin = Pin::Hard;
+    } else if attribute::<bool>(config, "with_soft_pin")?.unwrap_or(false) {
+        options.pin = Pin::Soft { ttl_seconds };
+    }
+    options.upsert |= attribute::<bool>(config, "upsert")?.unwrap_or(false);
+    if let Some(policy) = attribute::<String>(config, "write_policy")? {
+        options.policy = Some(WritePolicy::parse(&policy).ok_or_else(|| {
+            PyValueError::new_err(format!("write_policy {policy:?}: write-through, write-back or durable"))
+        })?);
+    }
+    Ok(options)
+}
+
+impl StrataStore {
+    /// Runs `work` on the client with the GIL released; `None` before `setup` or after `close`.
+    fn with_client<T: Send>(&self, py: Python<'_>, work: impl FnOnce(&mut Client) -> T + Send) -> Option<T> {
+        py.detach(|| {
+            let mut client = self.client.lock().unwrap_or_else(|poison| poison.into_inner());
+            client.as_mut().map(work)
+        })
+    }
+
+    /// Per-key ranges to fill, or `None` if one is not registered or two overlap.
+    fn writable(&self, ranges: &[(usize, usize)]) -> Option<Vec<&'static mut [u8]>> {
+        if !disjoint(&mut ranges.to_vec()) {
+            return None;
+        }
+        ranges.iter().map(|&(start, len)| self.registry.write(start, len)).collect()
+    }
+}
+
+fn failed(count: usize, code: i64) -> Vec<i64> {
+    vec![code; count]
+}
+
+#[pymethods]
+impl StrataStore {
+    #[new]
+    fn new() -> Self {
+        Self { client: Mutex::new(None), registry: Registry::default() }
+    }
+
+    /// Connects to a node: `address` is `"host:port"` (any shard's port) or a list of them, tried in
+    /// order. Options by keyword: `token` (str or bytes), `timeout_seconds` (30), `verify_checksums`
+    /// (True), `spin_microseconds` (busy-poll replies before sleeping; 0). Returns 0 or a negative code.
+    #[pyo3(signature = (address, **options))]
+    fn setup(&self, py: Python<'_>, address: &Bound<'_, PyAny>, options: Option<&Bound<'_, PyDict>>) -> PyResult<i64> {
+        let addresses: Vec<String> = if let Ok(one) = address.extract::<String>() {
+            vec![one]
+        } else {
+            address.extract::<Vec<String>>().map_err(|_| PyTypeError::new_err("address is a str or a list of str"))?
+        };
+        let mut client_options = ClientOptions::default();
+        if let Some(options) = options {
+            for (name, value) in options.iter() {
+                let name: String = name.extract()?;
+                match name.as_str() {
+                    "token" => client_options.token = Some(key_of(&value)?),
+                    "timeout_seconds" => {
+                        let seconds: f64 = value.extract()?;
+                        if !(seconds > 0.0 && seconds.is_finite()) {
+                            return Err(PyValueError::new_err("timeout_seconds must be positive"));
+                        }
+                        client_options.timeout = Duration::from_secs_f64(seconds);
+                    }
+                    "verify_checksums" => client_options.verify_checksums = value.extract()?,
+                    "spin_microseconds" => {
+                        let micros: u64 = value.extract()?;
+                        client_options.spin_before_block = (micros > 0).then(|| Duration::from_micros(micros));
+                    }
+                    other => return Err(PyTypeError::new_err(format!("setup() got an unexpected option {other:?}"))),
+                }
+            }
+        }
+        let connected = py.detach(|| {
+            let mut last = ClientError::Connection("no address given".into());
+            for address in &addresses {
+                match Client::connect(address.as_str(), client_options.clone()) {
+                    Ok(client) => return Ok(client),
+                    Err(error) => last = error,
+                }
+            }
+            Err(last)
+        });
+        Ok(match connected {
+            Ok(client) => {
+                *self.client.lock().unwrap_or_else(|poison| poison.into_inner()) = Some(client);
+                codes::OK
+            }
+            Err(error) => codes::of(&error),
+        })
+    }
+
+    /// Closes the connections; returns 0.
+    fn close(&self, py: Python<'_>) -> i64 {
+        py.detach(|| self.client.lock().unwrap_or_else(|poison| poison.into_inner()).take());
+        codes::OK
+    }
+
+    /// Stores `value` (bytes or any C-contiguous buffer) under `key`; a stored key answers
+    /// `OBJECT_ALREADY_EXISTS` and is kept, unless `config.upsert`. Returns 0 or a negative code.
+    #[pyo3(signature = (key, value, config = None))]
+    fn put(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+        config: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<i64> {
+        let options = put_options(config, false)?;
+        self.put_object(py, key, value, options)
+    }
+
+    /// Stores `value` under `key`, replacing a stored version. Returns 0 or a negative code.
+    #[pyo3(signature = (key, value, config = None))]
+    fn upsert(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+        config: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<i64> {
+        let options = put_options(config, true)?;
+        self.put_object(py, key, value, options)
+    }
+
+    /// The value of `key`, or empty bytes if it cannot be read (Mooncake's convention).
+    fn get<'py>(&self, py: Python<'py>, key: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+        let key = key_of(key)?;
+        let value = self.with_client(py, |client| client.get(&key)).and_then(Result::ok).unwrap_or_default();
+        Ok(PyBytes::new(py, &value))
+    }
+
+    /// Reads `key`'s value into the registered buffer at `buffer_ptr` (`size` bytes); returns the bytes
+    /// read or a negative code.
+    fn get_into(&self, py: Python<'_>, key: &Bound<'_, PyAny>, buffer_ptr: usize, size: usize) -> PyResult<i64> {
+        let key = key_of(key)?;
+        let Some(buffer) = self.registry.write(buffer_ptr, size) else { return Ok(codes::INVALID_PARAMS) };
+        Ok(self
+            .with_client(py, |client| codes::of_len(&client.get_into(&key, buffer)))
+            .unwrap_or(codes::INVALID_PARAMS))
+    }
+
+    /// Reads `size` bytes at `offset` of `key`'s value (one layer, say) into the registered buffer at
+    /// `buffer_ptr`; returns the bytes read or a negative code.
+    fn get_range_into(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        offset: u32,
+        buffer_ptr: usize,
+        size: usize,
+    ) -> PyResult<i64> {
+        let key = key_of(key)?;
+        let Some(buffer) = self.registry.write(buffer_ptr, size) else { return Ok(codes::INVALID_PARAMS) };
+        let read = self.with_client(py, |client| codes::of_len(&client.get_range_into(&key, offset, buffer)));
+        Ok(read.unwrap_or(codes::INVALID_PARAMS))
+    }
+
+    /// Stores `size` bytes of the registered buffer at `buffer_ptr` under `key`. Returns 0 or a negative
+    /// code.
+    #[pyo3(signature = (key, buffer_ptr, size, config = None))]
+    fn put_from(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        buffer_ptr: usize,
+        size: usize,
+        config: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<i64> {
+        let key = key_of(key)?;
+        let options = put_options(config, false)?;
+        let Some(value) = self.registry.read(buffer_ptr, size) else { return Ok(codes::INVALID_PARAMS) };
+        Ok(self
+            .with_client(py, |client| codes::of_unit(&client.put_with(&key, value, options)))
+            .unwrap_or(codes::INVALID_PARAMS))
+    }
+
+    /// `put_from` for many keys; a code per key.
+    #[pyo3(signature = (keys, buffer_ptrs, sizes, config = None))]
+    fn batch_put_from(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        buffer_ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+        config: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<i64>> {
+        let keys = keys_of(keys)?;
+        let options = put_options(config, false)?;
+        if buffer_ptrs.len() != keys.len() || sizes.len() != keys.len() {
+            return Ok(failed(keys.len(), codes::INVALID_PARAMS));
+        }
+        let values: Option<Vec<&[u8]>> =
+            buffer_ptrs.iter().zip(&sizes).map(|(&start, &len)| self.registry.read(start, len)).collect();
+        let Some(values) = values else { return Ok(failed(keys.len(), codes::INVALID_PARAMS)) };
+        let items: Vec<(&[u8], &[u8])> = keys.iter().map(Vec::as_slice).zip(values).collect();
+        let results = self.with_client(py, |client| client.batch_put_with(&items, options));
+        Ok(results.map_or_else(
+            || failed(keys.len(), codes::INVALID_PARAMS),
+            |results| results.iter().map(codes::of_unit).collect(),
+        ))
+    }
+
+    /// `get_into` for many keys, all in flight together; a code (bytes read, or negative) per key.
+    fn batch_get_into(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        buffer_ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+    ) -> PyResult<Vec<i64>> {
+        let keys = keys_of(keys)?;
+        if buffer_ptrs.len() != keys.len() || sizes.len() != keys.len() {
+            return Ok(failed(keys.len(), codes::INVALID_PARAMS));
+        }
+        let ranges: Vec<(usize, usize)> = buffer_ptrs.into_iter().zip(sizes).collect();
+        let Some(mut buffers) = self.writable(&ranges) else { return Ok(failed(keys.len(), codes::INVALID_PARAMS)) };
+        let key_refs = refs(&keys);
+        let results = self.with_client(py, |client| client.batch_get_into(&key_refs, &mut buffers));
+        Ok(results.map_or_else(
+            || failed(keys.len(), codes::INVALID_PARAMS),
+            |results| results.iter().map(codes::of_len).collect(),
+        ))
+    }
+
+    /// Stores each key's value from several registered buffers in order (one per layer, say); a code per
+    /// key.
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, config = None))]
+    fn batch_put_from_multi_buffers(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        all_buffer_ptrs: Vec<Vec<usize>>,
+        all_sizes: Vec<Vec<usize>>,
+        config: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<i64>> {
+        let keys = keys_of(keys)?;
+        let options = put_options(config, false)?;
+        if all_buffer_ptrs.len() != keys.len() || all_sizes.len() != keys.len() {
+            return Ok(failed(keys.len(), codes::INVALID_PARAMS));
+        }
+        let mut parts: Vec<Vec<&[u8]>> = Vec::with_capacity(keys.len());
+        for (ptrs, sizes) in all_buffer_ptrs.iter().zip(&all_sizes) {
+            let key_parts: Option<Vec<&[u8]>> = (ptrs.len() == sizes.len())
+                .then(|| ptrs.iter().zip(sizes).map(|(&start, &len)| self.registry.read(start, len)).collect())
+                .flatten();
+            let Some(key_parts) = key_parts else { return Ok(failed(keys.len(), codes::INVALID_PARAMS)) };
+            parts.push(key_parts);
+        }
+        let items: Vec<(&[u8], &[&[u8]])> =
+            keys.iter().map(Vec::as_slice).zip(parts.iter().map(Vec::as_slice)).collect();
+        let results = self.with_client(py, |client| client.batch_put_parts(&items, options));
+        Ok(results.map_or_else(
+            || failed(keys.len(), codes::INVALID_PARAMS),
+            |results| results.iter().map(codes::of_unit).collect(),
+        ))
+    }
+
+    /// Reads each key's value into several registered buffers in order; a code (bytes read, or negative)
+    /// per key. `prefer_alloc_in_same_node` is Mooncake's placement hint, without meaning for one node.
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, prefer_alloc_in_same_node = false))]
+    fn batch_get_into_multi_buffers(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        all_buffer_ptrs: Vec<Vec<usize>>,
+        all_sizes: Vec<Vec<usize>>,
+        prefer_alloc_in_same_node: bool,
+    ) -> PyResult<Vec<i64>> {
+        let _ = prefer_alloc_in_same_node;
+        let keys = keys_of(keys)?;
+        if all_buffer_ptrs.len() != keys.len() || all_sizes.len() != keys.len() {
+            return Ok(failed(keys.len(), codes::INVALID_PARAMS));
+        }
+        let mut ranges: Vec<(usize, usize)> = Vec::new();
+        for (ptrs, sizes) in all_buffer_ptrs.iter().zip(&all_sizes) {
+            if ptrs.len() != sizes.len() {
+                return Ok(failed(keys.len(), codes::INVALID_PARAMS));
+            }
+            ranges.extend(ptrs.iter().copied().zip(sizes.iter().copied()));
+        }
+        let Some(mut flat) = self.writable(&ranges) else { return Ok(failed(keys.len(), codes::INVALID_PARAMS)) };
+        let mut per_key: Vec<Vec<&mut [u8]>> = Vec::with_capacity(keys.len());
+        let mut rest = flat.drain(..);
+        for sizes in &all_sizes {
+            per_key.push(rest.by_ref().take(sizes.len()).collect());
+        }
+        drop(rest);
+        let mut lists: Vec<&mut [&mut [u8]]> = per_key.iter_mut().map(Vec::as_mut_slice).collect();
+        let key_refs = refs(&keys);
+        let results = self.with_client(py, |client| client.batch_get_into_parts(&key_refs, &mut lists));
+        Ok(results.map_or_else(
+            || failed(keys.len(), codes::INVALID_PARAMS),
+            |results| results.iter().map(codes::of_len).collect(),
+        ))
+    }
+
+    /// 1 if `key` is stored, 0 if not, or a negative code.
+    fn is_exist(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<i64> {
+        let key = key_of(key)?;
+        Ok(self.with_client(py, |client| exist_code(client.exists(&key))).unwrap_or(codes::INVALID_PARAMS))
+    }
+
+    /// `is_exist` for many keys, in one round trip per shard.
+    fn batch_is_exist(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+        let keys = keys_of(keys)?;
+        let key_refs = refs(&keys);
+        let results = self.with_client(py, |client| client.batch_exists(&key_refs));
+        Ok(results.map_or_else(
+            || failed(keys.len(), codes::INVALID_PARAMS),
+            |results| results.into_iter().map(exist_code).collect(),
+        ))
+    }
+
+    /// The length of `key`'s value, or a negative code.
+    fn get_size(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<i64> {
+        let key = key_of(key)?;
+        let size = self.with_client(py, |client| client.get_size(&key).map(|size| size as usize));
+        Ok(size.map_or(codes::INVALID_PARAMS, |size| codes::of_len(&size)))
+    }
+
+    /// Removes `key`; returns 0 or a negative code.
+    fn remove(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<i64> {
+        let key = key_of(key)?;
+        Ok(self.with_client(py, |client| codes::of_unit(&client.remove(&key))).unwrap_or(codes::INVALID_PARAMS))
+    }
+
+    /// Registers `[buffer_ptr, buffer_ptr + size)` for the `*_into` / `*_from` calls. The memory must stay
+    /// valid until `unregister_buffer`, and not be freed while a call uses it. Returns 0, or
+    /// `INVALID_PARAMS` for an empty range or one that overlaps a registered buffer.
+    fn register_buffer(&self, buffer_ptr: usize, size: usize) -> i64 {
+        if self.registry.register(buffer_ptr, size) { codes::OK } else { codes::INVALID_PARAMS }
+    }
+
+    /// Unregisters the buffer registered at `buffer_ptr`; 0, or `INVALID_PARAMS` if none was.
+    fn unregister_buffer(&self, buffer_ptr: usize) -> i64 {
+        if self.registry.unregister(buffer_ptr) { codes::OK } else { codes::INVALID_PARAMS }
+    }
+
+    // ---- Strata's own ---------------------------------------------------------------------------------
+
+    /// How many leading keys of the chain `keys` are stored (one round trip per shard), or a negative code.
+    fn prefix_match(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<i64> {
+        let keys = keys_of(keys)?;
+        let key_refs = refs(&keys);
+        Ok(self
+            .with_client(py, |client| codes::of_len(&client.prefix_match(&key_refs)))
+            .unwrap_or(codes::INVALID_PARAMS))
+    }
+
+    /// `prefix_match` for many chains in one round trip per shard; a count (or negative code) per chain.
+    fn batch_prefix_match(&self, py: Python<'_>, chains: &Bound<'_, PyList>) -> PyResult<Vec<i64>> {
+        let chains: Vec<Vec<Vec<u8>>> = chains.iter().map(|chain| keys_of(&chain)).collect::<PyResult<_>>()?;
+        let chain_refs: Vec<Vec<&[u8]>> = chains.iter().map(|chain| refs(chain)).collect();
+        let lists: Vec<&[&[u8]]> = chain_refs.iter().map(Vec::as_slice).collect();
+        let results = self.with_client(py, |client| client.batch_prefix_match(&lists));
+        Ok(results.map_or_else(
+            || failed(chains.len(), codes::INVALID_PARAMS),
+            |results| results.iter().map(codes::of_len).collect(),
+        ))
+    }
+
+    /// Gathers `(key, offset, length)` ranges back to back into the registered buffer at `buffer_ptr`
+    /// (`size` bytes), in the order given: the TP-asymmetric read. A code (bytes, or negative) per range.
+    fn gather_into(
+        &self,
+        py: Python<'_>,
+        ranges: &Bound<'_, PyList>,
+        buffer_ptr: usize,
+        size: usize,
+    ) -> PyResult<Vec<i64>> {
+        let parsed: Vec<(Vec<u8>, u32, u32)> = ranges
+            .iter()
+            .map(|range| {
+                let (key, offset, len): (Bound<'_, PyAny>, u32, u32) = range.extract()?;
+                Ok((key_of(&key)?, offset, len))
+            })
+            .collect::<PyResult<_>>()?;
+        let Some(destination) = self.registry.write(buffer_ptr, size) else {
+            return Ok(failed(parsed.len(), codes::INVALID_PARAMS));
+        };
+        let key_ranges: Vec<(&[u8], u32, u32)> =
+            parsed.iter().map(|(key, offset, len)| (&key[..], *offset, *len)).collect();
+        let results = self.with_client(py, |client| client.gather_into(&key_ranges, destination));
+        Ok(results.map_or_else(
+            || failed(parsed.len(), codes::INVALID_PARAMS),
+            |results| results.iter().map(codes::of_len).collect(),
+        ))
+    }
+
+    /// Stores consecutive pieces of the registered buffer at `buffer_ptr` (`size` bytes) as the values of
+    /// `(key, length)` pieces, in order; a code per piece.
+    #[pyo3(signature = (buffer_ptr, size, pieces, config = None))]
+    fn scatter_put_from(
+        &self,
+        py: Python<'_>,
+        buffer_ptr: usize,
+        size: usize,
+        pieces: &Bound<'_, PyList>,
+        config: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<i64>> {
+        let options = put_options(config, false)?;
+        let parsed: Vec<(Vec<u8>, usize)> = pieces
+            .iter()
+            .map(|piece| {
+                let (key, len): (Bound<'_, PyAny>, usize) = piece.extract()?;
+                Ok((key_of(&key)?, len))
+            })
+            .collect::<PyResult<_>>()?;
+        let Some(source) = self.registry.read(buffer_ptr, size) else {
+            return Ok(failed(parsed.len(), codes::INVALID_PARAMS));
+        };
+        let piece_refs: Vec<(&[u8], usize)> = parsed.iter().map(|(key, len)| (&key[..], *len)).collect();
+        let results = self.with_client(py, |client| client.scatter_put(source, &piece_refs, options));
+        Ok(results.map_or_else(
+            || failed(parsed.len(), codes::INVALID_PARAMS),
+            |results| results.iter().map(codes::of_unit).collect(),
+        ))
+    }
+}
+
+impl StrataStore {
+    fn put_object(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+        options: PutOptions,
+    ) -> PyResult<i64> {
+        let key = key_of(key)?;
+        let buffer = PyUntypedBuffer::get(value)?;
+        let Some(bytes) = object_bytes(&buffer) else {
+            return Err(PyValueError::new_err("the value must be a C-contiguous buffer"));
+        };
+        Ok(self
+            .with_client(py, |client| codes::of_unit(&client.put_with(&key, bytes, options)))
+            .unwrap_or(codes::INVALID_PARAMS))
+    }
+}
+
+fn exist_code(result: Result<bool, ClientError>) -> i64 {
+    match result {
+        Ok(true) => 1,
+        Ok(false) => 0,
+        Err(error) => codes::of(&error),
+    }
+}
