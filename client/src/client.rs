@@ -494,6 +494,55 @@ impl Client {
             .collect()
     }
 
+    /// Removes every stored key that `pattern` (a regular expression, Rust `regex` syntax) matches
+    /// anywhere; returns how many were removed. Sent to every shard (each scans its own objects: an
+    /// administrative operation, linear in the node's objects).
+    pub fn remove_matching(&mut self, pattern: &str) -> Result<u64, ClientError> {
+        self.broadcast_removal(pattern.as_bytes(), 0)
+    }
+
+    /// Removes every stored key; returns how many.
+    pub fn remove_all(&mut self) -> Result<u64, ClientError> {
+        self.broadcast_removal(b"*", u32::from(strata_proto::ITEM_MATCH_ALL))
+    }
+
+    fn broadcast_removal(&mut self, pattern: &[u8], flags: u32) -> Result<u64, ClientError> {
+        let items = [Item { key: pattern, value: &[], range: (flags, 0) }];
+        let shards = self.hello.shard_count as usize;
+        let mut sent = Vec::with_capacity(shards);
+        for shard in 0..shards {
+            let request_id = self.next_request_id;
+            self.next_request_id += 1;
+            let connection = self.connection(shard as u32)?;
+            if let Err(error) =
+                send_frame(connection, Opcode::RemoveMatching, request_id, &items, &[0], PutOptions::default())
+            {
+                self.connections[shard] = None;
+                return Err(ClientError::from_io(&error));
+            }
+            sent.push(request_id);
+        }
+        let mut removed = 0u64;
+        let mut first_error = None;
+        for (shard, request_id) in sent.into_iter().enumerate() {
+            let mut results = vec![Err(ClientError::Protocol("no reply".into()))];
+            let received = self.receive(shard, Opcode::RemoveMatching, request_id, &[0], &mut Sink::None, &mut results);
+            if let Err(error) = received {
+                self.connections[shard] = None;
+                first_error.get_or_insert(error);
+                continue;
+            }
+            match results.pop() {
+                Some(Ok(reply)) => removed += u64::from(reply.object_len),
+                Some(Err(error)) => {
+                    first_error.get_or_insert(error);
+                }
+                None => {}
+            }
+        }
+        first_error.map_or(Ok(removed), Err)
+    }
+
     /// Removes every key; a result per key.
     pub fn batch_remove(&mut self, keys: &[&[u8]]) -> Vec<Result<(), ClientError>> {
         self.run(Opcode::Remove, &key_items(keys), PutOptions::default(), Sink::None)
@@ -753,6 +802,9 @@ fn send_frame(
             },
             Opcode::PrefixMatch => {
                 RequestItemHeader { key_len: item.key.len() as u16, offset: item.range.0, ..Default::default() }
+            }
+            Opcode::RemoveMatching => {
+                RequestItemHeader { key_len: item.key.len() as u16, flags: item.range.0 as u16, ..Default::default() }
             }
             _ => RequestItemHeader { key_len: item.key.len() as u16, ..Default::default() },
         };

@@ -298,6 +298,14 @@ async fn handle_frame(
                     }
                     statuses
                 }
+                Opcode::RemoveMatching => {
+                    let mut statuses = Vec::with_capacity(items.len());
+                    for (item, key_at, key_len) in &items {
+                        let pattern = &body[*key_at..*key_at + *key_len];
+                        statuses.push(remove_matching(shard, item.flags, pattern).await);
+                    }
+                    statuses
+                }
                 _ => {
                     let mut statuses = Vec::with_capacity(items.len());
                     for (_, key_at, key_len) in &items {
@@ -328,6 +336,25 @@ async fn handle_frame(
     }
     connection.flush().await?;
     Ok(counts)
+}
+
+/// The answer to one REMOVE_MATCHING item on this shard: the keys removed, or `Invalid` for a pattern that
+/// is not a regular expression (or one too large to compile within a bound, so a pattern cannot make the
+/// shard build an unbounded automaton).
+async fn remove_matching(shard: &Rc<Shard>, flags: u16, pattern: &[u8]) -> ResponseItemHeader {
+    let matcher = if flags & strata_proto::ITEM_MATCH_ALL != 0 {
+        None
+    } else {
+        let compiled = std::str::from_utf8(pattern).ok().and_then(|text| {
+            regex::bytes::RegexBuilder::new(text).size_limit(1 << 20).dfa_size_limit(1 << 20).build().ok()
+        });
+        match compiled {
+            Some(regex) => Some(regex),
+            None => return ResponseItemHeader::status(Status::Invalid),
+        }
+    };
+    let removed = shard.remove_matching(matcher.as_ref()).await;
+    ResponseItemHeader { status: Status::Ok, data_len: 0, data_crc: 0, object_len: removed }
 }
 
 fn count(statuses: impl Iterator<Item = Status>) -> (u64, u64) {

@@ -1078,6 +1078,62 @@ impl Shard {
         Ok(())
     }
 
+    /// The key of entry `entry`: from its DRAM copy, else from its record's header on the NVMe tier (whose
+    /// crc covers the key). `None` if neither can be read.
+    async fn stored_key(self: &Rc<Self>, entry: Entry) -> Option<Vec<u8>> {
+        let key_len = usize::from(entry.key_len);
+        if entry.dram != NONE_U32 {
+            let dram = self.dram.borrow();
+            return Some(dram.segment().bytes(dram.offset(entry.dram), key_len).to_vec());
+        }
+        if entry.nvme == NONE_U64 {
+            return None;
+        }
+        let (region_id, offset) = split_location(entry.nvme);
+        let head_len = RECORD_HEADER_BYTES + key_len;
+        let (device, device_offset, chunk_bytes, wait) = {
+            let guard = self.log.borrow();
+            let log = guard.as_ref()?;
+            let region = &log.regions[region_id as usize];
+            if region.state == RegionState::Open
+                && let Some(open) = log.open.as_ref()
+            {
+                let head = open.buffer.read_at(offset as usize, head_len);
+                return RecordHeader::decode(&head).ok().map(|_| head[RECORD_HEADER_BYTES..].to_vec());
+            }
+            (region.device, region.device_offset, log.chunk_bytes, region.sealed.clone())
+        };
+        if let Some(done) = wait {
+            let _ = done.acquire(1).await;
+        }
+        let staged =
+            read_range(&self.devices, device, device_offset, offset as usize, head_len, chunk_bytes).await.ok()?;
+        let head = staged.copy(0, head_len);
+        RecordHeader::decode(&head).ok().map(|_| head[RECORD_HEADER_BYTES..].to_vec())
+    }
+
+    /// Removes every key of this shard that `pattern` matches anywhere (every key for `None`); returns how
+    /// many. Keys are not in the index (only their hashes), so each is read from its object — from DRAM,
+    /// or a small read of its record on NVMe: an administrative operation, linear in the shard's objects.
+    pub async fn remove_matching(self: &Rc<Self>, pattern: Option<&regex::bytes::Regex>) -> u32 {
+        let snapshot: Vec<(u32, Entry)> = {
+            let index = self.index.borrow();
+            index.ids().map(|id| (id, *index.get(id))).collect()
+        };
+        let mut removed = 0u32;
+        for (id, entry) in snapshot {
+            let still_there = self.index.borrow().find(entry.hash) == Some(id);
+            if !still_there {
+                continue;
+            }
+            let Some(key) = self.stored_key(entry).await else { continue };
+            if pattern.is_none_or(|pattern| pattern.is_match(&key)) && self.remove(&key).await.is_ok() {
+                removed += 1;
+            }
+        }
+        removed
+    }
+
     // ---- start-up and shutdown -----------------------------------------------------------------------
 
     /// Rebuilds the index from this shard's regions: regions in generation order, records in log order, a

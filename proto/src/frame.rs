@@ -38,6 +38,10 @@ pub enum Opcode {
     /// names the chain); the shard looks keys up in order and stops at a chain's first miss, answering
     /// `NotFound` for it and every later key of that chain without looking them up.
     PrefixMatch = 7,
+    /// Remove every key of the receiving shard that the item's key, a regular expression, matches
+    /// anywhere (or every key, with `ITEM_MATCH_ALL`); the reply's `object len` counts the keys removed. A
+    /// client sends it to every shard.
+    RemoveMatching = 8,
 }
 
 impl Opcode {
@@ -51,6 +55,7 @@ impl Opcode {
             5 => Opcode::Exists,
             6 => Opcode::Remove,
             7 => Opcode::PrefixMatch,
+            8 => Opcode::RemoveMatching,
             _ => return None,
         })
     }
@@ -65,11 +70,12 @@ impl Opcode {
             Opcode::Exists => "exists",
             Opcode::Remove => "remove",
             Opcode::PrefixMatch => "prefix_match",
+            Opcode::RemoveMatching => "remove_matching",
         }
     }
 
     /// Every opcode, in wire order.
-    pub const ALL: [Opcode; 7] = [
+    pub const ALL: [Opcode; 8] = [
         Opcode::Hello,
         Opcode::Put,
         Opcode::Get,
@@ -77,6 +83,7 @@ impl Opcode {
         Opcode::Exists,
         Opcode::Remove,
         Opcode::PrefixMatch,
+        Opcode::RemoveMatching,
     ];
 }
 

@@ -5,7 +5,8 @@
 //!  0         2       4           8           12          16
 //!  | key len | flags | value len | value crc | offset    |
 //!   flags (put): bits 0-1 write policy (0 node default, 1 write-through, 2 write-back, 3 durable),
-//!     bit 2 upsert (replace a stored key), bit 3 hard pin, bit 4 soft pin; other opcodes: 0
+//!     bit 2 upsert (replace a stored key), bit 3 hard pin, bit 4 soft pin;
+//!   flags (remove_matching): bit 0 every key (the pattern is ignored); other opcodes: 0
 //!   value len: put: bytes of value after the key; get_range: bytes wanted; else 0
 //!   value crc: put: crc32c of the value (checked before storing); else 0
 //!   offset: get_range: first byte wanted; put with a soft pin: its TTL in seconds (0: the node's
@@ -134,6 +135,8 @@ pub const ITEM_PIN_HARD: u16 = 1 << 3;
 /// Put item flag: pin soft for `offset` seconds — evicted only when nothing else can be.
 pub const ITEM_PIN_SOFT: u16 = 1 << 4;
 const PUT_ITEM_FLAGS: u16 = 3 | ITEM_UPSERT | ITEM_PIN_HARD | ITEM_PIN_SOFT;
+/// Remove-matching item flag: every key, whatever the pattern.
+pub const ITEM_MATCH_ALL: u16 = 1;
 
 /// How a put's object is pinned.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -220,11 +223,15 @@ impl RequestItemHeader {
         if key_len == 0 || key_len > limits.max_key_bytes as usize {
             return Err(ProtoError::KeyLength { len: key_len, max: limits.max_key_bytes as usize });
         }
-        let known = if opcode == Opcode::Put { PUT_ITEM_FLAGS } else { 0 };
+        let known = match opcode {
+            Opcode::Put => PUT_ITEM_FLAGS,
+            Opcode::RemoveMatching => ITEM_MATCH_ALL,
+            _ => 0,
+        };
         if header.flags & !known != 0 {
             return Err(ProtoError::Field("item flags"));
         }
-        if header.flags & ITEM_PIN_HARD != 0 && header.flags & ITEM_PIN_SOFT != 0 {
+        if opcode == Opcode::Put && header.flags & ITEM_PIN_HARD != 0 && header.flags & ITEM_PIN_SOFT != 0 {
             return Err(ProtoError::Field("a put pinned both hard and soft"));
         }
         if opcode == Opcode::Put && header.flags & ITEM_PIN_SOFT == 0 && header.offset != 0 {

@@ -23,6 +23,6 @@ pub use frame::{
 };
 pub use hash::{fnv1a_64, shard_of};
 pub use items::{
-    HELLO_REPLY_BYTES, HelloReply, HelloRequest, ITEM_PIN_HARD, ITEM_PIN_SOFT, ITEM_UPSERT, Limits, Pin, PutOptions,
-    REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, WritePolicy,
+    HELLO_REPLY_BYTES, HelloReply, HelloRequest, ITEM_MATCH_ALL, ITEM_PIN_HARD, ITEM_PIN_SOFT, ITEM_UPSERT, Limits,
+    Pin, PutOptions, REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, WritePolicy,
 };

@@ -162,3 +162,34 @@ fn a_decode_rank_gathers_its_kv_heads_from_the_prefill_ranks_shards() {
     assert!(matches!(client.gather_into(&ranges, &mut tiny)[0], Err(ClientError::BufferTooSmall { .. })));
     node.shutdown().expect("shutdown");
 }
+
+#[test]
+fn removal_by_pattern_reaches_dram_and_nvme_objects_and_survives_a_restart() {
+    let scratch = common::Scratch::new("remove-matching");
+    let path = scratch.file("ns0.img");
+    let node_config = || common::with_file(config(&[0, 1], 8 << 20), &path, 64 << 20);
+    let node = start(node_config());
+    let mut client = client(&node);
+    // 25 MiB of values over 8 MiB of DRAM: most objects are on the NVMe tier only.
+    for index in 0..200u64 {
+        let prefix = if index % 2 == 0 { "chat" } else { "system" };
+        let key = format!("{prefix}/{index}");
+        client.put(key.as_bytes(), &value_of(index, 128 << 10)).expect("put");
+    }
+    assert!(total(&node, |shard| &shard.dram_evictions) > 100, "objects were evicted to NVMe");
+    assert_eq!(client.remove_matching("^chat/"), Ok(100));
+    assert_eq!(client.remove_matching("^chat/"), Ok(0));
+    assert!(matches!(client.remove_matching("(unclosed"), Err(ClientError::Invalid(_))));
+    assert_eq!(client.get(b"chat/0"), Err(ClientError::NotFound));
+    assert_eq!(client.get(b"system/1").expect("kept"), value_of(1, 128 << 10));
+    drop(client);
+    node.shutdown().expect("shutdown");
+
+    let node = start(node_config());
+    let mut client = common::client(&node);
+    assert_eq!(client.get(b"chat/10"), Err(ClientError::NotFound), "removed before the restart");
+    assert_eq!(client.get(b"system/11").expect("kept"), value_of(11, 128 << 10));
+    assert_eq!(client.remove_all(), Ok(100));
+    assert_eq!(client.batch_exists(&[&b"system/1"[..], &b"system/199"[..]]), vec![Ok(false), Ok(false)]);
+    node.shutdown().expect("shutdown");
+}

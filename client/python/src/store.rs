@@ -389,6 +389,23 @@ impl StrataStore {
         Ok(self.with_client(py, |client| codes::of_unit(&client.remove(&key))).unwrap_or(codes::INVALID_PARAMS))
     }
 
+    /// Removes every key that `regex_pattern` matches anywhere (Rust `regex` syntax); returns how many, or
+    /// a negative code (`INVALID_PARAMS` for a pattern that does not compile).
+    fn remove_by_regex(&self, py: Python<'_>, regex_pattern: &str) -> i64 {
+        let removed = self.with_client(py, |client| client.remove_matching(regex_pattern));
+        removed.map_or(codes::INVALID_PARAMS, |removed| {
+            removed.map_or_else(|error| codes::of(&error), |count| count as i64)
+        })
+    }
+
+    /// Removes every key; returns how many, or a negative code.
+    fn remove_all(&self, py: Python<'_>) -> i64 {
+        let removed = self.with_client(py, |client| client.remove_all());
+        removed.map_or(codes::INVALID_PARAMS, |removed| {
+            removed.map_or_else(|error| codes::of(&error), |count| count as i64)
+        })
+    }
+
     /// Registers `[buffer_ptr, buffer_ptr + size)` for the `*_into` / `*_from` calls. The memory must stay
     /// valid until `unregister_buffer`, and not be freed while a call uses it. Returns 0, or
     /// `INVALID_PARAMS` for an empty range or one that overlaps a registered buffer.

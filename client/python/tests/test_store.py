@@ -279,3 +279,23 @@ def test_calls_release_the_gil_while_they_wait(tmp_path):
     finally:
         paused.resume()
         paused.stop()
+
+
+def test_remove_by_regex_and_remove_all_count_what_they_removed(tmp_path):
+    from conftest import Node
+
+    own = Node(tmp_path, cores=2, dram="16MiB")
+    try:
+        store = StrataStore()
+        assert store.setup(own.address) == 0
+        for index in range(20):
+            assert store.put(f"req-{index % 2}/block-{index}", b"kv" * 100) == 0
+        assert store.remove_by_regex(r"^req-0/") == 10
+        assert store.is_exist("req-0/block-0") == 0
+        assert store.is_exist("req-1/block-1") == 1
+        assert store.remove_by_regex("(") == strata.INVALID_PARAMS
+        assert store.remove_all() == 10
+        assert store.batch_is_exist([f"req-1/block-{index}" for index in range(1, 20, 2)]) == [0] * 10
+        store.close()
+    finally:
+        own.stop()
