@@ -39,7 +39,7 @@ const COALESCE_BYTES: usize = 16 << 10;
 ///
 /// The reader and the writer share one open file description, so the non-blocking flag is shared too: the
 /// writer switches it back (`blocking`) before it writes.
-struct SpinReader {
+pub(crate) struct SpinReader {
     stream: TcpStream,
     spin: Option<Duration>,
     nonblocking: bool,
@@ -86,14 +86,14 @@ impl Read for SpinReader {
     }
 }
 
-struct ShardConnection {
-    reader: BufReader<SpinReader>,
-    writer: TcpStream,
+pub(crate) struct ShardConnection {
+    pub(crate) reader: BufReader<SpinReader>,
+    pub(crate) writer: TcpStream,
     output: Vec<u8>,
 }
 
 impl ShardConnection {
-    fn open(addr: SocketAddr, options: &ClientOptions) -> Result<(Self, HelloReply), ClientError> {
+    pub(crate) fn open(addr: SocketAddr, options: &ClientOptions) -> Result<(Self, HelloReply), ClientError> {
         let stream = TcpStream::connect_timeout(&addr, options.timeout)
             .map_err(|error| ClientError::Connection(format!("connecting to {addr}: {error}")))?;
         let io = |error: std::io::Error| ClientError::from_io(&error);
@@ -120,7 +120,7 @@ impl ShardConnection {
         Ok((connection, reply))
     }
 
-    fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+    pub(crate) fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         if bytes.len() < COALESCE_BYTES {
             self.output.extend_from_slice(bytes);
             return Ok(());
@@ -129,7 +129,7 @@ impl ShardConnection {
         self.writer.write_all(bytes)
     }
 
-    fn flush(&mut self) -> std::io::Result<()> {
+    pub(crate) fn flush(&mut self) -> std::io::Result<()> {
         self.reader.get_mut().blocking()?;
         if !self.output.is_empty() {
             self.writer.write_all(&self.output)?;
@@ -139,7 +139,7 @@ impl ShardConnection {
     }
 
     /// Reads a reply header and checks it answers `opcode` / `request_id`.
-    fn read_header(&mut self, opcode: Opcode, request_id: u64) -> Result<FrameHeader, ClientError> {
+    pub(crate) fn read_header(&mut self, opcode: Opcode, request_id: u64) -> Result<FrameHeader, ClientError> {
         let mut bytes = [0u8; FRAME_HEADER_BYTES];
         self.reader.read_exact(&mut bytes).map_err(|error| ClientError::from_io(&error))?;
         let header = FrameHeader::decode(&bytes).map_err(|error| ClientError::Protocol(error.to_string()))?;
@@ -237,6 +237,15 @@ impl Client {
     /// The node's bounds.
     pub fn limits(&self) -> Limits {
         self.hello.limits
+    }
+
+    /// Subscribes to the node's events for keys that start with `prefix` (all keys for `None`): one
+    /// dedicated connection per shard, each read by a thread of its own (see [`EventStream`]).
+    pub fn subscribe_events(&self, prefix: Option<&[u8]>) -> Result<crate::EventStream, ClientError> {
+        let addrs: Vec<SocketAddr> = (0..self.hello.shard_count)
+            .map(|shard| SocketAddr::new(self.host, self.hello.base_port + shard as u16))
+            .collect();
+        crate::EventStream::open(&addrs, &self.options, prefix)
     }
 
     fn connection(&mut self, shard: u32) -> Result<&mut ShardConnection, ClientError> {

@@ -20,8 +20,10 @@
 mod async_client;
 mod client;
 mod error;
+mod events;
 
 pub use crate::async_client::AsyncClient;
 pub use crate::client::{Client, ClientOptions, KeyRange};
 pub use crate::error::ClientError;
-pub use strata_proto::{Pin, PutOptions, WritePolicy};
+pub use crate::events::{EventStream, ShardEvent};
+pub use strata_proto::{Event, Pin, PutOptions, RemovalReason, Tier, WritePolicy};

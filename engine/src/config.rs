@@ -45,6 +45,8 @@ pub struct EngineConfig {
     /// Pinned objects (hard and soft) may take at most this share of a shard's DRAM; a pin past it is
     /// refused with `Quota`, so pins can never leave the cache without room to work.
     pub max_pinned_share: f64,
+    /// Bytes of events each shard keeps for subscribers that fall behind (past it they get LAGGED).
+    pub event_log_bytes: usize,
     /// Protocol bounds.
     pub limits: Limits,
     /// Token a client must present in HELLO; none: the node is open.
@@ -81,6 +83,7 @@ impl Default for EngineConfig {
             reinsert_window: Duration::from_secs(60),
             soft_pin_ttl: Duration::from_secs(600),
             max_pinned_share: 0.5,
+            event_log_bytes: 8 << 20,
             limits: Limits::default(),
             auth_token: None,
             metrics: Some(SocketAddr::from(([127, 0, 0, 1], 9600))),

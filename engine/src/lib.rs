@@ -7,6 +7,7 @@
 
 pub mod config;
 pub mod dram;
+pub mod events;
 pub mod forward;
 pub mod index;
 pub mod log;

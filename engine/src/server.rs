@@ -266,6 +266,7 @@ async fn handle_frame(
             let items = parse_items(&body, header, &limits)?;
             match header.opcode {
                 Opcode::Get | Opcode::GetRange => return handle_get(shard, connection, header, &body, &items).await,
+                Opcode::Subscribe => return handle_subscribe(shard, connection, header, &body, &items).await,
                 Opcode::Exists | Opcode::PrefixMatch => {
                     // A prefix match looks keys up in order and stops at each chain's first miss: the rest
                     // of that chain is useless to the caller (a suffix without its prefix), so it is
@@ -355,6 +356,59 @@ async fn remove_matching(shard: &Rc<Shard>, flags: u16, pattern: &[u8]) -> Respo
     };
     let removed = shard.remove_matching(matcher.as_ref()).await;
     ResponseItemHeader { status: Status::Ok, data_len: 0, data_crc: 0, object_len: removed }
+}
+
+/// Bytes of events per frame sent to a subscriber (at most; one event may take it past).
+const EVENT_FRAME_BYTES: usize = 256 << 10;
+/// A subscriber with nothing to receive gets an empty frame this often, so a vanished one is noticed.
+const EVENT_HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Streams the shard's events to the connection until it closes; the connection takes no more requests.
+async fn handle_subscribe(
+    shard: &Rc<Shard>,
+    connection: &mut Connection,
+    header: FrameHeader,
+    body: &[u8],
+    items: &[(RequestItemHeader, usize, usize)],
+) -> Result<(u64, u64), ConnectionError> {
+    let [(item, key_at, key_len)] = items else {
+        return Err(ConnectionError::Protocol(Status::Invalid, "SUBSCRIBE takes one item".into()));
+    };
+    let prefix = (item.flags & strata_proto::ITEM_MATCH_ALL == 0).then(|| &body[*key_at..*key_at + *key_len]);
+    let (subscription, mut cursor) = crate::events::Subscription::new(&shard.events);
+    let mut events = Vec::with_capacity(EVENT_FRAME_BYTES + 4096);
+    loop {
+        events.clear();
+        let (count, next) = shard.events.borrow().read(cursor, prefix, EVENT_FRAME_BYTES, &mut events);
+        cursor = next;
+        if count == 0 {
+            let woken = futures_lite::future::or(
+                async {
+                    subscription.changed(cursor).await;
+                    true
+                },
+                async {
+                    glommio::timer::sleep(EVENT_HEARTBEAT).await;
+                    false
+                },
+            )
+            .await;
+            if woken {
+                continue;
+            }
+        }
+        FrameHeader {
+            opcode: Opcode::Subscribe,
+            flags: 0,
+            request_id: header.request_id,
+            count,
+            status: Status::Ok,
+            body_len: events.len() as u64,
+        }
+        .encode_into(&mut connection.output);
+        connection.output.extend_from_slice(&events);
+        connection.flush().await?;
+    }
 }
 
 fn count(statuses: impl Iterator<Item = Status>) -> (u64, u64) {

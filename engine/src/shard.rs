@@ -12,10 +12,11 @@ use std::time::{Duration, Instant};
 
 use glommio::sync::Semaphore;
 use strata_nvme::{AnyDevice, BlockDevice};
-use strata_proto::{Pin, PutOptions, Status, WritePolicy};
+use strata_proto::{Pin, PutOptions, RemovalReason, Status, Tier, WritePolicy};
 
 use crate::config::EngineConfig;
 use crate::dram::{DramFull, DramTier};
+use crate::events::EventLog;
 use crate::index::{
     Entry, FLAG_DIRTY, FLAG_PINNED, FLAG_REFERENCED, FLAG_SOFT_PINNED, Index, NONE_U32, NONE_U64, index_hash,
 };
@@ -52,6 +53,8 @@ pub struct Shard {
     /// Channels to the other shards, set once at start-up.
     pub forwarder: std::cell::OnceCell<crate::forward::Forwarder>,
     pins: RefCell<PinBook>,
+    /// What subscribers are told (recorded only while someone subscribes).
+    pub events: Rc<RefCell<EventLog>>,
 }
 
 /// What the shard knows of its pinned objects. The index entry says *whether* an object is pinned (a flag);
@@ -194,6 +197,7 @@ impl Shard {
     ) -> Rc<Self> {
         set(&metrics.dram_capacity_bytes, dram.capacity_bytes());
         let pin_limit = (dram.capacity_bytes() as f64 * config.max_pinned_share) as u64;
+        let events = Rc::new(RefCell::new(EventLog::new(config.event_log_bytes)));
         if let Some(log) = &log {
             set(&metrics.nvme_regions, log.regions.len() as u64);
             set(&metrics.nvme_region_bytes, log.region_bytes);
@@ -213,6 +217,7 @@ impl Shard {
             poisoned: Cell::new(false),
             forwarder: std::cell::OnceCell::new(),
             pins: RefCell::new(PinBook { limit: pin_limit, ..PinBook::default() }),
+            events,
         })
     }
 
@@ -420,6 +425,7 @@ impl Shard {
                 }),
             };
             dram.publish(slot, id);
+            self.events.borrow_mut().stored(key, value_len, Tier::Dram);
             if pin_flags != 0 {
                 let mut pins = self.pins.borrow_mut();
                 pins.bytes += new_bytes;
@@ -733,6 +739,7 @@ impl Shard {
                                 add(&self.metrics.nvme_evictions, 1);
                                 if entry.dram == NONE_U32 {
                                     self.forget(&mut index, entry_id);
+                                    self.events.borrow_mut().removed(&key, RemovalReason::Evicted);
                                 }
                             }
                         }
@@ -743,15 +750,19 @@ impl Shard {
                     eprintln!("strata-node shard {}: reading region {id} for reclaim: {error}", self.id);
                     add(&self.metrics.io_errors, 1);
                     let ids: Vec<u32> = index.ids().collect();
+                    let mut lost = 0u32;
                     for entry_id in ids {
                         let entry = *index.get(entry_id);
                         if entry.nvme != NONE_U64 && split_location(entry.nvme).0 == id {
                             index.get_mut(entry_id).nvme = NONE_U64;
                             if entry.dram == NONE_U32 {
                                 self.forget(&mut index, entry_id);
+                                lost += 1;
                             }
                         }
                     }
+                    // Their keys were in the region that cannot be read: subscribers are told to resync.
+                    self.events.borrow_mut().lost(lost);
                 }
             }
             let region = &mut log.regions[id as usize];
@@ -827,6 +838,15 @@ impl Shard {
             let current = *index.get(entry_id);
             if current.hash != entry.hash || current.dram != slot || dram.entry_of(slot) != entry_id {
                 continue;
+            }
+            {
+                let key = dram.segment().bytes(dram.offset(slot), usize::from(current.key_len));
+                let mut events = self.events.borrow_mut();
+                if current.nvme == NONE_U64 {
+                    events.removed(key, RemovalReason::Evicted);
+                } else {
+                    events.tier_changed(key, Tier::Dram, Tier::Nvme);
+                }
             }
             dram.retire(slot);
             index.get_mut(entry_id).dram = NONE_U32;
@@ -996,6 +1016,7 @@ impl Shard {
             index.get_mut(id).nvme = NONE_U64;
             if current.dram == NONE_U32 {
                 self.forget(&mut index, id);
+                self.events.borrow_mut().removed(key, RemovalReason::Checksum);
             }
         }
         Err(Status::Checksum)
@@ -1022,6 +1043,7 @@ impl Shard {
         dram.publish(slot, id);
         index.get_mut(id).dram = slot;
         add(&self.metrics.promotions, 1);
+        self.events.borrow_mut().tier_changed(key, Tier::Nvme, Tier::Dram);
     }
 
     /// Whether `key` is stored, and the length of its value: from the index alone (the 64-bit hash), for
@@ -1049,6 +1071,7 @@ impl Shard {
             }
             drop(dram);
             self.forget(&mut index, id);
+            self.events.borrow_mut().removed(key, RemovalReason::Removed);
             entry.version
         };
         self.update_gauges();

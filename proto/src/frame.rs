@@ -42,6 +42,10 @@ pub enum Opcode {
     /// anywhere (or every key, with `ITEM_MATCH_ALL`); the reply's `object len` counts the keys removed. A
     /// client sends it to every shard.
     RemoveMatching = 8,
+    /// Turns the connection into a stream of the shard's events for keys that start with the item's key
+    /// (every key, with `ITEM_MATCH_ALL`): the node sends frames of this opcode, `count` events each (see
+    /// `events.rs`; `count` 0 is a heartbeat), until the connection closes.
+    Subscribe = 9,
 }
 
 impl Opcode {
@@ -56,6 +60,7 @@ impl Opcode {
             6 => Opcode::Remove,
             7 => Opcode::PrefixMatch,
             8 => Opcode::RemoveMatching,
+            9 => Opcode::Subscribe,
             _ => return None,
         })
     }
@@ -71,11 +76,12 @@ impl Opcode {
             Opcode::Remove => "remove",
             Opcode::PrefixMatch => "prefix_match",
             Opcode::RemoveMatching => "remove_matching",
+            Opcode::Subscribe => "subscribe",
         }
     }
 
     /// Every opcode, in wire order.
-    pub const ALL: [Opcode; 8] = [
+    pub const ALL: [Opcode; 9] = [
         Opcode::Hello,
         Opcode::Put,
         Opcode::Get,
@@ -84,6 +90,7 @@ impl Opcode {
         Opcode::Remove,
         Opcode::PrefixMatch,
         Opcode::RemoveMatching,
+        Opcode::Subscribe,
     ];
 }
 

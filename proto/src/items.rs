@@ -225,7 +225,7 @@ impl RequestItemHeader {
         }
         let known = match opcode {
             Opcode::Put => PUT_ITEM_FLAGS,
-            Opcode::RemoveMatching => ITEM_MATCH_ALL,
+            Opcode::RemoveMatching | Opcode::Subscribe => ITEM_MATCH_ALL,
             _ => 0,
         };
         if header.flags & !known != 0 {

@@ -13,10 +13,12 @@
 #![deny(missing_docs, unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+mod events;
 mod frame;
 mod hash;
 mod items;
 
+pub use events::{EVENT_HEADER_BYTES, Event, RemovalReason, Tier, encode_parts as encode_event_parts};
 pub use frame::{
     FRAME_HEADER_BYTES, FrameHeader, MAGIC, Opcode, PROTOCOL_VERSION, ProtoError, RequestFrame, RequestItem, Status,
     decode_request_frame,

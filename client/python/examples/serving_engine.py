@@ -6,6 +6,7 @@ Blocks of 16 tokens are keyed by a chained hash (a block's key covers its tokens
 vLLM's prefix caching does). Before prefilling a request the engine asks how many leading blocks are
 stored (prefix match), loads those into registered buffers (batch_get_into), computes only the rest, and
 stores what it computed (batch_put_from). A second request that shares a prefix with the first loads it.
+A router subscribed to the node's events learns which blocks the node holds without asking it.
 """
 
 import hashlib
@@ -79,7 +80,34 @@ class Engine:
         self.store.close()
 
 
+class Router:
+    """Tracks which blocks the node holds from its events (as a cache-aware router does)."""
+
+    def __init__(self, address):
+        self.store = strata.StrataStore()
+        assert self.store.setup(address) == 0
+        self.events = self.store.subscribe_events()
+        self.held = set()
+
+    def catch_up(self, expected, timeout_seconds=10):
+        import time
+
+        deadline = time.monotonic() + timeout_seconds
+        while len(self.held) < expected and time.monotonic() < deadline:
+            event = self.events.next(timeout_seconds=0.1)
+            if event is None:
+                continue
+            if event["type"] == "BlockStored":
+                self.held.update(event["keys"])
+            elif event["type"] == "BlockRemoved":
+                self.held.difference_update(event["keys"])
+            elif event["type"] == "Lagged":
+                raise RuntimeError("router lagged: resync")
+        return self.held
+
+
 def main(address):
+    router = Router(address)
     engine = Engine(address)
     rng = np.random.default_rng(7)
     system_prompt = rng.integers(0, 32000, 5 * TOKENS_PER_BLOCK).tolist()
@@ -92,6 +120,11 @@ def main(address):
     shared, total_second = engine.prefill(second)
     print(f"request 2: {shared} of {total_second} blocks loaded (the shared system prompt)")
     engine.close()
+    distinct = set(block_keys(first)) | set(block_keys(second))
+    held = router.catch_up(len(distinct))
+    print(f"router: the node holds {len(held)} blocks (from its events)")
+    assert held == distinct, (len(held), len(distinct))
+    router.events.close()
     assert (loaded, loaded_again, shared) == (0, total, 5), (loaded, loaded_again, shared)
     print("ok")
 

@@ -8,6 +8,7 @@
 
 mod buffers;
 mod codes;
+mod events;
 mod store;
 
 use pyo3::prelude::*;
@@ -16,6 +17,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _strata(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<store::StrataStore>()?;
+    module.add_class::<events::EventSubscription>()?;
     for (name, code) in codes::ALL {
         module.add(name, code)?;
     }

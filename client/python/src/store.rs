@@ -12,13 +12,14 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use pyo3::buffer::PyUntypedBuffer;
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyConnectionError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use strata_client::{Client, ClientError, ClientOptions, Pin, PutOptions, WritePolicy};
 
 use crate::buffers::{Registry, disjoint, object_bytes};
 use crate::codes;
+use crate::events::EventSubscription;
 
 /// A connection to a Strata node with Mooncake's store methods.
 #[pyclass(module = "strata._strata")]
@@ -419,6 +420,22 @@ impl StrataStore {
     }
 
     // ---- Strata's own ---------------------------------------------------------------------------------
+
+    /// Subscribes to the node's cache events for keys that start with `prefix` (all keys for None):
+    /// returns an `EventSubscription`. Raises `ConnectionError` (with the code's name) if the node
+    /// cannot be reached.
+    #[pyo3(signature = (prefix = None))]
+    fn subscribe_events(&self, py: Python<'_>, prefix: Option<&Bound<'_, PyAny>>) -> PyResult<EventSubscription> {
+        let prefix = prefix.map(key_of).transpose()?;
+        let stream = self.with_client(py, |client| client.subscribe_events(prefix.as_deref()));
+        match stream {
+            Some(Ok(stream)) => Ok(EventSubscription::new(stream)),
+            Some(Err(error)) => {
+                Err(PyConnectionError::new_err(format!("subscribe_events: {error} ({})", codes::of(&error))))
+            }
+            None => Err(PyConnectionError::new_err("subscribe_events: setup() first")),
+        }
+    }
 
     /// How many leading keys of the chain `keys` are stored (one round trip per shard), or a negative code.
     fn prefix_match(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<i64> {

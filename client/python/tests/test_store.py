@@ -299,3 +299,32 @@ def test_remove_by_regex_and_remove_all_count_what_they_removed(tmp_path):
         store.close()
     finally:
         own.stop()
+
+
+def test_subscribers_see_stores_and_removals_with_a_prefix_filter(store):
+    everything = store.subscribe_events()
+    mine = store.subscribe_events(prefix="router-test/")
+    key = "router-test/" + uuid.uuid4().hex
+    assert store.put(key, b"x" * 77) == 0
+    assert store.put(unique("other"), b"y") == 0
+    assert store.remove(key) == 0
+    seen = []
+    deadline = time.monotonic() + 10
+    while len(seen) < 2 and time.monotonic() < deadline:
+        event = mine.next(timeout_seconds=0.2)
+        if event is not None:
+            seen.append(event)
+    assert seen[0]["type"] == "BlockStored"
+    assert seen[0]["keys"] == [key] and seen[0]["size"] == 77 and seen[0]["tier"] == "dram"
+    assert seen[0]["parent"] is None
+    assert seen[1] == {**seen[1], "type": "BlockRemoved", "keys": [key], "reason": "removed"}
+    assert mine.drain() == []
+    types = []
+    while len(types) < 3 and time.monotonic() < deadline:
+        event = everything.next(timeout_seconds=0.2)
+        if event is not None:
+            types.append(event["type"])
+    assert sorted(types) == ["BlockRemoved", "BlockStored", "BlockStored"]
+    assert everything.close() == 0
+    assert everything.next(timeout_seconds=0.01) is None
+    mine.close()

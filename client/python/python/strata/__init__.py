@@ -29,11 +29,13 @@ from ._strata import (  # noqa: F401  (re-exported)
     STORAGE_ERROR,
     TRANSFER_FAIL,
     UNAVAILABLE_IN_CURRENT_STATUS,
+    EventSubscription,
     StrataStore,
 )
 
 __all__ = [
     "StrataStore",
+    "EventSubscription",
     "ReplicateConfig",
     "error_name",
     "OK",

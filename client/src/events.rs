@@ -1,0 +1,135 @@
+//! A subscription to a node's events: one dedicated connection per shard, each read by its own thread,
+//! merged into one bounded queue. When the caller falls behind, the queue fills, the threads stop reading,
+//! TCP pushes back, and the shard's bounded log reports the gap as a `Lagged` event — nothing grows
+//! without bound on either side.
+
+use std::io::Read;
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use strata_proto::{Event, FrameHeader, ITEM_MATCH_ALL, Opcode, RequestItemHeader, Status};
+
+use crate::client::{ClientOptions, ShardConnection};
+use crate::error::ClientError;
+
+/// Events queued between the readers and the caller.
+const QUEUE_EVENTS: usize = 64 * 1024;
+/// The longest event frame accepted (the node sends about 256 KiB).
+const MAX_FRAME_BYTES: u64 = 16 << 20;
+
+/// One event of one shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardEvent {
+    /// The shard it happened on.
+    pub shard: u32,
+    /// Its number in the shard's sequence.
+    pub sequence: u64,
+    /// What happened.
+    pub event: Event,
+}
+
+/// A live subscription; dropping it closes the connections.
+pub struct EventStream {
+    events: Receiver<Result<ShardEvent, ClientError>>,
+    sockets: Vec<TcpStream>,
+    readers: Vec<JoinHandle<()>>,
+}
+
+impl EventStream {
+    pub(crate) fn open(
+        addrs: &[SocketAddr],
+        options: &ClientOptions,
+        prefix: Option<&[u8]>,
+    ) -> Result<Self, ClientError> {
+        let (sender, events) = sync_channel(QUEUE_EVENTS);
+        let mut stream = Self { events, sockets: Vec::new(), readers: Vec::new() };
+        for (shard, &addr) in addrs.iter().enumerate() {
+            let (mut connection, _hello) = ShardConnection::open(addr, options)?;
+            let (key, flags) = match prefix {
+                Some(prefix) if !prefix.is_empty() => (prefix, 0),
+                _ => (&b"*"[..], ITEM_MATCH_ALL),
+            };
+            let mut item = Vec::new();
+            RequestItemHeader { key_len: key.len() as u16, flags, ..Default::default() }.encode_into(&mut item);
+            item.extend_from_slice(key);
+            let mut head = Vec::new();
+            FrameHeader::request(Opcode::Subscribe, 1, 1, item.len() as u64).encode_into(&mut head);
+            let io = |error: std::io::Error| ClientError::from_io(&error);
+            connection.send(&head).map_err(io)?;
+            connection.send(&item).map_err(io)?;
+            connection.flush().map_err(io)?;
+            stream.sockets.push(connection.writer.try_clone().map_err(io)?);
+            let sender = sender.clone();
+            let reader = std::thread::Builder::new()
+                .name(format!("strata-events-{shard}"))
+                .spawn(move || read_events(connection, shard as u32, sender))
+                .map_err(io)?;
+            stream.readers.push(reader);
+        }
+        Ok(stream)
+    }
+
+    /// The next event, waiting at most `timeout`; `None` if none came. An `Err` ends that shard's stream
+    /// (the connection failed): subscribe again, and resync.
+    pub fn next_timeout(&self, timeout: Duration) -> Option<Result<ShardEvent, ClientError>> {
+        // A timeout and a closed stream both mean "nothing now".
+        self.events.recv_timeout(timeout).ok()
+    }
+
+    /// Every event queued now, without waiting.
+    pub fn drain(&self) -> Vec<Result<ShardEvent, ClientError>> {
+        self.events.try_iter().collect()
+    }
+}
+
+impl Drop for EventStream {
+    fn drop(&mut self) {
+        for socket in &self.sockets {
+            let _ = socket.shutdown(Shutdown::Both);
+        }
+        // Unblock readers waiting on a full queue.
+        while self.events.try_recv().is_ok() {}
+        for reader in self.readers.drain(..) {
+            while !reader.is_finished() {
+                while self.events.try_recv().is_ok() {}
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let _ = reader.join();
+        }
+    }
+}
+
+fn read_events(mut connection: ShardConnection, shard: u32, sender: SyncSender<Result<ShardEvent, ClientError>>) {
+    let outcome = (|| -> Result<(), ClientError> {
+        let mut body = Vec::new();
+        loop {
+            let header = connection.read_header(Opcode::Subscribe, 1)?;
+            if header.status != Status::Ok {
+                return Err(ClientError::from_status(header.status));
+            }
+            if header.body_len > MAX_FRAME_BYTES {
+                return Err(ClientError::Protocol(format!("event frame of {} bytes", header.body_len)));
+            }
+            body.resize(header.body_len as usize, 0);
+            connection.reader.read_exact(&mut body).map_err(|error| ClientError::from_io(&error))?;
+            let mut at = 0;
+            for _ in 0..header.count {
+                let (event, sequence, len) =
+                    Event::decode(&body[at..]).map_err(|error| ClientError::Protocol(error.to_string()))?;
+                at += len;
+                if sender.send(Ok(ShardEvent { shard, sequence, event })).is_err() {
+                    return Ok(());
+                }
+            }
+            if at != body.len() {
+                return Err(ClientError::Protocol("events do not fill their frame".into()));
+            }
+        }
+    })();
+    if let Err(error) = outcome {
+        // The stream was closed by its owner (drop) or failed; report only the latter, without blocking.
+        let _ = sender.try_send(Err(error));
+    }
+}

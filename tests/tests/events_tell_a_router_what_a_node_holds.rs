@@ -1,0 +1,134 @@
+//! A router subscribed to a node's events sees every block stored, moved between tiers and removed, can
+//! filter by key prefix, and is told when it fell behind (LAGGED) instead of the node buffering without
+//! bound.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use common::{Scratch, client, config, key_of, start, value_of, with_file};
+use strata_client::{Event, EventStream, RemovalReason, ShardEvent, Tier};
+
+/// Collects events until `done` says so or 10 s pass.
+fn collect(stream: &EventStream, mut done: impl FnMut(&[ShardEvent]) -> bool) -> Vec<ShardEvent> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut events = Vec::new();
+    while !done(&events) && Instant::now() < deadline {
+        if let Some(event) = stream.next_timeout(Duration::from_millis(50)) {
+            events.push(event.expect("event"));
+        }
+    }
+    events
+}
+
+#[test]
+fn stores_tier_changes_and_removals_are_reported_in_order() {
+    let scratch = Scratch::new("events");
+    let node = start(with_file(config(&[0, 1], 8 << 20), &scratch.file("ns0.img"), 64 << 20));
+    let mut client = client(&node);
+    let everything = client.subscribe_events(None).expect("subscribe");
+    let system_only = client.subscribe_events(Some(b"sys/")).expect("subscribe with a prefix");
+    client.put(b"sys/prompt", &value_of(1, 1000)).expect("put");
+    for index in 0..10u64 {
+        client.put(&key_of(index), &value_of(index, 4096)).expect("put");
+    }
+    client.remove(&key_of(3)).expect("remove");
+    let events = collect(&everything, |events| events.len() >= 12);
+    let stored: Vec<_> = events
+        .iter()
+        .filter_map(|event| match &event.event {
+            Event::BlockStored { key, size, tier, parent } => Some((key.clone(), *size, *tier, parent.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stored.len(), 11, "{events:?}");
+    assert!(stored.contains(&(b"sys/prompt".to_vec(), 1000, Tier::Dram, None)));
+    assert!(stored.contains(&(key_of(9), 4096, Tier::Dram, None)));
+    let removed = events.iter().find(|event| matches!(event.event, Event::BlockRemoved { .. })).expect("removal");
+    assert_eq!(removed.event, Event::BlockRemoved { key: key_of(3), reason: RemovalReason::Removed });
+    // Per shard, sequence numbers are consecutive.
+    let mut last: HashMap<u32, u64> = HashMap::new();
+    for event in &events {
+        if let Some(previous) = last.insert(event.shard, event.sequence) {
+            assert_eq!(event.sequence, previous + 1, "shard {}", event.shard);
+        }
+    }
+
+    // 16 MiB of 64 KiB blocks over 8 MiB of DRAM: evictions to the NVMe tier (written through already).
+    for index in 100..356u64 {
+        client.put(&key_of(index), &value_of(index, 64 << 10)).expect("put");
+    }
+    let demoted = collect(&everything, |events| {
+        events.iter().any(|event| matches!(&event.event, Event::TierChanged { key, .. } if *key == key_of(100)))
+    });
+    let moved = demoted
+        .iter()
+        .find(|event| matches!(&event.event, Event::TierChanged { key, .. } if *key == key_of(100)))
+        .expect("the oldest block left DRAM");
+    assert_eq!(moved.event, Event::TierChanged { key: key_of(100), from: Tier::Dram, to: Tier::Nvme });
+    // Two hits within the promotion window bring it back.
+    client.get(&key_of(100)).expect("get");
+    client.get(&key_of(100)).expect("get");
+    let promoted = collect(&everything, |events| {
+        events.iter().any(|event| matches!(&event.event, Event::TierChanged { to: Tier::Dram, .. }))
+    });
+    assert!(
+        promoted
+            .iter()
+            .any(|event| event.event == Event::TierChanged { key: key_of(100), from: Tier::Nvme, to: Tier::Dram }),
+        "{promoted:?}"
+    );
+
+    // The prefix subscription saw only its key: stored, then (maybe) moved to NVMe and back.
+    let mut filtered = collect(&system_only, |events| !events.is_empty());
+    filtered.extend(system_only.drain().into_iter().map(|event| event.expect("event")));
+    assert!(matches!(&filtered[0].event, Event::BlockStored { key, .. } if key == b"sys/prompt"));
+    for event in &filtered {
+        let key = match &event.event {
+            Event::BlockStored { key, .. } | Event::BlockRemoved { key, .. } | Event::TierChanged { key, .. } => key,
+            Event::Lagged { .. } => panic!("lagged"),
+        };
+        assert!(key.starts_with(b"sys/"), "{event:?}");
+    }
+    drop(everything);
+    drop(system_only);
+    node.shutdown().expect("shutdown");
+}
+
+#[test]
+fn a_subscriber_that_falls_behind_is_told_how_much_it_missed() {
+    let mut small_log = config(&[0], 64 << 20);
+    small_log.event_log_bytes = 16 << 10;
+    let node = start(small_log);
+    let mut client = client(&node);
+    let stream = client.subscribe_events(None).expect("subscribe");
+    // 400,000 puts (about 26 MB of events) while the subscriber reads nothing: far more than its queue,
+    // the sockets' buffers and the node's 16 KiB log hold together.
+    const PUTS: u64 = 400_000;
+    let keys: Vec<Vec<u8>> = (0..PUTS).map(|index| format!("event-block-{index:020}").into_bytes()).collect();
+    for batch in keys.chunks(1000) {
+        let items: Vec<(&[u8], &[u8])> = batch.iter().map(|key| (&key[..], &b"v"[..])).collect();
+        assert!(client.batch_put(&items).iter().all(Result::is_ok));
+    }
+    // One event per put, and one per block evicted to make room (a DRAM-only node drops them).
+    let produced = PUTS + common::total(&node, |shard| &shard.dram_evictions);
+    let mut delivered = 0u64;
+    let mut missed = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while delivered + missed < produced && Instant::now() < deadline {
+        match stream.next_timeout(Duration::from_millis(200)) {
+            Some(Ok(ShardEvent { event: Event::Lagged { missed: count }, .. })) => missed += u64::from(count),
+            Some(Ok(ShardEvent { event: Event::BlockStored { .. } | Event::BlockRemoved { .. }, .. })) => {
+                delivered += 1
+            }
+            Some(other) => panic!("unexpected {other:?}"),
+            None => {}
+        }
+    }
+    assert!(missed > 0, "the subscriber was told it lagged");
+    assert!(delivered > 0);
+    assert_eq!(delivered + missed, produced, "every event is delivered or counted as missed");
+    drop(stream);
+    node.shutdown().expect("shutdown");
+}
