@@ -49,8 +49,8 @@ pub struct EngineConfig {
     pub event_log_bytes: usize,
     /// Protocol bounds.
     pub limits: Limits,
-    /// Token a client must present in HELLO; none: the node is open.
-    pub auth_token: Option<Vec<u8>>,
+    /// The node's tenants, each with its token and quotas; none: the node is open (keep it on loopback).
+    pub tenants: Vec<crate::tenants::TenantConfig>,
     /// Where to serve `/metrics` and `/healthz`; none: not served.
     pub metrics: Option<SocketAddr>,
     /// Busy-poll each executor for this long before sleeping (latency for CPU).
@@ -85,7 +85,7 @@ impl Default for EngineConfig {
             max_pinned_share: 0.5,
             event_log_bytes: 8 << 20,
             limits: Limits::default(),
-            auth_token: None,
+            tenants: Vec::new(),
             metrics: Some(SocketAddr::from(([127, 0, 0, 1], 9600))),
             spin_before_park: None,
             busy_poll: false,
@@ -112,6 +112,7 @@ impl EngineConfig {
         if !(0.0..=0.9).contains(&self.max_pinned_share) {
             return Err(format!("the pinned share {} must be within 0..=0.9", self.max_pinned_share));
         }
+        crate::tenants::Tenancy::new(&self.tenants, self.cpus.len() as u32)?;
         if self.region_buffers < 2 {
             return Err("at least 2 region buffers per shard are needed (one fills while one is written)".into());
         }

@@ -112,10 +112,18 @@ impl EventLog {
         }
     }
 
-    /// Appends to `out` the events from `cursor` on whose keys start with `prefix` (all, for `None`), up to
-    /// about `max_bytes`; returns the number appended and the next cursor. A cursor older than the oldest
-    /// kept event first yields a `LAGGED` event.
-    pub fn read(&self, cursor: u64, prefix: Option<&[u8]>, max_bytes: usize, out: &mut Vec<u8>) -> (u32, u64) {
+    /// Appends to `out` the events from `cursor` on whose keys start with `prefix` (all, for `None`), with
+    /// the first `strip` bytes of each key taken off (a tenant's prefix), up to about `max_bytes`; returns
+    /// the number appended and the next cursor. A cursor older than the oldest kept event first yields a
+    /// `LAGGED` event.
+    pub fn read(
+        &self,
+        cursor: u64,
+        prefix: Option<&[u8]>,
+        strip: usize,
+        max_bytes: usize,
+        out: &mut Vec<u8>,
+    ) -> (u32, u64) {
         let mut count = 0u32;
         let mut cursor = cursor;
         if cursor < self.first_sequence {
@@ -134,7 +142,13 @@ impl EventLog {
             let key = &event[strata_proto::EVENT_HEADER_BYTES..strata_proto::EVENT_HEADER_BYTES + key_len];
             // LAGGED (kind 4) has no key and goes to every subscriber.
             if event[0] == 4 || prefix.is_none_or(|prefix| key.starts_with(prefix)) {
-                out.extend_from_slice(event);
+                if strip == 0 || event[0] == 4 {
+                    out.extend_from_slice(event);
+                } else {
+                    let size = u32::from_le_bytes([event[4], event[5], event[6], event[7]]);
+                    let codes = [event[0], event[1], event[2], event[3]];
+                    encode_event_parts(out, codes, size, &key[strip.min(key.len())..], &[], cursor);
+                }
                 count += 1;
             }
             cursor += 1;
@@ -211,7 +225,7 @@ mod tests {
             log.borrow_mut().stored(format!("key-{index}").as_bytes(), index, Tier::Dram);
         }
         let mut out = Vec::new();
-        let (count, next) = log.borrow().read(cursor, None, usize::MAX, &mut out);
+        let (count, next) = log.borrow().read(cursor, None, 0, usize::MAX, &mut out);
         let events = decode_all(&out);
         assert_eq!(count as usize, events.len());
         let Event::Lagged { missed } = events[0].0 else { panic!("first event {:?}", events[0]) };
@@ -224,13 +238,13 @@ mod tests {
         log.borrow_mut().removed(b"chat/1", RemovalReason::Evicted);
         log.borrow_mut().tier_changed(b"sys/1", Tier::Dram, Tier::Nvme);
         let mut out = Vec::new();
-        let (count, next) = log.borrow().read(next, Some(b"sys/"), usize::MAX, &mut out);
+        let (count, next) = log.borrow().read(next, Some(b"sys/"), 0, usize::MAX, &mut out);
         assert_eq!(count, 1);
         assert_eq!(
             decode_all(&out)[0].0,
             Event::TierChanged { key: b"sys/1".to_vec(), from: Tier::Dram, to: Tier::Nvme }
         );
-        assert_eq!(log.borrow().read(next, None, usize::MAX, &mut Vec::new()).0, 0);
+        assert_eq!(log.borrow().read(next, None, 0, usize::MAX, &mut Vec::new()).0, 0);
         drop(subscription);
         assert!(!log.borrow().observed());
     }

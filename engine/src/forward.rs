@@ -196,7 +196,7 @@ async fn serve(shard: &Rc<Shard>, request: Forward) -> ForwardReply {
         ForwardOp::Put { value, value_crc, options } => {
             let status = match shard.put_refusal(key, value.len() as u32, &options) {
                 Some(status) => Err(status),
-                None => shard.reserve_put((key.len() + value.len()) as u64).await,
+                None => shard.reserve_put(key, (key.len() + value.len()) as u64).await,
             };
             let status = match status {
                 Err(status) => status,

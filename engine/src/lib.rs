@@ -18,6 +18,7 @@ pub mod segment;
 mod server;
 pub mod shard;
 mod sys;
+pub mod tenants;
 
 pub use crate::config::EngineConfig;
 pub use crate::node::{Node, NodeError, NodeSummary, start};

@@ -100,6 +100,21 @@ pub struct ShardMetrics {
     pub nvme_poisoned: AtomicU64,
     /// Bytes of pinned objects, hard and soft (gauge).
     pub pinned_bytes: AtomicU64,
+    /// Per tenant usage of this shard, published by the shard (with `try_lock`, never waiting).
+    pub tenants: std::sync::Mutex<Vec<TenantGauge>>,
+}
+
+/// A tenant's bytes on one shard.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TenantGauge {
+    /// Its name.
+    pub tenant: String,
+    /// DRAM bytes.
+    pub dram_bytes: u64,
+    /// NVMe bytes.
+    pub nvme_bytes: u64,
+    /// Pinned bytes.
+    pub pinned_bytes: u64,
 }
 
 /// Adds `value` to a counter.
@@ -259,6 +274,31 @@ pub fn render(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
     }
     let _ =
         writeln!(out, "# TYPE strata_nvme_poisoned gauge\nstrata_nvme_poisoned {}", sum(|s| &s.nvme_poisoned).min(1));
+    let mut per_tenant: std::collections::BTreeMap<String, TenantGauge> = std::collections::BTreeMap::new();
+    for shard in shards {
+        let published = shard.tenants.lock().map(|gauges| gauges.clone()).unwrap_or_default();
+        for gauge in published {
+            let total = per_tenant.entry(gauge.tenant.clone()).or_default();
+            total.dram_bytes += gauge.dram_bytes;
+            total.nvme_bytes += gauge.nvme_bytes;
+            total.pinned_bytes += gauge.pinned_bytes;
+        }
+    }
+    if !per_tenant.is_empty() {
+        let _ = writeln!(
+            out,
+            "# HELP strata_tenant_bytes Bytes of a tenant's objects per tier.\n# TYPE strata_tenant_bytes gauge"
+        );
+        for (name, gauge) in &per_tenant {
+            // A label value escapes backslashes, quotes and newlines (Prometheus text format).
+            let tenant = name.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
+            for (tier, bytes) in
+                [("dram", gauge.dram_bytes), ("nvme", gauge.nvme_bytes), ("pinned", gauge.pinned_bytes)]
+            {
+                let _ = writeln!(out, "strata_tenant_bytes{{tenant=\"{tenant}\",tier=\"{tier}\"}} {bytes}");
+            }
+        }
+    }
     out
 }
 

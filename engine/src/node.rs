@@ -73,6 +73,8 @@ pub struct NodeSummary {
     pub recovery: Vec<RecoveryReport>,
     /// Metrics address.
     pub metrics: Option<SocketAddr>,
+    /// Names of the configured tenants (none: the node is open).
+    pub tenants: Vec<String>,
 }
 
 impl std::fmt::Display for NodeSummary {
@@ -111,6 +113,13 @@ impl std::fmt::Display for NodeSummary {
                 self.region_bytes >> 20,
                 self.regions_per_shard
             )?;
+        }
+        if self.tenants.is_empty() {
+            let exposure =
+                if self.listen.ip().is_loopback() { "on loopback" } else { "NOT on loopback: anyone who can reach it" };
+            writeln!(f, "  tenants: none configured — the node is open to every client ({exposure})")?;
+        } else {
+            writeln!(f, "  tenants: {} (keys scoped per tenant, tokens required)", self.tenants.join(", "))?;
         }
         match self.metrics {
             Some(addr) => write!(f, "  metrics: http://{addr}/metrics and /healthz"),
@@ -560,6 +569,7 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
             region_bytes: config.region_bytes,
             recovery,
             metrics: metrics_addr.as_ref().map(|(addr, _)| *addr),
+            tenants: config.tenants.iter().map(|tenant| tenant.name.clone()).collect(),
         },
         stop: Arc::clone(&stop),
         listener_fds,

@@ -24,6 +24,7 @@ use strata_proto::{
 use crate::forward::ForwardOp;
 use crate::metrics::{add, is_error};
 use crate::shard::{DurablePoint, ReadData, ReadHit, Shard};
+use crate::tenants::Scope;
 
 /// The shard that owns `key`, if not this one (the item is then forwarded).
 fn other_owner(shard: &Shard, key: &[u8]) -> Option<u32> {
@@ -180,15 +181,6 @@ impl Connection {
     }
 }
 
-fn tokens_match(expected: &[u8], presented: &[u8]) -> bool {
-    // Constant time in the token's content: every byte is compared, whatever the first difference.
-    let mut difference = (expected.len() ^ presented.len()) as u8 | u8::from(expected.len() != presented.len());
-    for index in 0..expected.len().max(presented.len()) {
-        difference |= expected.get(index).copied().unwrap_or(0) ^ presented.get(index).copied().unwrap_or(0xff);
-    }
-    difference == 0
-}
-
 /// Serves one client connection until it closes or breaks the protocol.
 pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
     let _ = stream.set_nodelay(true);
@@ -201,7 +193,8 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
         end: 0,
         output: Vec::with_capacity(64 << 10),
     };
-    let mut authenticated = shard.config.auth_token.is_none();
+    // An open node scopes nothing; a tenanted one waits for the HELLO that names the tenant.
+    let mut scope = (!shard.tenancy.is_tenanted()).then(Scope::open);
     loop {
         match connection.fill(FRAME_HEADER_BYTES).await {
             Ok(true) => {}
@@ -212,7 +205,7 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
         connection.start += FRAME_HEADER_BYTES;
         let outcome = match decoded {
             Err(error) => Err((None, ConnectionError::from(error))),
-            Ok(header) => match handle_frame(&shard, &mut connection, header, &mut authenticated).await {
+            Ok(header) => match handle_frame(&shard, &mut connection, header, &mut scope).await {
                 Ok(counts) => {
                     let latency = started.elapsed().as_nanos() as u64;
                     shard.metrics.frame(header.opcode, u64::from(header.count), counts.0, counts.1, latency);
@@ -247,26 +240,28 @@ async fn handle_frame(
     shard: &Rc<Shard>,
     connection: &mut Connection,
     header: FrameHeader,
-    authenticated: &mut bool,
+    scope: &mut Option<Scope>,
 ) -> Result<(u64, u64), ConnectionError> {
     let limits = shard.config.limits;
     header.check_request(&limits)?;
     if header.opcode == Opcode::Hello {
-        return handle_hello(shard, connection, header, authenticated).await.map(|()| (0, 0));
+        return handle_hello(shard, connection, header, scope).await.map(|()| (0, 0));
     }
-    if !*authenticated {
+    let Some(scope) = scope.as_ref() else {
         add(&shard.metrics.auth_failures, 1);
-        return Err(ConnectionError::Protocol(Status::Unauthenticated, "no HELLO with the node's token".into()));
-    }
+        return Err(ConnectionError::Protocol(Status::Unauthenticated, "no HELLO with a tenant's token".into()));
+    };
     let statuses = match header.opcode {
-        Opcode::Put => handle_put(shard, connection, header).await?,
+        Opcode::Put => handle_put(shard, connection, header, scope).await?,
         _ => {
             let mut body = vec![0u8; header.body_len as usize];
             connection.read_exact(&mut body).await?;
             let items = parse_items(&body, header, &limits)?;
             match header.opcode {
-                Opcode::Get | Opcode::GetRange => return handle_get(shard, connection, header, &body, &items).await,
-                Opcode::Subscribe => return handle_subscribe(shard, connection, header, &body, &items).await,
+                Opcode::Get | Opcode::GetRange => {
+                    return handle_get(shard, connection, header, &body, &items, scope).await;
+                }
+                Opcode::Subscribe => return handle_subscribe(shard, connection, header, &body, &items, scope).await,
                 Opcode::Exists | Opcode::PrefixMatch => {
                     // A prefix match looks keys up in order and stops at each chain's first miss: the rest
                     // of that chain is useless to the caller (a suffix without its prefix), so it is
@@ -275,15 +270,16 @@ async fn handle_frame(
                     let mut broken_chains: std::collections::HashSet<u32> = std::collections::HashSet::new();
                     let mut statuses = Vec::with_capacity(items.len());
                     for (item, key_at, key_len) in &items {
-                        let key = &body[*key_at..*key_at + *key_len];
+                        let user_key = &body[*key_at..*key_at + *key_len];
                         if prefix && broken_chains.contains(&item.offset) {
                             statuses.push(ResponseItemHeader::status(Status::NotFound));
                             continue;
                         }
-                        let found = match other_owner(shard, key) {
-                            None => shard.exists(key),
+                        let key = scope.scoped(user_key);
+                        let found = match other_owner(shard, user_key) {
+                            None => shard.exists(&key),
                             Some(owner) => {
-                                let reply = forward(shard, owner, key, ForwardOp::Exists).await;
+                                let reply = forward(shard, owner, &key, ForwardOp::Exists).await;
                                 if reply.status == Status::Ok { Ok(reply.object_len) } else { Err(reply.status) }
                             }
                         };
@@ -303,17 +299,18 @@ async fn handle_frame(
                     let mut statuses = Vec::with_capacity(items.len());
                     for (item, key_at, key_len) in &items {
                         let pattern = &body[*key_at..*key_at + *key_len];
-                        statuses.push(remove_matching(shard, item.flags, pattern).await);
+                        statuses.push(remove_matching(shard, item.flags, pattern, scope).await);
                     }
                     statuses
                 }
                 _ => {
                     let mut statuses = Vec::with_capacity(items.len());
                     for (_, key_at, key_len) in &items {
-                        let key = &body[*key_at..*key_at + *key_len];
-                        let status = match other_owner(shard, key) {
-                            None => shard.remove(key).await.err().unwrap_or(Status::Ok),
-                            Some(owner) => forward(shard, owner, key, ForwardOp::Remove).await.status,
+                        let user_key = &body[*key_at..*key_at + *key_len];
+                        let key = scope.scoped(user_key);
+                        let status = match other_owner(shard, user_key) {
+                            None => shard.remove(&key).await.err().unwrap_or(Status::Ok),
+                            Some(owner) => forward(shard, owner, &key, ForwardOp::Remove).await.status,
                         };
                         statuses.push(ResponseItemHeader::status(status));
                     }
@@ -342,7 +339,7 @@ async fn handle_frame(
 /// The answer to one REMOVE_MATCHING item on this shard: the keys removed, or `Invalid` for a pattern that
 /// is not a regular expression (or one too large to compile within a bound, so a pattern cannot make the
 /// shard build an unbounded automaton).
-async fn remove_matching(shard: &Rc<Shard>, flags: u16, pattern: &[u8]) -> ResponseItemHeader {
+async fn remove_matching(shard: &Rc<Shard>, flags: u16, pattern: &[u8], scope: &Scope) -> ResponseItemHeader {
     let matcher = if flags & strata_proto::ITEM_MATCH_ALL != 0 {
         None
     } else {
@@ -354,7 +351,7 @@ async fn remove_matching(shard: &Rc<Shard>, flags: u16, pattern: &[u8]) -> Respo
             None => return ResponseItemHeader::status(Status::Invalid),
         }
     };
-    let removed = shard.remove_matching(matcher.as_ref()).await;
+    let removed = shard.remove_matching(scope.prefix(), matcher.as_ref()).await;
     ResponseItemHeader { status: Status::Ok, data_len: 0, data_crc: 0, object_len: removed }
 }
 
@@ -370,16 +367,22 @@ async fn handle_subscribe(
     header: FrameHeader,
     body: &[u8],
     items: &[(RequestItemHeader, usize, usize)],
+    scope: &Scope,
 ) -> Result<(u64, u64), ConnectionError> {
     let [(item, key_at, key_len)] = items else {
         return Err(ConnectionError::Protocol(Status::Invalid, "SUBSCRIBE takes one item".into()));
     };
-    let prefix = (item.flags & strata_proto::ITEM_MATCH_ALL == 0).then(|| &body[*key_at..*key_at + *key_len]);
+    // A tenant sees only its own keys' events, with its prefix taken off again.
+    let user_prefix: &[u8] =
+        if item.flags & strata_proto::ITEM_MATCH_ALL == 0 { &body[*key_at..*key_at + *key_len] } else { &[] };
+    let full_prefix = scope.scoped(user_prefix);
+    let prefix = (!full_prefix.is_empty()).then_some(&full_prefix[..]);
+    let strip = scope.prefix().len();
     let (subscription, mut cursor) = crate::events::Subscription::new(&shard.events);
     let mut events = Vec::with_capacity(EVENT_FRAME_BYTES + 4096);
     loop {
         events.clear();
-        let (count, next) = shard.events.borrow().read(cursor, prefix, EVENT_FRAME_BYTES, &mut events);
+        let (count, next) = shard.events.borrow().read(cursor, prefix, strip, EVENT_FRAME_BYTES, &mut events);
         cursor = next;
         if count == 0 {
             let woken = futures_lite::future::or(
@@ -445,18 +448,16 @@ async fn handle_hello(
     shard: &Rc<Shard>,
     connection: &mut Connection,
     header: FrameHeader,
-    authenticated: &mut bool,
+    scope: &mut Option<Scope>,
 ) -> Result<(), ConnectionError> {
     let mut body = vec![0u8; header.body_len as usize];
     connection.read_exact(&mut body).await?;
     let hello = HelloRequest::decode(&body)?;
-    if let Some(token) = &shard.config.auth_token
-        && !tokens_match(token, &hello.token)
-    {
+    let Some(tenant) = shard.tenancy.authenticate(&hello.token) else {
         add(&shard.metrics.auth_failures, 1);
-        return Err(ConnectionError::Protocol(Status::Unauthenticated, "wrong token".into()));
-    }
-    *authenticated = true;
+        return Err(ConnectionError::Protocol(Status::Unauthenticated, "no tenant has this token".into()));
+    };
+    *scope = Some(tenant);
     let reply = HelloReply {
         shard_count: shard.shard_count,
         shard_id: shard.id,
@@ -481,6 +482,7 @@ async fn handle_put(
     shard: &Rc<Shard>,
     connection: &mut Connection,
     header: FrameHeader,
+    scope: &Scope,
 ) -> Result<Vec<ResponseItemHeader>, ConnectionError> {
     let limits = shard.config.limits;
     let mut statuses = Vec::with_capacity(header.count as usize);
@@ -503,15 +505,18 @@ async fn handle_put(
         if consumed > header.body_len {
             return Err(ProtoError::BodyMismatch { items: consumed, body: header.body_len }.into());
         }
-        let mut key = vec![0u8; key_len];
-        connection.read_exact(&mut key).await?;
+        let mut user_key = vec![0u8; key_len];
+        connection.read_exact(&mut user_key).await?;
+        let owner = other_owner(shard, &user_key);
+        let key = scope.scoped(&user_key).into_owned();
+        let key_len = key.len();
         if u64::from(item.value_len) > limits.max_value_bytes {
             connection.skip(u64::from(item.value_len)).await?;
             statuses.push(ResponseItemHeader::status(Status::TooLarge));
             continue;
         }
         let mut options = PutOptions::decode(&item);
-        if let Some(owner) = other_owner(shard, &key) {
+        if let Some(owner) = owner {
             let mut value = vec![0u8; item.value_len as usize];
             let status = if connection.read_exact_crc(&mut value).await? != item.value_crc {
                 Status::TransferChecksum
@@ -529,7 +534,7 @@ async fn handle_put(
             continue;
         }
         let total = key_len as u64 + u64::from(item.value_len);
-        let reservation = match shard.reserve_put(total).await {
+        let reservation = match shard.reserve_put(&key, total).await {
             Ok(reservation) => reservation,
             Err(status) => {
                 connection.skip(u64::from(item.value_len)).await?;
@@ -577,15 +582,17 @@ async fn handle_get(
     header: FrameHeader,
     body: &[u8],
     items: &[(RequestItemHeader, usize, usize)],
+    scope: &Scope,
 ) -> Result<(u64, u64), ConnectionError> {
     let mut results: Vec<Result<ReadHit, Status>> = Vec::with_capacity(items.len());
     for (item, key_at, key_len) in items {
-        let key = &body[*key_at..*key_at + *key_len];
+        let user_key = &body[*key_at..*key_at + *key_len];
+        let key = scope.scoped(user_key);
         let range = (header.opcode == Opcode::GetRange).then_some((item.offset, item.value_len));
-        let result = match other_owner(shard, key) {
-            None => shard.get(key, range).await,
+        let result = match other_owner(shard, user_key) {
+            None => shard.get(&key, range).await,
             Some(owner) => {
-                let reply = forward(shard, owner, key, ForwardOp::Get(range)).await;
+                let reply = forward(shard, owner, &key, ForwardOp::Get(range)).await;
                 if reply.status == Status::Ok {
                     Ok(ReadHit {
                         data_crc: reply.data_crc,

@@ -25,6 +25,7 @@ use crate::metrics::{ShardMetrics, add, set};
 use crate::record::{
     RECORD_HEADER_BYTES, RECORD_PINNED, RECORD_TOMBSTONE, REGION_HEADER_BYTES, RecordHeader, RegionHeader,
 };
+use crate::tenants::{Tenancy, tenant_of};
 
 /// Ticks are 10 ms: leases and windows are coarse, and a `u32` of ticks lasts 497 days.
 const TICK: Duration = Duration::from_millis(10);
@@ -55,6 +56,28 @@ pub struct Shard {
     pins: RefCell<PinBook>,
     /// What subscribers are told (recorded only while someone subscribes).
     pub events: Rc<RefCell<EventLog>>,
+    /// The node's tenants.
+    pub tenancy: Tenancy,
+    usage: RefCell<std::collections::HashMap<u32, TenantUsage>>,
+}
+
+/// Bytes (keys and values) a tenant's objects take on this shard.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TenantUsage {
+    /// In the DRAM tier.
+    pub dram: u64,
+    /// On the NVMe tier.
+    pub nvme: u64,
+    /// Pinned (hard or soft).
+    pub pinned: u64,
+}
+
+/// A tier whose usage changes.
+#[derive(Clone, Copy)]
+enum Use {
+    Dram,
+    Nvme,
+    Pinned,
 }
 
 /// What the shard knows of its pinned objects. The index entry says *whether* an object is pinned (a flag);
@@ -198,6 +221,8 @@ impl Shard {
         set(&metrics.dram_capacity_bytes, dram.capacity_bytes());
         let pin_limit = (dram.capacity_bytes() as f64 * config.max_pinned_share) as u64;
         let events = Rc::new(RefCell::new(EventLog::new(config.event_log_bytes)));
+        // Validated by `EngineConfig::validate`; an error here leaves the node open, which validate forbids.
+        let tenancy = Tenancy::new(&config.tenants, shard_count).unwrap_or_default();
         if let Some(log) = &log {
             set(&metrics.nvme_regions, log.regions.len() as u64);
             set(&metrics.nvme_region_bytes, log.region_bytes);
@@ -218,19 +243,54 @@ impl Shard {
             forwarder: std::cell::OnceCell::new(),
             pins: RefCell::new(PinBook { limit: pin_limit, ..PinBook::default() }),
             events,
+            tenancy,
+            usage: RefCell::new(std::collections::HashMap::new()),
         })
     }
 
-    /// Drops entry `id` from the index, and from the pin book if it was pinned. Every removal goes through
-    /// here so that the pinned-bytes count stays exact.
-    fn forget(&self, index: &mut Index, id: u32) -> Entry {
+    /// Drops entry `id` (whose key is `key`, when known) from the index, from the pin book if it was
+    /// pinned, and from its tenant's NVMe usage if it still had a record. Every removal goes through here
+    /// so that the counts stay exact; the caller has retired (and accounted) its DRAM copy. Only a region
+    /// that cannot be read back leaves keys unknown: their tenant's counts then stay high until a restart.
+    fn forget(&self, index: &mut Index, id: u32, key: Option<&[u8]>) -> Entry {
         let entry = index.remove(id);
-        self.unpin_entry(&entry);
+        self.unpin_entry(&entry, key);
+        if let Some(key) = key
+            && entry.nvme != NONE_U64
+        {
+            self.account(key, Use::Nvme, object_bytes(&entry), false);
+        }
         entry
     }
 
-    fn unpin_entry(&self, entry: &Entry) {
+    /// Adds (or with `charge` false, takes back) `bytes` of `key`'s tenant's usage of `tier`.
+    fn account(&self, key: &[u8], tier: Use, bytes: u64, charge: bool) {
+        let tenant = tenant_of(key, self.tenancy.is_tenanted());
+        let mut usage = self.usage.borrow_mut();
+        let entry = usage.entry(tenant).or_default();
+        let field = match tier {
+            Use::Dram => &mut entry.dram,
+            Use::Nvme => &mut entry.nvme,
+            Use::Pinned => &mut entry.pinned,
+        };
+        *field = if charge { *field + bytes } else { field.saturating_sub(bytes) };
+    }
+
+    /// Bytes each tenant's objects take on this shard (metrics).
+    pub fn tenant_usage(&self) -> Vec<(u32, TenantUsage)> {
+        self.usage.borrow().iter().map(|(&tenant, &usage)| (tenant, usage)).collect()
+    }
+
+    fn usage_of(&self, key: &[u8]) -> (TenantUsage, crate::tenants::Quotas) {
+        let tenant = tenant_of(key, self.tenancy.is_tenanted());
+        (self.usage.borrow().get(&tenant).copied().unwrap_or_default(), self.tenancy.quotas_of(tenant))
+    }
+
+    fn unpin_entry(&self, entry: &Entry, key: Option<&[u8]>) {
         if is_pinned(entry) {
+            if let Some(key) = key {
+                self.account(key, Use::Pinned, object_bytes(entry), false);
+            }
             let mut pins = self.pins.borrow_mut();
             pins.bytes = pins.bytes.saturating_sub(object_bytes(entry));
             pins.soft_expiry.remove(&entry.hash);
@@ -240,7 +300,7 @@ impl Shard {
 
     /// Whether the pin of `entry` holds at `now`: hard pins always, soft pins until their TTL lapses
     /// (a lapsed soft pin is dropped here).
-    fn pin_holds(&self, index: &mut Index, id: u32, now: u32) -> bool {
+    fn pin_holds(&self, index: &mut Index, id: u32, key: &[u8], now: u32) -> bool {
         let entry = *index.get(id);
         if entry.flags & FLAG_PINNED != 0 {
             return true;
@@ -252,7 +312,7 @@ impl Shard {
         if now < expiry {
             return true;
         }
-        self.unpin_entry(&entry);
+        self.unpin_entry(&entry, Some(key));
         index.get_mut(id).flags &= !FLAG_SOFT_PINNED;
         false
     }
@@ -294,6 +354,21 @@ impl Shard {
         if let Some(log) = self.log.borrow().as_ref() {
             set(&self.metrics.nvme_regions_used, log.used_regions() as u64);
         }
+        if self.tenancy.is_tenanted() {
+            // The metrics thread reads this copy; if it holds it right now, the next update publishes.
+            if let Ok(mut published) = self.metrics.tenants.try_lock() {
+                published.clear();
+                for (&tenant, usage) in self.usage.borrow().iter() {
+                    let name = self.tenancy.name_of(tenant).unwrap_or("unknown");
+                    published.push(crate::metrics::TenantGauge {
+                        tenant: name.to_string(),
+                        dram_bytes: usage.dram,
+                        nvme_bytes: usage.nvme,
+                        pinned_bytes: usage.pinned,
+                    });
+                }
+            }
+        }
     }
 
     fn poison(&self, what: &str, error: &dyn std::fmt::Display) {
@@ -316,13 +391,21 @@ impl Shard {
         if !options.upsert && self.index.borrow().find(index_hash(key)).is_some() {
             return Some(Status::Exists);
         }
+        let bytes = key.len() as u64 + u64::from(value_len);
+        let (usage, quotas) = self.usage_of(key);
         if options.pin != Pin::None {
             let pins = self.pins.borrow();
-            if pins.bytes + key.len() as u64 + u64::from(value_len) > pins.limit {
+            if pins.bytes + bytes > pins.limit || quotas.pinned.is_some_and(|quota| usage.pinned + bytes > quota) {
                 return Some(Status::Quota);
             }
         }
+        if quotas.dram.is_some_and(|quota| bytes > quota) {
+            return Some(Status::Quota);
+        }
         if options.policy == Some(WritePolicy::Durable) {
+            if quotas.nvme.is_some_and(|quota| usage.nvme + bytes > quota) {
+                return Some(Status::Quota);
+            }
             return self.durable_refusal(key.len(), value_len);
         }
         None
@@ -344,7 +427,18 @@ impl Shard {
 
     /// Reserves DRAM for an object of `len` bytes (`[key][value]`), evicting first if the tier is above
     /// its high watermark.
-    pub async fn reserve_put(self: &Rc<Self>, len: u64) -> Result<PutReservation, Status> {
+    pub async fn reserve_put(self: &Rc<Self>, key: &[u8], len: u64) -> Result<PutReservation, Status> {
+        // A tenant at its DRAM quota makes room among its own objects first.
+        let (usage, quotas) = self.usage_of(key);
+        if let Some(quota) = quotas.dram
+            && usage.dram + len > quota
+        {
+            let tenant = tenant_of(key, self.tenancy.is_tenanted());
+            self.make_tenant_room(tenant, usage.dram + len - quota).await;
+            if self.usage_of(key).0.dram + len > quota {
+                return Err(Status::Quota);
+            }
+        }
         for attempt in 0..3 {
             self.make_dram_room(len, attempt > 0).await;
             let allocated = self.dram.borrow_mut().allocate(len);
@@ -392,13 +486,25 @@ impl Shard {
                 if pin_flags != 0 && pins.bytes - released.min(pins.bytes) + new_bytes > pins.limit {
                     return Err(Status::Quota);
                 }
+                let (usage, quotas) = self.usage_of(key);
+                if pin_flags != 0
+                    && quotas.pinned.is_some_and(|quota| usage.pinned - released.min(usage.pinned) + new_bytes > quota)
+                {
+                    return Err(Status::Quota);
+                }
             }
             let Some(slot) = reservation.slot.take() else { return Err(Status::Invalid) };
             let mut dram = self.dram.borrow_mut();
             let id = match existing {
                 Some(id) => {
                     let old = *index.get(id);
-                    self.unpin_entry(&old);
+                    self.unpin_entry(&old, Some(key));
+                    if old.dram != NONE_U32 {
+                        self.account(key, Use::Dram, object_bytes(&old), false);
+                    }
+                    if old.nvme != NONE_U64 {
+                        self.account(key, Use::Nvme, object_bytes(&old), false);
+                    }
                     let entry = index.get_mut(id);
                     if entry.dram != NONE_U32 {
                         dram.retire(entry.dram);
@@ -425,8 +531,10 @@ impl Shard {
                 }),
             };
             dram.publish(slot, id);
+            self.account(key, Use::Dram, new_bytes, true);
             self.events.borrow_mut().stored(key, value_len, Tier::Dram);
             if pin_flags != 0 {
+                self.account(key, Use::Pinned, new_bytes, true);
                 let mut pins = self.pins.borrow_mut();
                 pins.bytes += new_bytes;
                 set(&self.metrics.pinned_bytes, pins.bytes);
@@ -505,8 +613,15 @@ impl Shard {
                 let dram = self.dram.borrow();
                 let key_len = usize::from(entry.key_len);
                 let bytes = dram.segment().bytes(dram.offset(entry.dram), key_len + entry.value_len as usize);
+                let (usage, quotas) = self.usage_of(&bytes[..key_len]);
+                if quotas.nvme.is_some_and(|quota| usage.nvme + object_bytes(&entry) > quota) {
+                    // Over the tenant's NVMe quota: the object stays in DRAM only (and is dropped when
+                    // evicted from it).
+                    return Err(Status::Quota);
+                }
                 match log.try_append(header, &bytes[..key_len], &[&bytes[key_len..]]) {
                     Some(at) => {
+                        self.account(&bytes[..key_len], Use::Nvme, object_bytes(&entry), true);
                         let entry = index.get_mut(id);
                         entry.nvme = at;
                         entry.flags &= !FLAG_DIRTY;
@@ -736,9 +851,11 @@ impl Shard {
                             }
                             None => {
                                 entry.nvme = NONE_U64;
+                                let dropped = *entry;
                                 add(&self.metrics.nvme_evictions, 1);
-                                if entry.dram == NONE_U32 {
-                                    self.forget(&mut index, entry_id);
+                                self.account(&key, Use::Nvme, object_bytes(&dropped), false);
+                                if dropped.dram == NONE_U32 {
+                                    self.forget(&mut index, entry_id, Some(&key));
                                     self.events.borrow_mut().removed(&key, RemovalReason::Evicted);
                                 }
                             }
@@ -756,7 +873,7 @@ impl Shard {
                         if entry.nvme != NONE_U64 && split_location(entry.nvme).0 == id {
                             index.get_mut(entry_id).nvme = NONE_U64;
                             if entry.dram == NONE_U32 {
-                                self.forget(&mut index, entry_id);
+                                self.forget(&mut index, entry_id, None);
                                 lost += 1;
                             }
                         }
@@ -800,11 +917,28 @@ impl Shard {
         } else {
             self.config.low_watermark * capacity - need as f64
         };
+        self.evict_dram(None, move |shard| shard.dram.borrow().allocated_bytes() as f64 > target).await;
+    }
+
+    /// Evicts `tenant`'s own objects from DRAM until it has `need` bytes fewer there (a put over its DRAM
+    /// quota makes room among its own objects, never another tenant's).
+    async fn make_tenant_room(self: &Rc<Self>, tenant: u32, need: u64) {
+        let start = self.usage.borrow().get(&tenant).map_or(0, |usage| usage.dram);
+        let target = start.saturating_sub(need);
+        self.evict_dram(Some(tenant), move |shard| {
+            shard.usage.borrow().get(&tenant).map_or(0, |usage| usage.dram) > target
+        })
+        .await;
+    }
+
+    /// The DRAM clock: evicts (objects of `only_tenant`, or any) while `over` says the tier is over its
+    /// target, within a bounded number of steps.
+    async fn evict_dram(self: &Rc<Self>, only_tenant: Option<u32>, over: impl Fn(&Self) -> bool) {
         let clock_len = self.dram.borrow().clock_len();
         let mut budget = clock_len * 3 + 8;
         let mut visited = 0usize;
         let now = self.now_tick();
-        while budget > 0 && (self.dram.borrow().allocated_bytes() as f64) > target {
+        while budget > 0 && over(self) {
             budget -= 1;
             visited += 1;
             let Some(slot) = self.dram.borrow_mut().next_candidate() else { break };
@@ -818,7 +952,15 @@ impl Shard {
             let soft_pins_hold = visited <= clock_len * 2;
             let pinned = {
                 let mut index = self.index.borrow_mut();
-                self.pin_holds(&mut index, entry_id, now) && (entry.flags & FLAG_PINNED != 0 || soft_pins_hold)
+                let dram = self.dram.borrow();
+                let key = dram.segment().bytes(dram.offset(slot), usize::from(entry.key_len));
+                if only_tenant.is_some_and(|tenant| tenant_of(key, self.tenancy.is_tenanted()) != tenant) {
+                    // Another tenant's object: not this eviction's to take.
+                    drop(dram);
+                    self.dram.borrow_mut().requeue(slot);
+                    continue;
+                }
+                self.pin_holds(&mut index, entry_id, key, now) && (entry.flags & FLAG_PINNED != 0 || soft_pins_hold)
             };
             let spare = pinned || self.leased(&entry, now) || self.dram.borrow().is_pinned(slot);
             if spare || entry.flags & FLAG_REFERENCED != 0 {
@@ -839,21 +981,22 @@ impl Shard {
             if current.hash != entry.hash || current.dram != slot || dram.entry_of(slot) != entry_id {
                 continue;
             }
+            let key = dram.segment().bytes(dram.offset(slot), usize::from(current.key_len)).to_vec();
             {
-                let key = dram.segment().bytes(dram.offset(slot), usize::from(current.key_len));
                 let mut events = self.events.borrow_mut();
                 if current.nvme == NONE_U64 {
-                    events.removed(key, RemovalReason::Evicted);
+                    events.removed(&key, RemovalReason::Evicted);
                 } else {
-                    events.tier_changed(key, Tier::Dram, Tier::Nvme);
+                    events.tier_changed(&key, Tier::Dram, Tier::Nvme);
                 }
             }
+            self.account(&key, Use::Dram, object_bytes(&current), false);
             dram.retire(slot);
             index.get_mut(entry_id).dram = NONE_U32;
             add(&self.metrics.dram_evictions, 1);
             if current.nvme == NONE_U64 {
                 // Not on NVMe (no tier, too large for a region, or the write failed): gone from the cache.
-                self.forget(&mut index, entry_id);
+                self.forget(&mut index, entry_id, Some(&key));
             }
         }
         self.update_gauges();
@@ -1014,8 +1157,9 @@ impl Shard {
         let current = *index.get(id);
         if current.hash == entry.hash && current.nvme == entry.nvme {
             index.get_mut(id).nvme = NONE_U64;
+            self.account(key, Use::Nvme, object_bytes(&current), false);
             if current.dram == NONE_U32 {
-                self.forget(&mut index, id);
+                self.forget(&mut index, id, Some(key));
                 self.events.borrow_mut().removed(key, RemovalReason::Checksum);
             }
         }
@@ -1042,6 +1186,7 @@ impl Shard {
         }
         dram.publish(slot, id);
         index.get_mut(id).dram = slot;
+        self.account(key, Use::Dram, len, true);
         add(&self.metrics.promotions, 1);
         self.events.borrow_mut().tier_changed(key, Tier::Nvme, Tier::Dram);
     }
@@ -1068,9 +1213,10 @@ impl Shard {
                     return Err(Status::NotFound);
                 }
                 dram.retire(entry.dram);
+                self.account(key, Use::Dram, object_bytes(&entry), false);
             }
             drop(dram);
-            self.forget(&mut index, id);
+            self.forget(&mut index, id, Some(key));
             self.events.borrow_mut().removed(key, RemovalReason::Removed);
             entry.version
         };
@@ -1135,10 +1281,10 @@ impl Shard {
         RecordHeader::decode(&head).ok().map(|_| head[RECORD_HEADER_BYTES..].to_vec())
     }
 
-    /// Removes every key of this shard that `pattern` matches anywhere (every key for `None`); returns how
-    /// many. Keys are not in the index (only their hashes), so each is read from its object — from DRAM,
+    /// Removes every key of this shard that starts with `scope` (a tenant's prefix) and, without it,
+    /// matches `pattern` anywhere (every such key for `None`); returns how many. Keys are not in the index (only their hashes), so each is read from its object — from DRAM,
     /// or a small read of its record on NVMe: an administrative operation, linear in the shard's objects.
-    pub async fn remove_matching(self: &Rc<Self>, pattern: Option<&regex::bytes::Regex>) -> u32 {
+    pub async fn remove_matching(self: &Rc<Self>, scope: &[u8], pattern: Option<&regex::bytes::Regex>) -> u32 {
         let snapshot: Vec<(u32, Entry)> = {
             let index = self.index.borrow();
             index.ids().map(|id| (id, *index.get(id))).collect()
@@ -1150,7 +1296,9 @@ impl Shard {
                 continue;
             }
             let Some(key) = self.stored_key(entry).await else { continue };
-            if pattern.is_none_or(|pattern| pattern.is_match(&key)) && self.remove(&key).await.is_ok() {
+            // Only the caller's tenant's keys, matched without the tenant's prefix.
+            let Some(user_key) = key.strip_prefix(scope) else { continue };
+            if pattern.is_none_or(|pattern| pattern.is_match(user_key)) && self.remove(&key).await.is_ok() {
                 removed += 1;
             }
         }
@@ -1203,7 +1351,7 @@ impl Shard {
                 let existing = index.find(hash);
                 if header.flags & RECORD_TOMBSTONE != 0 {
                     if let Some(existing) = existing {
-                        self.forget(&mut index, existing);
+                        self.forget(&mut index, existing, Some(&key));
                     }
                     continue;
                 }
@@ -1221,15 +1369,18 @@ impl Shard {
                 match existing {
                     Some(existing) => {
                         let old = *index.get(existing);
-                        self.unpin_entry(&old);
+                        self.unpin_entry(&old, Some(&key));
+                        self.account(&key, Use::Nvme, object_bytes(&old), false);
                         *index.get_mut(existing) = entry;
                     }
                     None => {
                         index.insert(entry);
                     }
                 }
+                self.account(&key, Use::Nvme, object_bytes(&entry), true);
                 if is_pinned(&entry) {
                     // Restored pins count against the limit even past it: they were admitted before.
+                    self.account(&key, Use::Pinned, object_bytes(&entry), true);
                     let mut pins = self.pins.borrow_mut();
                     pins.bytes += object_bytes(&entry);
                     set(&self.metrics.pinned_bytes, pins.bytes);

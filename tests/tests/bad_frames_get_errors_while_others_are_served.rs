@@ -139,7 +139,13 @@ fn a_put_damaged_in_transit_is_refused() {
 #[test]
 fn a_node_with_a_token_refuses_clients_without_it() {
     let mut node_config = config(&[0], 32 << 20);
-    node_config.auth_token = Some(b"s3cret".to_vec());
+    node_config.tenants = vec![strata_engine::tenants::TenantConfig {
+        name: "only".into(),
+        token: b"s3cret".to_vec(),
+        dram_quota: None,
+        nvme_quota: None,
+        max_pinned: None,
+    }];
     let node = start(node_config);
     let refused = Client::connect(node.local_addr(), ClientOptions::default()).err();
     assert_eq!(refused, Some(ClientError::Unauthenticated));

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use strata_engine::EngineConfig;
+use strata_engine::tenants::TenantConfig;
 use strata_nvme::DeviceSpec;
 use strata_proto::WritePolicy;
 
@@ -14,6 +15,22 @@ use crate::pool::{PoolDescription, parse_duration};
 
 /// Where the embedded default keeps its NVMe tier.
 pub const DEFAULT_NVME: &str = "file:./strata-data/ns0.img,size=4GiB";
+
+/// A tenant as the TOML file has it.
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct TenantSettings {
+    /// Its name.
+    pub name: String,
+    /// Its clients' token.
+    pub token: String,
+    /// DRAM bytes its objects may take (whole node), e.g. "2GiB".
+    pub dram_quota: Option<String>,
+    /// NVMe bytes its objects may take.
+    pub nvme_quota: Option<String>,
+    /// Bytes of its objects that may be pinned.
+    pub max_pinned: Option<String>,
+}
 
 /// The node's settings as flags and TOML keys have them (every field optional; the same names in both).
 #[derive(Clone, Debug, Default, PartialEq, clap::Args, serde::Deserialize)]
@@ -58,9 +75,14 @@ pub struct NodeSettings {
     /// Erase the NVMe tier at start-up instead of recovering it.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub format: Option<bool>,
-    /// Token clients must present in HELLO (none: the node is open; keep it on loopback).
+    /// Token clients must present in HELLO: a single tenant named "default" (none: the node is open;
+    /// keep it on loopback). Several tenants, with quotas, are configured in the TOML file (`[[tenants]]`).
     #[arg(long)]
     pub token: Option<String>,
+    /// Tenants (TOML only): `[[tenants]]` tables with `name`, `token`, and optional `dram-quota`,
+    /// `nvme-quota`, `max-pinned` byte sizes for the whole node.
+    #[arg(skip)]
+    pub tenants: Option<Vec<TenantSettings>>,
     /// Use 2 MiB hugepages for DRAM when reserved (--hugepages=false: never). [default: true]
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub hugepages: Option<bool>,
@@ -104,6 +126,7 @@ impl NodeSettings {
             region_size,
             format,
             token,
+            tenants,
             hugepages,
             read_lease,
             high_watermark,
@@ -182,7 +205,28 @@ impl NodeSettings {
             config.region_bytes = parse_byte_size(region)?;
         }
         config.format = self.format.unwrap_or(false);
-        config.auth_token = self.token.as_ref().map(|token| token.as_bytes().to_vec());
+        if let Some(token) = &self.token {
+            if self.tenants.is_some() {
+                bail!("give either --token or [[tenants]], not both");
+            }
+            config.tenants.push(TenantConfig {
+                name: "default".into(),
+                token: token.as_bytes().to_vec(),
+                dram_quota: None,
+                nvme_quota: None,
+                max_pinned: None,
+            });
+        }
+        for tenant in self.tenants.iter().flatten() {
+            let quota = |text: &Option<String>| text.as_deref().map(parse_byte_size).transpose();
+            config.tenants.push(TenantConfig {
+                name: tenant.name.clone(),
+                token: tenant.token.as_bytes().to_vec(),
+                dram_quota: quota(&tenant.dram_quota).with_context(|| format!("tenant {:?}", tenant.name))?,
+                nvme_quota: quota(&tenant.nvme_quota).with_context(|| format!("tenant {:?}", tenant.name))?,
+                max_pinned: quota(&tenant.max_pinned).with_context(|| format!("tenant {:?}", tenant.name))?,
+            });
+        }
         if let Some(hugepages) = self.hugepages {
             config.hugepages = hugepages;
         }
@@ -270,5 +314,20 @@ mod tests {
         let policy =
             NodeSettings { write_policy: Some("sometimes".into()), dram_only: Some(true), ..NodeSettings::default() };
         assert!(policy.engine_config().is_err());
+    }
+
+    #[test]
+    fn tenants_come_from_the_file_with_their_quotas() {
+        let file: NodeSettings = toml::from_str(
+            "dram-only = true\n[[tenants]]\nname = \"a\"\ntoken = \"ta\"\ndram-quota = \"64MiB\"\n\n[[tenants]]\nname = \"b\"\ntoken = \"tb\"\n",
+        )
+        .expect("toml");
+        let config = file.engine_config().expect("config");
+        assert_eq!(config.tenants.len(), 2);
+        assert_eq!(config.tenants[0].dram_quota, Some(64 << 20));
+        assert_eq!(config.tenants[1].token, b"tb");
+        let both = NodeSettings { token: Some("t".into()), ..file };
+        assert!(both.engine_config().is_err());
+        assert!(toml::from_str::<NodeSettings>("[[tenants]]\nname = \"a\"\n").is_err(), "a token is required");
     }
 }
