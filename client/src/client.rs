@@ -571,8 +571,9 @@ impl Client {
         options: PutOptions,
         mut sink: Sink<'_, '_, '_>,
     ) -> Vec<Result<ItemReply, ClientError>> {
+        // An empty message does not allocate: a 1,000-key call should not make 1,000 strings it then drops.
         let mut results: Vec<Result<ItemReply, ClientError>> =
-            (0..items.len()).map(|_| Err(ClientError::Protocol("no reply".into()))).collect();
+            (0..items.len()).map(|_| Err(ClientError::Protocol(String::new()))).collect();
         let limits = self.hello.limits;
         let mut frames: Vec<std::collections::VecDeque<Vec<usize>>> =
             vec![Default::default(); self.hello.shard_count as usize];
@@ -633,6 +634,11 @@ impl Client {
             }
             if !progressed {
                 break;
+            }
+        }
+        for result in &mut results {
+            if matches!(result, Err(ClientError::Protocol(message)) if message.is_empty()) {
+                *result = Err(ClientError::Protocol("no reply".into()));
             }
         }
         results
@@ -817,9 +823,8 @@ fn send_frame(
             }
             _ => RequestItemHeader { key_len: item.key.len() as u16, ..Default::default() },
         };
-        let mut bytes = Vec::with_capacity(REQUEST_ITEM_BYTES);
-        header.encode_into(&mut bytes);
-        connection.send(&bytes)?;
+        // Item headers and keys are small: straight into the send buffer, no buffer of their own.
+        header.encode_into(&mut connection.output);
         connection.send(item.key)?;
         if opcode == Opcode::Put {
             for part in item.value {

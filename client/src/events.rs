@@ -60,6 +60,12 @@ impl EventStream {
             connection.send(&head).map_err(io)?;
             connection.send(&item).map_err(io)?;
             connection.flush().map_err(io)?;
+            // The node's first frame (empty) says the subscription is in place: events from here on are
+            // delivered, so `subscribe_events` returning means "nothing after this is missed".
+            let ready = connection.read_header(Opcode::Subscribe, 1)?;
+            if ready.status != Status::Ok || ready.count != 0 || ready.body_len != 0 {
+                return Err(ClientError::Protocol("SUBSCRIBE was not acknowledged".into()));
+            }
             stream.sockets.push(connection.writer.try_clone().map_err(io)?);
             let sender = sender.clone();
             let reader = std::thread::Builder::new()

@@ -133,6 +133,18 @@ impl EventLog {
             cursor = self.first_sequence;
         }
         let start_len = out.len();
+        if prefix.is_none() && strip == 0 && cursor < self.next_sequence {
+            // Every event, as logged: one copy of a contiguous run of the log.
+            let first = (cursor - self.first_sequence) as usize;
+            let from = self.starts[first];
+            let limit = from.saturating_add(max_bytes);
+            // Events whose start is within the byte budget (at least one).
+            let last = (self.starts.partition_point(|&start| start < limit)).max(first + 1);
+            let to = self.starts.get(last).copied().unwrap_or(self.bytes.len());
+            out.extend_from_slice(&self.bytes[from..to]);
+            let taken = (last - first) as u64;
+            return (count + taken as u32, cursor + taken);
+        }
         while cursor < self.next_sequence && out.len() - start_len < max_bytes {
             let index = (cursor - self.first_sequence) as usize;
             let start = self.starts[index];

@@ -34,6 +34,10 @@ pub enum KvOp {
     Mixed,
     /// Exists.
     Exists,
+    /// Prefix match of a chain of `--batch` consecutive stored keys (each call must match all of them).
+    #[value(name = "prefix-match")]
+    #[serde(rename = "prefix-match")]
+    PrefixMatch,
 }
 
 /// `strata-bench kv` options.
@@ -96,6 +100,9 @@ pub struct KvArgs {
     /// Busy-poll each reply this long before sleeping (e.g. 100us): lower latency, a busy client core.
     #[arg(long)]
     pub spin: Option<String>,
+    /// Subscribe to the node's events during the run and count them (events/s in the report).
+    #[arg(long)]
+    pub subscribe: bool,
 }
 
 /// Latency percentiles in nanoseconds.
@@ -148,6 +155,12 @@ pub struct KvReport {
     pub client_cpu_ns_per_op: f64,
     /// Up to 5 error messages.
     pub error_samples: Vec<String>,
+    /// Events received by the --subscribe subscriber during the run.
+    pub events_received: Option<u64>,
+    /// Events it was told it missed (LAGGED).
+    pub events_missed: Option<u64>,
+    /// Events received per second.
+    pub events_per_sec: Option<f64>,
 }
 
 /// The key of index `index`.
@@ -334,12 +347,37 @@ pub fn run(args: &KvArgs, show_progress: bool) -> anyhow::Result<KvReport> {
             bail!("{failures} keys failed to preload (is the node big enough for --keys × --value-size?)");
         }
     }
+    let events = if args.subscribe { Some(connect(args)?.subscribe_events(None)?) } else { None };
     let server_before = server_cpu_ns(&args.metrics);
     let client_before = process_cpu_ns();
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(args.runtime);
     let threads = args.connections;
-    let results = std::thread::scope(|scope| -> anyhow::Result<Vec<ThreadResult>> {
+    let (results, event_counts) = std::thread::scope(|scope| -> anyhow::Result<(Vec<ThreadResult>, (u64, u64))> {
+        // The subscriber counts until the run ends and the stream has been quiet for 200 ms.
+        let counter = events.map(|events| {
+            scope.spawn(move || {
+                let (mut received, mut missed) = (0u64, 0u64);
+                let mut quiet_since: Option<Instant> = None;
+                while quiet_since.is_none_or(|since| since.elapsed() < Duration::from_millis(200)) {
+                    match events.next_timeout(Duration::from_millis(20)) {
+                        Some(Ok(event)) => {
+                            quiet_since = None;
+                            match event.event {
+                                strata_client::Event::Lagged { missed: count } => missed += u64::from(count),
+                                _ => received += 1,
+                            }
+                        }
+                        Some(Err(_)) => break,
+                        None if Instant::now() >= deadline => {
+                            quiet_since.get_or_insert_with(Instant::now);
+                        }
+                        None => {}
+                    }
+                }
+                (received, missed)
+            })
+        });
         let handles: Vec<_> = (0..threads)
             .map(|thread| {
                 scope.spawn(move || {
@@ -355,10 +393,15 @@ pub fn run(args: &KvArgs, show_progress: bool) -> anyhow::Result<KvReport> {
                 })
             })
             .collect();
-        handles
+        let results: anyhow::Result<Vec<ThreadResult>> = handles
             .into_iter()
             .map(|handle| handle.join().map_err(|_| anyhow::anyhow!("a bench thread panicked"))?)
-            .collect()
+            .collect();
+        let counts = match counter {
+            Some(counter) => counter.join().map_err(|_| anyhow::anyhow!("the event counter panicked"))?,
+            None => (0, 0),
+        };
+        Ok((results?, counts))
     })?;
     let elapsed = started.elapsed().as_secs_f64();
     let client_cpu = process_cpu_ns().saturating_sub(client_before);
@@ -407,6 +450,9 @@ pub fn run(args: &KvArgs, show_progress: bool) -> anyhow::Result<KvReport> {
         server_cpu_ns_per_op,
         client_cpu_ns_per_op: if keys > 0 { client_cpu as f64 / keys as f64 } else { 0.0 },
         error_samples: samples,
+        events_received: args.subscribe.then_some(event_counts.0),
+        events_missed: args.subscribe.then_some(event_counts.1),
+        events_per_sec: args.subscribe.then(|| event_counts.0 as f64 / args.runtime.min(elapsed).max(1e-9)),
     })
 }
 
@@ -448,7 +494,14 @@ fn run_thread(
         if now >= deadline {
             break;
         }
-        let indices: Vec<u64> = if args.once {
+        let indices: Vec<u64> = if args.op == KvOp::PrefixMatch {
+            let chain = args.batch as u64;
+            if chain > args.keys {
+                bail!("--op prefix-match needs --keys of at least --batch");
+            }
+            let start = picker.next(&mut rng) % (args.keys - chain + 1);
+            (start..start + chain).collect()
+        } else if args.once {
             let indices: Vec<u64> =
                 (0..args.batch as u64).map(|step| once_next + step * threads).filter(|&i| i < args.keys).collect();
             once_next += args.batch as u64 * threads;
@@ -460,10 +513,14 @@ fn run_thread(
             (0..args.batch).map(|_| picker.next(&mut rng)).collect()
         };
         let is_get = match args.op {
-            KvOp::Get | KvOp::Exists => true,
+            KvOp::Get | KvOp::Exists | KvOp::PrefixMatch => true,
             KvOp::Put => false,
             KvOp::Mixed => rand::RngExt::random_range(&mut rng, 0..100) < args.rwmix,
         };
+        // The keys are made before the clock starts: the latency is the client's call, not the bench's
+        // formatting of key names (a tenth of a millisecond for a 1,000-key chain).
+        let keys: Vec<Vec<u8>> = indices.iter().map(|&i| key(args.seed, i)).collect();
+        let key_refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
         let scheduled = match interval {
             Some(interval) => {
                 // Sleep while far from the call's time, spin the last stretch: a sleep overshoots by the
@@ -486,11 +543,21 @@ fn run_thread(
                 next_call += interval;
                 scheduled
             }
-            None => now,
+            None => Instant::now(),
         };
-        let keys: Vec<Vec<u8>> = indices.iter().map(|&i| key(args.seed, i)).collect();
-        let key_refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-        if args.op == KvOp::Exists {
+        if args.op == KvOp::PrefixMatch {
+            let matched = client.prefix_match(&key_refs);
+            let elapsed = scheduled.elapsed().as_nanos() as u64;
+            result.histogram.saturating_record(elapsed.max(1));
+            match matched {
+                Ok(count) if count == key_refs.len() => {}
+                Ok(count) => record_error(
+                    &mut result,
+                    &ClientError::Protocol(format!("matched {count} of a stored chain of {}", key_refs.len())),
+                ),
+                Err(error) => record_error(&mut result, &error),
+            }
+        } else if args.op == KvOp::Exists {
             let replies = client.batch_exists(&key_refs);
             let elapsed = scheduled.elapsed().as_nanos() as u64;
             result.histogram.saturating_record(elapsed.max(1));
@@ -581,6 +648,11 @@ pub fn format_report(report: &KvReport) -> String {
         report.server_cpu_ns_per_op.map_or("n/a".to_string(), |ns| format!("{ns:.0} ns")),
         report.client_cpu_ns_per_op
     );
+    if let (Some(received), Some(missed), Some(rate)) =
+        (report.events_received, report.events_missed, report.events_per_sec)
+    {
+        out += &format!("  events received {received} ({rate:.0}/s), missed {missed}\n");
+    }
     for sample in &report.error_samples {
         out += &format!("  e.g. {sample}\n");
     }

@@ -35,9 +35,7 @@ impl Registry {
     }
 
     fn covers(&self, start: usize, len: usize) -> bool {
-        let Some(end) = start.checked_add(len) else { return false };
-        let buffers = self.buffers.lock().unwrap_or_else(|poison| poison.into_inner());
-        buffers.range(..=start).next_back().is_some_and(|(&base, &base_len)| end <= base + base_len)
+        covered(&self.buffers.lock().unwrap_or_else(|poison| poison.into_inner()), start, len)
     }
 
     /// `[start, start + len)` as a slice to read, if a registered buffer covers it.
@@ -51,6 +49,31 @@ impl Registry {
         self.covers(start, len).then(|| unsafe { std::slice::from_raw_parts(start as *const u8, len) })
     }
 
+    /// Each `(start, len)` as a slice to fill, if registered buffers cover them all (one lock for the
+    /// whole batch).
+    pub fn write_all(&self, ranges: &[(usize, usize)]) -> Option<Vec<&'static mut [u8]>> {
+        {
+            let buffers = self.buffers.lock().unwrap_or_else(|poison| poison.into_inner());
+            if !ranges.iter().all(|&(start, len)| len == 0 || covered(&buffers, start, len)) {
+                return None;
+            }
+        }
+        // SAFETY: as in `write`: every range lies in memory the caller registered and hands to this call;
+        // the caller checked that the ranges do not overlap (`disjoint`).
+        Some(
+            ranges
+                .iter()
+                .map(|&(start, len)| {
+                    if len == 0 {
+                        &mut [][..]
+                    } else {
+                        unsafe { std::slice::from_raw_parts_mut(start as *mut u8, len) }
+                    }
+                })
+                .collect(),
+        )
+    }
+
     /// `[start, start + len)` as a slice to fill, if a registered buffer covers it.
     pub fn write(&self, start: usize, len: usize) -> Option<&'static mut [u8]> {
         if len == 0 {
@@ -60,6 +83,12 @@ impl Registry {
         // batch must not overlap (checked by `disjoint` before a batch uses them).
         self.covers(start, len).then(|| unsafe { std::slice::from_raw_parts_mut(start as *mut u8, len) })
     }
+}
+
+/// Whether one buffer of `buffers` holds all of `[start, start + len)`.
+fn covered(buffers: &BTreeMap<usize, usize>, start: usize, len: usize) -> bool {
+    let Some(end) = start.checked_add(len) else { return false };
+    buffers.range(..=start).next_back().is_some_and(|(&base, &base_len)| end <= base + base_len)
 }
 
 /// Whether the ranges `(start, len)` are pairwise disjoint (two keys of one batch may not be read into the

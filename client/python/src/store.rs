@@ -29,13 +29,24 @@ pub struct StrataStore {
 }
 
 fn key_of(key: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    key_slice(key).map(<[u8]>::to_vec)
+}
+
+/// A key's bytes, borrowed from the Python object (str and bytes are immutable, and the caller holds a
+/// reference to the object for as long as it uses the slice, GIL released or not).
+fn key_slice<'a>(key: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
     if let Ok(text) = key.cast::<PyString>() {
-        return Ok(text.to_str()?.as_bytes().to_vec());
+        return Ok(text.to_str()?.as_bytes());
     }
     if let Ok(bytes) = key.cast::<PyBytes>() {
-        return Ok(bytes.as_bytes().to_vec());
+        return Ok(bytes.as_bytes());
     }
     Err(PyTypeError::new_err("a key is a str or bytes"))
+}
+
+/// The key objects of an iterable, held for [`key_slice`].
+fn key_objects<'py>(keys: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    keys.try_iter()?.collect()
 }
 
 fn keys_of(keys: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<u8>>> {
@@ -89,7 +100,7 @@ impl StrataStore {
         if !disjoint(&mut ranges.to_vec()) {
             return None;
         }
-        ranges.iter().map(|&(start, len)| self.registry.write(start, len)).collect()
+        self.registry.write_all(ranges)
     }
 }
 
@@ -274,14 +285,18 @@ impl StrataStore {
         buffer_ptrs: Vec<usize>,
         sizes: Vec<usize>,
     ) -> PyResult<Vec<i64>> {
-        let keys = keys_of(keys)?;
-        if buffer_ptrs.len() != keys.len() || sizes.len() != keys.len() {
-            return Ok(failed(keys.len(), codes::INVALID_PARAMS));
+        // The hot path of a serving engine's loads: keys are borrowed from their Python objects, not copied.
+        let objects = key_objects(keys)?;
+        let key_refs: Vec<&[u8]> = objects.iter().map(key_slice).collect::<PyResult<_>>()?;
+        if buffer_ptrs.len() != key_refs.len() || sizes.len() != key_refs.len() {
+            return Ok(failed(key_refs.len(), codes::INVALID_PARAMS));
         }
         let ranges: Vec<(usize, usize)> = buffer_ptrs.into_iter().zip(sizes).collect();
-        let Some(mut buffers) = self.writable(&ranges) else { return Ok(failed(keys.len(), codes::INVALID_PARAMS)) };
-        let key_refs = refs(&keys);
-        let results = self.with_client(py, |client| client.batch_get_into(&key_refs, &mut buffers));
+        let Some(mut buffers) = self.writable(&ranges) else {
+            return Ok(failed(key_refs.len(), codes::INVALID_PARAMS));
+        };
+        let keys = &key_refs;
+        let results = self.with_client(py, |client| client.batch_get_into(keys, &mut buffers));
         Ok(results.map_or_else(
             || failed(keys.len(), codes::INVALID_PARAMS),
             |results| results.iter().map(codes::of_len).collect(),

@@ -107,6 +107,51 @@ impl Socket {
         }
     }
 
+    /// Writes all of `bufs`, in order: one system call for many pieces on a polled socket (`writev`, at
+    /// most `IOV_MAX` pieces a call), the pieces one by one through the reactor.
+    pub async fn write_all_vectored(&mut self, mut bufs: &mut [io::IoSlice<'_>]) -> io::Result<()> {
+        const IOV_MAX: usize = 1024;
+        match self {
+            Socket::Reactor(stream) => {
+                // Small pieces are gathered into one send; large ones go from their own memory.
+                const GATHER_BELOW: usize = 16 << 10;
+                let mut gathered = Vec::new();
+                for buf in bufs.iter() {
+                    if buf.len() < GATHER_BELOW {
+                        gathered.extend_from_slice(buf);
+                        continue;
+                    }
+                    if !gathered.is_empty() {
+                        stream.write_all(&gathered).await?;
+                        gathered.clear();
+                    }
+                    stream.write_all(buf).await?;
+                }
+                if !gathered.is_empty() {
+                    stream.write_all(&gathered).await?;
+                }
+                Ok(())
+            }
+            Socket::Polled(stream) => {
+                let mut misses = 0u32;
+                while !bufs.is_empty() {
+                    let batch = bufs.len().min(IOV_MAX);
+                    match (&*stream).write_vectored(&bufs[..batch]) {
+                        Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                        Ok(written) => io::IoSlice::advance_slices(&mut bufs, written),
+                        Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                            misses += 1;
+                            idle_poll(misses).await;
+                        }
+                        Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                        Err(error) => return Err(error),
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// Shuts the connection down both ways.
     pub async fn shutdown(&mut self) -> io::Result<()> {
         match self {

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Issue 6's benchmark rows, each side by side with its reference in the same run: strata-node pinned to CPU 1
+# (busy-polling), the clients (strata-bench kv, the Python package, iperf3's client) pinned to CPU 0.
+#   RUNTIME=5 REPS=3 DIR=target/bench-serving ROWS=python,mooncake,prefix,events scripts/bench-serving.sh
+# The mooncake row installs PyPI's mooncake-transfer-engine-non-cuda in target/mooncake-venv and runs its
+# master and a segment-holding store on CPU 1 (MC_TCP_BIND_ADDRESS=127.0.0.1), its client on CPU 0.
+# Rows: Python batch_get_into (32 keys, registered buffers) against the Rust client at 4 KiB and against
+# iperf3 -l 1M at 64 KiB, alternating (rust, python, rust, python, ...); a 1,000-key prefix match on one
+# shard; puts with and without an event subscriber, alternating, and the events/s it received.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNTIME=${RUNTIME:-5}
+REPS=${REPS:-3}
+DIR=${DIR:-target/bench-serving}
+PORT=${PORT:-7660}
+ROWS=${ROWS:-python,mooncake,prefix,events}
+wants() { [[ ",$ROWS," == *",$1,"* ]]; }
+METRICS=${METRICS:-127.0.0.1:9660}
+command -v iperf3 >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iperf3; }
+cargo build --release -q --bin strata-node --bin strata-bench
+python3 -m venv target/pyenv
+target/pyenv/bin/pip install -q --disable-pip-version-check -r client/python/requirements-dev.txt
+rm -rf target/wheels
+target/pyenv/bin/maturin build -q --release -m client/python/Cargo.toml -o target/wheels
+target/pyenv/bin/pip install -q --disable-pip-version-check --force-reinstall --no-deps target/wheels/strata-*.whl
+BENCH=target/release/strata-bench
+PY=target/pyenv/bin/python
+mkdir -p "$DIR"
+
+node_pid=
+stop_node() {
+  if [ -n "$node_pid" ]; then kill -INT "$node_pid" 2>/dev/null || true; wait "$node_pid" 2>/dev/null || true; fi
+  node_pid=
+}
+trap 'stop_node; pkill -f "iperf3 -s -p 5298" 2>/dev/null || true' EXIT
+start_node() { # extra flags...
+  stop_node
+  taskset -c 1 target/release/strata-node --listen "127.0.0.1:$PORT" --cores 1 --cpus 1 --metrics "$METRICS" \
+    --dram-only "$@" > "$DIR/node.log" 2>&1 &
+  node_pid=$!
+  for _ in $(seq 600); do grep -q ready "$DIR/node.log" 2>/dev/null && return; sleep 0.1; done
+  cat "$DIR/node.log" >&2; echo "node did not start" >&2; exit 1
+}
+kv() { taskset -c 0 "$BENCH" kv --server "127.0.0.1:$PORT" --metrics "$METRICS" --runtime "$RUNTIME" --output-format=json "$@"; }
+py() { taskset -c 0 "$PY" client/python/benches/batch_get_into.py --server "127.0.0.1:$PORT" --runtime "$RUNTIME" "$@"; }
+median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+field() { python3 -c "import json,sys; r=json.load(sys.stdin); print(eval('r' + sys.argv[1]))" "$1"; }
+check() { [ "$(echo "$1" | field "['errors']")" = 0 ] || { echo "errors: $1" >&2; exit 1; }; }
+
+if wants python; then
+echo "== Python batch_get_into (32 keys into registered buffers) vs the Rust client, same node"
+start_node --dram 4GiB --busy-poll
+for size in 4096 65536; do
+  keys=$((size == 4096 ? 20000 : 4000))
+  kv --op put --value-size "$size" --keys "$keys" --batch 32 --once >/dev/null
+  rust=() python=() iperf=()
+  if [ "$size" = 65536 ]; then taskset -c 1 iperf3 -s -p 5298 -D >/dev/null; sleep 0.5; fi
+  for _ in $(seq "$REPS"); do
+    json=$(kv --op get --value-size "$size" --keys "$keys" --batch 32 --no-preload); check "$json"
+    rust+=("$(echo "$json" | field "['ops_per_sec']")")
+    json=$(py --value-size "$size" --keys "$keys" --batch 32); check "$json"
+    python+=("$(echo "$json" | field "['ops_per_sec']")")
+    if [ "$size" = 65536 ]; then
+      iperf+=("$(taskset -c 0 iperf3 -c 127.0.0.1 -p 5298 -l 1M -t "$RUNTIME" -J | field "['end']['sum_received']['bits_per_second']/8")")
+    fi
+  done
+  r=$(printf '%s\n' "${rust[@]}" | median); p=$(printf '%s\n' "${python[@]}" | median)
+  printf '%-52s %10.0f keys/s\n' "Rust client batch_get_into x32, $((size / 1024)) KiB" "$r"
+  printf '%-52s %10.0f keys/s = %.2f x Rust\n' "Python batch_get_into x32, $((size / 1024)) KiB" "$p" "$(echo "$p $r" | awk '{print $1/$2}')"
+  if [ "$size" = 65536 ]; then
+    pkill -f "iperf3 -s -p 5298" || true
+    i=$(printf '%s\n' "${iperf[@]}" | median)
+    printf '%-52s %10.2f GB/s\n' "iperf3 -l 1M, one stream" "$(echo "$i" | awk '{print $1/1e9}')"
+    printf '%-52s %10.2f GB/s = %.2f x iperf3 (target >= 0.7)\n' "Python batch_get_into x32, 64 KiB" \
+      "$(echo "$p" | awk '{print $1*65536/1e9}')" "$(echo "$p $i" | awk '{print $1*65536/$2}')"
+  fi
+done
+
+fi
+
+if wants mooncake; then
+echo "== Python batch_get_into x32, 4 KiB: Strata's package vs Mooncake Store's, alternating (servers on CPU 1)"
+MOONCAKE=target/mooncake-venv
+[ -x "$MOONCAKE/bin/mooncake_master" ] || {
+  python3 -m venv "$MOONCAKE"
+  "$MOONCAKE/bin/pip" install -q --disable-pip-version-check mooncake-transfer-engine-non-cuda==0.3.13.post1 numpy==2.4.6
+}
+export MC_TCP_BIND_ADDRESS=127.0.0.1
+taskset -c 1 "$MOONCAKE/bin/mooncake_master" --enable_http_metadata_server=true --http_metadata_server_host=127.0.0.1 \
+  --http_metadata_server_port=18080 --rpc_address=127.0.0.1 --rpc_port=50151 > "$DIR/mooncake-master.log" 2>&1 &
+master_pid=$!
+sleep 2
+taskset -c 1 "$MOONCAKE/bin/python" client/python/benches/mooncake_holder.py 4096 20000 50151 18080 > "$DIR/mooncake-holder.log" 2>&1 &
+holder_pid=$!
+trap 'stop_node; kill $holder_pid $master_pid 2>/dev/null || true; pkill -f "iperf3 -s -p 5298" 2>/dev/null || true' EXIT
+for _ in $(seq 120); do grep -q ready "$DIR/mooncake-holder.log" 2>/dev/null && break; sleep 0.5; done
+grep -q ready "$DIR/mooncake-holder.log" || { cat "$DIR/mooncake-holder.log" >&2; echo "mooncake did not start" >&2; exit 1; }
+# The Strata node sleeps when idle here (no --busy-poll): it shares CPU 1 with Mooncake's processes.
+start_node --dram 4GiB
+kv --op put --value-size 4096 --keys 20000 --batch 32 --once >/dev/null
+strata=() mooncake=()
+for _ in $(seq "$REPS"); do
+  json=$(py --value-size 4096 --keys 20000 --batch 32); check "$json"
+  strata+=("$(echo "$json" | field "['ops_per_sec']")")
+  json=$(taskset -c 0 "$MOONCAKE/bin/python" client/python/benches/mooncake_batch_get_into.py 4096 20000 32 "$RUNTIME" 50151 18080 2>/dev/null | tail -1)
+  check "$json"
+  mooncake+=("$(echo "$json" | field "['ops_per_sec']")")
+done
+kill "$holder_pid" "$master_pid" 2>/dev/null || true
+s=$(printf '%s\n' "${strata[@]}" | median); m=$(printf '%s\n' "${mooncake[@]}" | median)
+printf '%-52s %10.0f keys/s\n' "Mooncake Store (Python) batch_get_into x32, 4 KiB" "$m"
+printf '%-52s %10.0f keys/s = %.1f x Mooncake (target >= 10)\n' "Strata (Python) batch_get_into x32, 4 KiB" "$s" "$(echo "$s $m" | awk '{print $1/$2}')"
+fi
+
+if wants prefix; then
+echo "== prefix match of a 1,000-key chain, one shard"
+start_node --dram 1GiB --busy-poll
+json=$(kv --op prefix-match --batch 1000 --keys 20000 --value-size 64); check "$json"
+printf '%-52s p50 %7.1f us  p99 %7.1f us  (target <= 200 us)\n' "prefix_match, 1,000 stored keys" \
+  "$(echo "$json" | field "['lat_ns']['p50']/1000")" "$(echo "$json" | field "['lat_ns']['p99']/1000")"
+
+fi
+
+if wants events; then
+echo "== puts of 64 B values in batches of 128, with and without an event subscriber (alternating)"
+# The node sleeps when idle here (no --busy-poll), so its CPU time per put is what a put costs it; the
+# subscriber's reader thread shares CPU 0 with the put client (two cores: nowhere else to put it).
+start_node --dram 4GiB
+plain=() observed=() rates=() missed=() plain_cpu=() observed_cpu=()
+for _ in $(seq "$REPS"); do
+  json=$(kv --op put --value-size 64 --keys 200000 --batch 128 --no-preload); check "$json"
+  plain+=("$(echo "$json" | field "['ops_per_sec']")")
+  plain_cpu+=("$(echo "$json" | field "['server_cpu_ns_per_op']")")
+  json=$(kv --op put --value-size 64 --keys 200000 --batch 128 --no-preload --subscribe); check "$json"
+  observed+=("$(echo "$json" | field "['ops_per_sec']")")
+  observed_cpu+=("$(echo "$json" | field "['server_cpu_ns_per_op']")")
+  rates+=("$(echo "$json" | field "['events_per_sec']")")
+  missed+=("$(echo "$json" | field "['events_missed']")")
+done
+a=$(printf '%s\n' "${plain[@]}" | median); b=$(printf '%s\n' "${observed[@]}" | median)
+ac=$(printf '%s\n' "${plain_cpu[@]}" | median); bc=$(printf '%s\n' "${observed_cpu[@]}" | median)
+printf '%-52s %10.0f puts/s  node %5.0f ns/put\n' "puts, no subscriber" "$a" "$ac"
+printf '%-52s %10.0f puts/s  node %5.0f ns/put\n' "puts, one subscriber" "$b" "$bc"
+printf '%-52s %10.3f x puts/s (target >= 0.95), %.3f x node CPU per put\n' "  with / without" \
+  "$(echo "$b $a" | awk '{print $1/$2}')" "$(echo "$bc $ac" | awk '{print $1/$2}')"
+printf '%-52s %10.0f events/s, missed %s (target >= 500000)\n' "events delivered to the subscriber" \
+  "$(printf '%s\n' "${rates[@]}" | median)" "$(printf '%s\n' "${missed[@]}" | median)"
+fi
