@@ -108,6 +108,23 @@ fn failed(count: usize, code: i64) -> Vec<i64> {
     vec![code; count]
 }
 
+/// A code per key from a batch's results (`len`s: bytes read), or `INVALID_PARAMS` for every key when there
+/// was no client to run it.
+fn per_key_lens(results: Option<Vec<Result<usize, ClientError>>>, count: usize) -> Vec<i64> {
+    results.map_or_else(|| failed(count, codes::INVALID_PARAMS), |results| results.iter().map(codes::of_len).collect())
+}
+
+/// A count (keys removed), or a negative code.
+fn count_code(removed: Option<Result<u64, ClientError>>) -> i64 {
+    removed
+        .map_or(codes::INVALID_PARAMS, |removed| removed.map_or_else(|error| codes::of(&error), |count| count as i64))
+}
+
+/// The same for results without a value (puts): 0 or a negative code per key.
+fn per_key_units(results: Option<Vec<Result<(), ClientError>>>, count: usize) -> Vec<i64> {
+    results.map_or_else(|| failed(count, codes::INVALID_PARAMS), |results| results.iter().map(codes::of_unit).collect())
+}
+
 #[pymethods]
 impl StrataStore {
     #[new]
@@ -271,10 +288,7 @@ impl StrataStore {
         let Some(values) = values else { return Ok(failed(keys.len(), codes::INVALID_PARAMS)) };
         let items: Vec<(&[u8], &[u8])> = keys.iter().map(Vec::as_slice).zip(values).collect();
         let results = self.with_client(py, |client| client.batch_put_with(&items, options));
-        Ok(results.map_or_else(
-            || failed(keys.len(), codes::INVALID_PARAMS),
-            |results| results.iter().map(codes::of_unit).collect(),
-        ))
+        Ok(per_key_units(results, keys.len()))
     }
 
     /// `get_into` for many keys, all in flight together; a code (bytes read, or negative) per key.
@@ -297,10 +311,7 @@ impl StrataStore {
         };
         let keys = &key_refs;
         let results = self.with_client(py, |client| client.batch_get_into(keys, &mut buffers));
-        Ok(results.map_or_else(
-            || failed(keys.len(), codes::INVALID_PARAMS),
-            |results| results.iter().map(codes::of_len).collect(),
-        ))
+        Ok(per_key_lens(results, keys.len()))
     }
 
     /// Stores each key's value from several registered buffers in order (one per layer, say); a code per
@@ -330,10 +341,7 @@ impl StrataStore {
         let items: Vec<(&[u8], &[&[u8]])> =
             keys.iter().map(Vec::as_slice).zip(parts.iter().map(Vec::as_slice)).collect();
         let results = self.with_client(py, |client| client.batch_put_parts(&items, options));
-        Ok(results.map_or_else(
-            || failed(keys.len(), codes::INVALID_PARAMS),
-            |results| results.iter().map(codes::of_unit).collect(),
-        ))
+        Ok(per_key_units(results, keys.len()))
     }
 
     /// Reads each key's value into several registered buffers in order; a code (bytes read, or negative)
@@ -369,10 +377,7 @@ impl StrataStore {
         let mut lists: Vec<&mut [&mut [u8]]> = per_key.iter_mut().map(Vec::as_mut_slice).collect();
         let key_refs = refs(&keys);
         let results = self.with_client(py, |client| client.batch_get_into_parts(&key_refs, &mut lists));
-        Ok(results.map_or_else(
-            || failed(keys.len(), codes::INVALID_PARAMS),
-            |results| results.iter().map(codes::of_len).collect(),
-        ))
+        Ok(per_key_lens(results, keys.len()))
     }
 
     /// 1 if `key` is stored, 0 if not, or a negative code.
@@ -408,18 +413,12 @@ impl StrataStore {
     /// Removes every key that `regex_pattern` matches anywhere (Rust `regex` syntax); returns how many, or
     /// a negative code (`INVALID_PARAMS` for a pattern that does not compile).
     fn remove_by_regex(&self, py: Python<'_>, regex_pattern: &str) -> i64 {
-        let removed = self.with_client(py, |client| client.remove_matching(regex_pattern));
-        removed.map_or(codes::INVALID_PARAMS, |removed| {
-            removed.map_or_else(|error| codes::of(&error), |count| count as i64)
-        })
+        count_code(self.with_client(py, |client| client.remove_matching(regex_pattern)))
     }
 
     /// Removes every key; returns how many, or a negative code.
     fn remove_all(&self, py: Python<'_>) -> i64 {
-        let removed = self.with_client(py, |client| client.remove_all());
-        removed.map_or(codes::INVALID_PARAMS, |removed| {
-            removed.map_or_else(|error| codes::of(&error), |count| count as i64)
-        })
+        count_code(self.with_client(py, |client| client.remove_all()))
     }
 
     /// Registers `[buffer_ptr, buffer_ptr + size)` for the `*_into` / `*_from` calls. The memory must stay
@@ -467,10 +466,7 @@ impl StrataStore {
         let chain_refs: Vec<Vec<&[u8]>> = chains.iter().map(|chain| refs(chain)).collect();
         let lists: Vec<&[&[u8]]> = chain_refs.iter().map(Vec::as_slice).collect();
         let results = self.with_client(py, |client| client.batch_prefix_match(&lists));
-        Ok(results.map_or_else(
-            || failed(chains.len(), codes::INVALID_PARAMS),
-            |results| results.iter().map(codes::of_len).collect(),
-        ))
+        Ok(per_key_lens(results, chains.len()))
     }
 
     /// Gathers `(key, offset, length)` ranges back to back into the registered buffer at `buffer_ptr`
@@ -495,10 +491,7 @@ impl StrataStore {
         let key_ranges: Vec<(&[u8], u32, u32)> =
             parsed.iter().map(|(key, offset, len)| (&key[..], *offset, *len)).collect();
         let results = self.with_client(py, |client| client.gather_into(&key_ranges, destination));
-        Ok(results.map_or_else(
-            || failed(parsed.len(), codes::INVALID_PARAMS),
-            |results| results.iter().map(codes::of_len).collect(),
-        ))
+        Ok(per_key_lens(results, parsed.len()))
     }
 
     /// Stores consecutive pieces of the registered buffer at `buffer_ptr` (`size` bytes) as the values of
@@ -525,10 +518,7 @@ impl StrataStore {
         };
         let piece_refs: Vec<(&[u8], usize)> = parsed.iter().map(|(key, len)| (&key[..], *len)).collect();
         let results = self.with_client(py, |client| client.scatter_put(source, &piece_refs, options));
-        Ok(results.map_or_else(
-            || failed(parsed.len(), codes::INVALID_PARAMS),
-            |results| results.iter().map(codes::of_unit).collect(),
-        ))
+        Ok(per_key_units(results, parsed.len()))
     }
 }
 
