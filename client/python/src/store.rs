@@ -223,6 +223,45 @@ impl StrataStore {
         Ok(PyBytes::new(py, &value))
     }
 
+    /// The values of `keys`, in one round trip per shard; empty bytes for a key that cannot be read.
+    fn get_batch<'py>(&self, py: Python<'py>, keys: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let objects = key_objects(keys)?;
+        let key_refs: Vec<&[u8]> = objects.iter().map(key_slice).collect::<PyResult<_>>()?;
+        let keys = &key_refs;
+        let values = self.with_client(py, |client| client.batch_get(keys));
+        let values = values.unwrap_or_else(|| keys.iter().map(|_| Err(ClientError::NotFound)).collect());
+        Ok(values.into_iter().map(|value| PyBytes::new(py, &value.unwrap_or_default())).collect())
+    }
+
+    /// Stores every `(keys[i], values[i])` (bytes or any C-contiguous buffer) in one round trip per shard.
+    /// Returns 0 when every key was stored, else the first key's negative code (Mooncake's `put_batch`
+    /// returns one code for the call); `batch_put_from` gives a code per key.
+    #[pyo3(signature = (keys, values, config = None))]
+    fn put_batch(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        values: &Bound<'_, PyAny>,
+        config: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<i64> {
+        let options = put_options(config, false)?;
+        let objects = key_objects(keys)?;
+        let key_refs: Vec<&[u8]> = objects.iter().map(key_slice).collect::<PyResult<_>>()?;
+        let buffers: Vec<PyUntypedBuffer> =
+            values.try_iter()?.map(|value| PyUntypedBuffer::get(&value?)).collect::<PyResult<_>>()?;
+        if buffers.len() != key_refs.len() {
+            return Ok(codes::INVALID_PARAMS);
+        }
+        let Some(bytes) = buffers.iter().map(object_bytes).collect::<Option<Vec<&[u8]>>>() else {
+            return Err(PyValueError::new_err("every value must be a C-contiguous buffer"));
+        };
+        let items: Vec<(&[u8], &[u8])> = key_refs.iter().copied().zip(bytes).collect();
+        let results = self.with_client(py, |client| client.batch_put_with(&items, options));
+        Ok(results.map_or(codes::INVALID_PARAMS, |results| {
+            results.iter().map(codes::of_unit).find(|&code| code != codes::OK).unwrap_or(codes::OK)
+        }))
+    }
+
     /// Reads `key`'s value into the registered buffer at `buffer_ptr` (`size` bytes); returns the bytes
     /// read or a negative code.
     fn get_into(&self, py: Python<'_>, key: &Bound<'_, PyAny>, buffer_ptr: usize, size: usize) -> PyResult<i64> {

@@ -328,3 +328,18 @@ def test_subscribers_see_stores_and_removals_with_a_prefix_filter(store):
     assert everything.close() == 0
     assert everything.next(timeout_seconds=0.01) is None
     mine.close()
+
+
+def test_put_batch_and_get_batch_take_any_buffers(store):
+    keys = [unique("pb") for _ in range(5)]
+    values = [b"a" * 10, bytearray(b"b" * 20), memoryview(b"c" * 30), np.arange(4, dtype=np.int64), b""]
+    assert store.put_batch(keys, values) == 0
+    got = store.get_batch(keys + [unique("missing")])
+    assert got[:3] == [b"a" * 10, b"b" * 20, b"c" * 30]
+    assert np.array_equal(np.frombuffer(got[3], dtype=np.int64), np.arange(4))
+    assert got[4] == b"" and got[5] == b""
+    # One code for the call: the first failure (a stored key is kept, not replaced).
+    assert store.put_batch([keys[0], unique("new")], [b"x", b"y"]) == strata.OBJECT_ALREADY_EXISTS
+    assert store.put_batch(keys[:2], [b"x"]) == strata.INVALID_PARAMS
+    assert store.put_batch(keys[:1], [b"replaced"], ReplicateConfig(upsert=True)) == 0
+    assert store.get_batch(keys[:1]) == [b"replaced"]
