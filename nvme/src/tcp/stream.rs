@@ -85,32 +85,16 @@ impl Socket {
     }
 
     /// Writes all of `buf`.
-    pub async fn write_all(&mut self, mut buf: &[u8]) -> io::Result<()> {
+    pub async fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
         match self {
             Socket::Reactor(stream) => stream.write_all(buf).await,
-            Socket::Polled(stream) => {
-                let mut misses = 0u32;
-                while !buf.is_empty() {
-                    match (&*stream).write(buf) {
-                        Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                        Ok(written) => buf = &buf[written..],
-                        Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
-                            misses += 1;
-                            idle_poll(misses).await;
-                        }
-                        Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                        Err(error) => return Err(error),
-                    }
-                }
-                Ok(())
-            }
+            Socket::Polled(stream) => write_all_polled(stream, &mut [io::IoSlice::new(buf)]).await,
         }
     }
 
     /// Writes all of `bufs`, in order: one system call for many pieces on a polled socket (`writev`, at
     /// most `IOV_MAX` pieces a call), the pieces one by one through the reactor.
-    pub async fn write_all_vectored(&mut self, mut bufs: &mut [io::IoSlice<'_>]) -> io::Result<()> {
-        const IOV_MAX: usize = 1024;
+    pub async fn write_all_vectored(&mut self, bufs: &mut [io::IoSlice<'_>]) -> io::Result<()> {
         match self {
             Socket::Reactor(stream) => {
                 // Small pieces are gathered into one send; large ones go from their own memory.
@@ -132,23 +116,7 @@ impl Socket {
                 }
                 Ok(())
             }
-            Socket::Polled(stream) => {
-                let mut misses = 0u32;
-                while !bufs.is_empty() {
-                    let batch = bufs.len().min(IOV_MAX);
-                    match (&*stream).write_vectored(&bufs[..batch]) {
-                        Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                        Ok(written) => io::IoSlice::advance_slices(&mut bufs, written),
-                        Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
-                            misses += 1;
-                            idle_poll(misses).await;
-                        }
-                        Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                        Err(error) => return Err(error),
-                    }
-                }
-                Ok(())
-            }
+            Socket::Polled(stream) => write_all_polled(stream, bufs).await,
         }
     }
 
@@ -159,6 +127,27 @@ impl Socket {
             Socket::Polled(stream) => stream.shutdown(std::net::Shutdown::Both),
         }
     }
+}
+
+/// Writes all of `bufs` on a non-blocking socket, `writev` at most `IOV_MAX` pieces a call, polling while
+/// the socket's buffer is full.
+async fn write_all_polled(stream: &std::net::TcpStream, mut bufs: &mut [io::IoSlice<'_>]) -> io::Result<()> {
+    const IOV_MAX: usize = 1024;
+    let mut misses = 0u32;
+    while !bufs.is_empty() {
+        let batch = bufs.len().min(IOV_MAX);
+        match (&*stream).write_vectored(&bufs[..batch]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(written) => io::IoSlice::advance_slices(&mut bufs, written),
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                misses += 1;
+                idle_poll(misses).await;
+            }
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
 }
 
 /// Polls between this many misses give the core to the kernel once (`sched_yield`).
