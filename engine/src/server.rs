@@ -511,7 +511,7 @@ async fn handle_put(
         let mut user_key = vec![0u8; key_len];
         connection.read_exact(&mut user_key).await?;
         let owner = other_owner(shard, &user_key);
-        let key = scope.scoped(&user_key).into_owned();
+        let key = scope.scoped_owned(user_key);
         let key_len = key.len();
         if u64::from(item.value_len) > limits.max_value_bytes {
             connection.skip(u64::from(item.value_len)).await?;

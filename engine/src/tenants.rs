@@ -69,14 +69,19 @@ impl Scope {
 
     /// `key` as the node stores it.
     pub fn scoped<'a>(&self, key: &'a [u8]) -> Cow<'a, [u8]> {
-        if self.prefix.is_empty() {
-            Cow::Borrowed(key)
-        } else {
-            let mut scoped = Vec::with_capacity(self.prefix.len() + key.len());
-            scoped.extend_from_slice(&self.prefix);
-            scoped.extend_from_slice(key);
-            Cow::Owned(scoped)
-        }
+        if self.prefix.is_empty() { Cow::Borrowed(key) } else { Cow::Owned(self.prefixed(key)) }
+    }
+
+    /// `key`, received into a vector of its own, as the node stores it (no copy on an open node).
+    pub fn scoped_owned(&self, key: Vec<u8>) -> Vec<u8> {
+        if self.prefix.is_empty() { key } else { self.prefixed(&key) }
+    }
+
+    fn prefixed(&self, key: &[u8]) -> Vec<u8> {
+        let mut scoped = Vec::with_capacity(self.prefix.len() + key.len());
+        scoped.extend_from_slice(&self.prefix);
+        scoped.extend_from_slice(key);
+        scoped
     }
 
     /// The prefix of this tenant's stored keys (empty on an open node).
