@@ -49,12 +49,9 @@ fn key_objects<'py>(keys: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>
     keys.try_iter()?.collect()
 }
 
-fn keys_of(keys: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<u8>>> {
-    keys.try_iter()?.map(|key| key_of(&key?)).collect()
-}
-
-fn refs(keys: &[Vec<u8>]) -> Vec<&[u8]> {
-    keys.iter().map(Vec::as_slice).collect()
+/// The bytes of each key object (see [`key_slice`]).
+fn key_slices<'a>(objects: &'a [Bound<'_, PyAny>]) -> PyResult<Vec<&'a [u8]>> {
+    objects.iter().map(key_slice).collect()
 }
 
 fn attribute<'py, T: for<'a> FromPyObject<'a, 'py>>(config: &Bound<'py, PyAny>, name: &str) -> PyResult<Option<T>> {
@@ -226,7 +223,7 @@ impl StrataStore {
     /// The values of `keys`, in one round trip per shard; empty bytes for a key that cannot be read.
     fn get_batch<'py>(&self, py: Python<'py>, keys: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyBytes>>> {
         let objects = key_objects(keys)?;
-        let key_refs: Vec<&[u8]> = objects.iter().map(key_slice).collect::<PyResult<_>>()?;
+        let key_refs = key_slices(&objects)?;
         let keys = &key_refs;
         let values = self.with_client(py, |client| client.batch_get(keys));
         let values = values.unwrap_or_else(|| keys.iter().map(|_| Err(ClientError::NotFound)).collect());
@@ -246,7 +243,7 @@ impl StrataStore {
     ) -> PyResult<i64> {
         let options = put_options(config, false)?;
         let objects = key_objects(keys)?;
-        let key_refs: Vec<&[u8]> = objects.iter().map(key_slice).collect::<PyResult<_>>()?;
+        let key_refs = key_slices(&objects)?;
         let buffers: Vec<PyUntypedBuffer> =
             values.try_iter()?.map(|value| PyUntypedBuffer::get(&value?)).collect::<PyResult<_>>()?;
         if buffers.len() != key_refs.len() {
@@ -317,7 +314,8 @@ impl StrataStore {
         sizes: Vec<usize>,
         config: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<i64>> {
-        let keys = keys_of(keys)?;
+        let objects = key_objects(keys)?;
+        let keys = key_slices(&objects)?;
         let options = put_options(config, false)?;
         if buffer_ptrs.len() != keys.len() || sizes.len() != keys.len() {
             return Ok(failed(keys.len(), codes::INVALID_PARAMS));
@@ -325,7 +323,7 @@ impl StrataStore {
         let values: Option<Vec<&[u8]>> =
             buffer_ptrs.iter().zip(&sizes).map(|(&start, &len)| self.registry.read(start, len)).collect();
         let Some(values) = values else { return Ok(failed(keys.len(), codes::INVALID_PARAMS)) };
-        let items: Vec<(&[u8], &[u8])> = keys.iter().map(Vec::as_slice).zip(values).collect();
+        let items: Vec<(&[u8], &[u8])> = keys.iter().copied().zip(values).collect();
         let results = self.with_client(py, |client| client.batch_put_with(&items, options));
         Ok(per_key_units(results, keys.len()))
     }
@@ -340,7 +338,7 @@ impl StrataStore {
     ) -> PyResult<Vec<i64>> {
         // The hot path of a serving engine's loads: keys are borrowed from their Python objects, not copied.
         let objects = key_objects(keys)?;
-        let key_refs: Vec<&[u8]> = objects.iter().map(key_slice).collect::<PyResult<_>>()?;
+        let key_refs = key_slices(&objects)?;
         if buffer_ptrs.len() != key_refs.len() || sizes.len() != key_refs.len() {
             return Ok(failed(key_refs.len(), codes::INVALID_PARAMS));
         }
@@ -364,7 +362,8 @@ impl StrataStore {
         all_sizes: Vec<Vec<usize>>,
         config: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<i64>> {
-        let keys = keys_of(keys)?;
+        let objects = key_objects(keys)?;
+        let keys = key_slices(&objects)?;
         let options = put_options(config, false)?;
         if all_buffer_ptrs.len() != keys.len() || all_sizes.len() != keys.len() {
             return Ok(failed(keys.len(), codes::INVALID_PARAMS));
@@ -377,8 +376,7 @@ impl StrataStore {
             let Some(key_parts) = key_parts else { return Ok(failed(keys.len(), codes::INVALID_PARAMS)) };
             parts.push(key_parts);
         }
-        let items: Vec<(&[u8], &[&[u8]])> =
-            keys.iter().map(Vec::as_slice).zip(parts.iter().map(Vec::as_slice)).collect();
+        let items: Vec<(&[u8], &[&[u8]])> = keys.iter().copied().zip(parts.iter().map(Vec::as_slice)).collect();
         let results = self.with_client(py, |client| client.batch_put_parts(&items, options));
         Ok(per_key_units(results, keys.len()))
     }
@@ -395,7 +393,8 @@ impl StrataStore {
         prefer_alloc_in_same_node: bool,
     ) -> PyResult<Vec<i64>> {
         let _ = prefer_alloc_in_same_node;
-        let keys = keys_of(keys)?;
+        let objects = key_objects(keys)?;
+        let keys = key_slices(&objects)?;
         if all_buffer_ptrs.len() != keys.len() || all_sizes.len() != keys.len() {
             return Ok(failed(keys.len(), codes::INVALID_PARAMS));
         }
@@ -414,8 +413,8 @@ impl StrataStore {
         }
         drop(rest);
         let mut lists: Vec<&mut [&mut [u8]]> = per_key.iter_mut().map(Vec::as_mut_slice).collect();
-        let key_refs = refs(&keys);
-        let results = self.with_client(py, |client| client.batch_get_into_parts(&key_refs, &mut lists));
+        let key_refs = &keys;
+        let results = self.with_client(py, |client| client.batch_get_into_parts(key_refs, &mut lists));
         Ok(per_key_lens(results, keys.len()))
     }
 
@@ -427,9 +426,10 @@ impl StrataStore {
 
     /// `is_exist` for many keys, in one round trip per shard.
     fn batch_is_exist(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
-        let keys = keys_of(keys)?;
-        let key_refs = refs(&keys);
-        let results = self.with_client(py, |client| client.batch_exists(&key_refs));
+        let objects = key_objects(keys)?;
+        let keys = key_slices(&objects)?;
+        let key_refs = &keys;
+        let results = self.with_client(py, |client| client.batch_exists(key_refs));
         Ok(results.map_or_else(
             || failed(keys.len(), codes::INVALID_PARAMS),
             |results| results.into_iter().map(exist_code).collect(),
@@ -492,8 +492,8 @@ impl StrataStore {
 
     /// How many leading keys of the chain `keys` are stored (one round trip per shard), or a negative code.
     fn prefix_match(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<i64> {
-        let keys = keys_of(keys)?;
-        let key_refs = refs(&keys);
+        let objects = key_objects(keys)?;
+        let key_refs = key_slices(&objects)?;
         Ok(self
             .with_client(py, |client| codes::of_len(&client.prefix_match(&key_refs)))
             .unwrap_or(codes::INVALID_PARAMS))
@@ -501,8 +501,9 @@ impl StrataStore {
 
     /// `prefix_match` for many chains in one round trip per shard; a count (or negative code) per chain.
     fn batch_prefix_match(&self, py: Python<'_>, chains: &Bound<'_, PyList>) -> PyResult<Vec<i64>> {
-        let chains: Vec<Vec<Vec<u8>>> = chains.iter().map(|chain| keys_of(&chain)).collect::<PyResult<_>>()?;
-        let chain_refs: Vec<Vec<&[u8]>> = chains.iter().map(|chain| refs(chain)).collect();
+        let chains: Vec<Vec<Bound<'_, PyAny>>> =
+            chains.iter().map(|chain| key_objects(&chain)).collect::<PyResult<_>>()?;
+        let chain_refs: Vec<Vec<&[u8]>> = chains.iter().map(|chain| key_slices(chain)).collect::<PyResult<_>>()?;
         let lists: Vec<&[&[u8]]> = chain_refs.iter().map(Vec::as_slice).collect();
         let results = self.with_client(py, |client| client.batch_prefix_match(&lists));
         Ok(per_key_lens(results, chains.len()))
