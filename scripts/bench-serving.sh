@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Issue 6's benchmark rows, each side by side with its reference in the same run: strata-node pinned to CPU 1
 # (busy-polling), the clients (strata-bench kv, the Python package, iperf3's client) pinned to CPU 0.
-#   RUNTIME=5 REPS=3 DIR=target/bench-serving ROWS=python,mooncake,prefix,events scripts/bench-serving.sh
+#   RUNTIME=5 REPS=3 DIR=target/bench-serving ROWS=python,mooncake,prefix,events,links scripts/bench-serving.sh
 # The mooncake row installs PyPI's mooncake-transfer-engine-non-cuda in target/mooncake-venv and runs its
 # master and a segment-holding store on CPU 1 (MC_TCP_BIND_ADDRESS=127.0.0.1), its client on CPU 0.
 # Rows: Python batch_get_into (32 keys, registered buffers) against the Rust client at 4 KiB and against
 # iperf3 -l 1M at 64 KiB, alternating (rust, python, rust, python, ...); a 1,000-key prefix match on one
-# shard; puts with and without an event subscriber, alternating, and the events/s it received.
+# shard; puts with and without an event subscriber, alternating, and the events/s it received; puts of
+# blocks linked in chains against unlinked puts, alternating, over a working set larger than DRAM (so the
+# linked runs also cascade).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNTIME=${RUNTIME:-5}
 REPS=${REPS:-3}
 DIR=${DIR:-target/bench-serving}
 PORT=${PORT:-7660}
-ROWS=${ROWS:-python,mooncake,prefix,events}
+ROWS=${ROWS:-python,mooncake,prefix,events,links}
 wants() { [[ ",$ROWS," == *",$1,"* ]]; }
 METRICS=${METRICS:-127.0.0.1:9660}
 command -v iperf3 >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iperf3; }
@@ -121,28 +123,55 @@ printf '%-52s p50 %7.1f us  p99 %7.1f us  (target <= 200 us)\n' "prefix_match, 1
 
 fi
 
+# Puts with `$3` (word-split flags), alternating without and with the extra flags `$4`, REPS times each;
+# prints both medians (puts/s, node CPU per put) labelled `$1` and `$2`, and sets RATIO and CPU_RATIO (second
+# over first) and B_JSONS (the second variant's reports).
+put_pair() {
+  local first=() second=() first_cpu=() second_cpu=() json a b ac bc
+  B_JSONS=()
+  for _ in $(seq "$REPS"); do
+    # shellcheck disable=SC2086
+    json=$(kv --op put $3); check "$json"
+    first+=("$(echo "$json" | field "['ops_per_sec']")")
+    first_cpu+=("$(echo "$json" | field "['server_cpu_ns_per_op']")")
+    # shellcheck disable=SC2086
+    json=$(kv --op put $3 $4); check "$json"
+    second+=("$(echo "$json" | field "['ops_per_sec']")")
+    second_cpu+=("$(echo "$json" | field "['server_cpu_ns_per_op']")")
+    B_JSONS+=("$json")
+  done
+  a=$(printf '%s\n' "${first[@]}" | median); b=$(printf '%s\n' "${second[@]}" | median)
+  ac=$(printf '%s\n' "${first_cpu[@]}" | median); bc=$(printf '%s\n' "${second_cpu[@]}" | median)
+  printf '%-52s %10.0f puts/s  node %5.0f ns/put\n' "$1" "$a" "$ac"
+  printf '%-52s %10.0f puts/s  node %5.0f ns/put\n' "$2" "$b" "$bc"
+  RATIO=$(echo "$b $a" | awk '{print $1/$2}'); CPU_RATIO=$(echo "$bc $ac" | awk '{print $1/$2}')
+}
+
 if wants events; then
 echo "== puts of 64 B values in batches of 128, with and without an event subscriber (alternating)"
 # The node sleeps when idle here (no --busy-poll), so its CPU time per put is what a put costs it; the
 # subscriber's reader thread shares CPU 0 with the put client (two cores: nowhere else to put it).
 start_node --dram 4GiB
-plain=() observed=() rates=() missed=() plain_cpu=() observed_cpu=()
-for _ in $(seq "$REPS"); do
-  json=$(kv --op put --value-size 64 --keys 200000 --batch 128 --no-preload); check "$json"
-  plain+=("$(echo "$json" | field "['ops_per_sec']")")
-  plain_cpu+=("$(echo "$json" | field "['server_cpu_ns_per_op']")")
-  json=$(kv --op put --value-size 64 --keys 200000 --batch 128 --no-preload --subscribe); check "$json"
-  observed+=("$(echo "$json" | field "['ops_per_sec']")")
-  observed_cpu+=("$(echo "$json" | field "['server_cpu_ns_per_op']")")
+put_pair "puts, no subscriber" "puts, one subscriber" "--value-size 64 --keys 200000 --batch 128 --no-preload" \
+  --subscribe
+printf '%-52s %10.3f x puts/s (target >= 0.95), %.3f x node CPU per put\n' "  with / without" "$RATIO" "$CPU_RATIO"
+rates=() missed=()
+for json in "${B_JSONS[@]}"; do
   rates+=("$(echo "$json" | field "['events_per_sec']")")
   missed+=("$(echo "$json" | field "['events_missed']")")
 done
-a=$(printf '%s\n' "${plain[@]}" | median); b=$(printf '%s\n' "${observed[@]}" | median)
-ac=$(printf '%s\n' "${plain_cpu[@]}" | median); bc=$(printf '%s\n' "${observed_cpu[@]}" | median)
-printf '%-52s %10.0f puts/s  node %5.0f ns/put\n' "puts, no subscriber" "$a" "$ac"
-printf '%-52s %10.0f puts/s  node %5.0f ns/put\n' "puts, one subscriber" "$b" "$bc"
-printf '%-52s %10.3f x puts/s (target >= 0.95), %.3f x node CPU per put\n' "  with / without" \
-  "$(echo "$b $a" | awk '{print $1/$2}')" "$(echo "$bc $ac" | awk '{print $1/$2}')"
 printf '%-52s %10.0f events/s, missed %s (target >= 500000)\n' "events delivered to the subscriber" \
   "$(printf '%s\n' "${rates[@]}" | median)" "$(printf '%s\n' "${missed[@]}" | median)"
+fi
+
+if wants links; then
+echo "== puts of 4 KiB blocks in chains of 16 (each naming the one before) vs unlinked puts, alternating"
+# 256 MiB of DRAM under a 400 MiB working set, DRAM only: the clock evicts throughout, and in the linked
+# runs every eviction takes the rest of its chain with it.
+cascades() { python3 -c "import re,sys,urllib.request; t=urllib.request.urlopen('http://$METRICS/metrics').read().decode(); print(sum(int(v) for v in re.findall(r'^strata_cascade_removals_total (\d+)', t, re.M)))"; }
+start_node --dram 256MiB
+put_pair "puts, unlinked" "puts, chains of 16" "--value-size 4k --keys 100000 --batch 32 --no-preload" \
+  "--link-parents 16"
+printf '%-52s %10.3f x puts/s, %.3f x node CPU per put; %s cascaded removals\n' "  linked / unlinked" \
+  "$RATIO" "$CPU_RATIO" "$(cascades)"
 fi

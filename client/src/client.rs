@@ -5,8 +5,9 @@ use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use strata_proto::{
-    FRAME_HEADER_BYTES, FrameHeader, HELLO_REPLY_BYTES, HelloReply, HelloRequest, Limits, Opcode, PutOptions,
-    REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, Status, shard_of,
+    FRAME_HEADER_BYTES, FrameHeader, HELLO_REPLY_BYTES, HelloReply, HelloRequest, ITEM_LINKS, ITEM_PROGRESSIVE, Limits,
+    Links, Opcode, PART_HEADER_BYTES, PutOptions, REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES, RequestItemHeader,
+    ResponseItemHeader, Status, encode_part_header, shard_of,
 };
 
 use crate::error::ClientError;
@@ -166,6 +167,8 @@ struct Item<'a> {
     value: &'a [&'a [u8]],
     /// get_range: (offset, length); prefix_match: (chain, 0).
     range: (u32, u32),
+    /// A put's parent and group.
+    links: Links<'a>,
 }
 
 impl Item<'_> {
@@ -184,6 +187,75 @@ enum Sink<'a, 'b, 'c> {
     Buffers(&'a mut [&'b mut [u8]]),
     /// Several buffers per key, filled in order (one per layer, say).
     Parts(&'a mut [&'c mut [&'b mut [u8]]]),
+}
+
+/// One put of [`Client::batch_put_blocks`]: a value (sent from one or more buffers in order) and what it
+/// links to.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockPut<'a> {
+    /// Its key.
+    pub key: &'a [u8],
+    /// Its value, as the pieces it is sent from (one per layer, say).
+    pub parts: &'a [&'a [u8]],
+    /// Its parent (when the parent leaves the node, so does this block) and group (a group leaves as a
+    /// whole).
+    pub links: Links<'a>,
+}
+
+/// A put in progress, sent part by part: see [`Client::put_progressive`].
+pub struct ProgressivePut {
+    connection: ShardConnection,
+    request_id: u64,
+    part_lens: Vec<u32>,
+    sent: usize,
+}
+
+impl ProgressivePut {
+    /// Sends the next part (its length must be the one announced); the node makes it readable on arrival.
+    pub fn send_part(&mut self, part: &[u8]) -> Result<(), ClientError> {
+        let Some(&expected) = self.part_lens.get(self.sent) else {
+            return Err(ClientError::Invalid(format!("all {} parts were sent", self.part_lens.len())));
+        };
+        if part.len() != expected as usize {
+            return Err(ClientError::Invalid(format!(
+                "part {} has {} bytes, {expected} announced",
+                self.sent,
+                part.len()
+            )));
+        }
+        let io = |error: std::io::Error| ClientError::from_io(&error);
+        encode_part_header(expected, crc32c::crc32c(part), &mut self.connection.output);
+        self.connection.send(part).map_err(io)?;
+        self.connection.flush().map_err(io)?;
+        self.sent += 1;
+        Ok(())
+    }
+
+    /// Parts sent so far.
+    pub fn parts_sent(&self) -> usize {
+        self.sent
+    }
+
+    /// Parts announced.
+    pub fn part_count(&self) -> usize {
+        self.part_lens.len()
+    }
+
+    /// Waits for the node's answer once every part is sent: stored, or why not.
+    pub fn finish(mut self) -> Result<(), ClientError> {
+        if self.sent != self.part_lens.len() {
+            return Err(ClientError::Invalid(format!("{} of {} parts sent", self.sent, self.part_lens.len())));
+        }
+        let header = self.connection.read_header(Opcode::Put, self.request_id)?;
+        if header.status != Status::Ok {
+            return Err(ClientError::from_status(header.status));
+        }
+        if header.count != 1 || header.body_len != RESPONSE_ITEM_BYTES as u64 {
+            return Err(ClientError::Protocol(format!("{} replies to one put", header.count)));
+        }
+        let item = self.connection.read_item()?;
+        if item.status == Status::Ok { Ok(()) } else { Err(ClientError::from_status(item.status)) }
+    }
 }
 
 /// A byte range of a stored value: `(key, offset, length)`, for gathers and scatters.
@@ -278,6 +350,76 @@ impl Client {
         one(self.batch_put_with(&[(key, value)], options))
     }
 
+    /// Stores `value` under `key`, naming its parent and/or group: when the parent leaves the node (evicted
+    /// from its last tier, removed), so does this block and, in turn, its own children; a group leaves as a
+    /// whole. Hard-pinned blocks stay.
+    pub fn put_linked(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        links: Links<'_>,
+        options: PutOptions,
+    ) -> Result<(), ClientError> {
+        one(self.batch_put_blocks(&[BlockPut { key, parts: &[value], links }], options))
+    }
+
+    /// Starts a put of `key` whose value is sent part by part (`part_lens` bytes each, in order) as the parts
+    /// become ready — a prefill's layers as they are computed. The node makes each part readable by
+    /// [`Client::get_range_into`] as soon as it arrived and passed its checksum, so a reader of a key with
+    /// no stored version waits for, and gets, the first layers before the last are sent; the key becomes
+    /// visible to `get`, `exists` and prefix match when the put completes ([`ProgressivePut::finish`]).
+    ///
+    /// The put owns the shard's connection while it lasts (the client opens another if it needs the shard
+    /// meanwhile); dropping it unfinished closes that connection and the node drops the partial object.
+    pub fn put_progressive(
+        &mut self,
+        key: &[u8],
+        part_lens: &[u32],
+        links: Links<'_>,
+        options: PutOptions,
+    ) -> Result<ProgressivePut, ClientError> {
+        let limits = self.hello.limits;
+        let value_len: u64 = part_lens.iter().map(|&len| u64::from(len)).sum();
+        let bad_name = |name: Option<&[u8]>| {
+            name.is_some_and(|name| name.is_empty() || name.len() > limits.max_key_bytes as usize)
+        };
+        if key.is_empty()
+            || key.len() > limits.max_key_bytes as usize
+            || bad_name(links.parent)
+            || bad_name(links.group)
+        {
+            return Err(ClientError::TooLarge(format!("key or name of 1..={} bytes expected", limits.max_key_bytes)));
+        }
+        let body_len = (REQUEST_ITEM_BYTES + key.len() + links.encoded_len()) as u64
+            + value_len
+            + (part_lens.len() * PART_HEADER_BYTES) as u64;
+        if value_len > limits.max_value_bytes || body_len > limits.max_put_body_bytes {
+            return Err(ClientError::TooLarge(format!(
+                "value of {value_len} bytes (bound {})",
+                limits.max_value_bytes
+            )));
+        }
+        if part_lens.is_empty() || part_lens.contains(&0) {
+            return Err(ClientError::Invalid("a progressive put has at least one part, none empty".into()));
+        }
+        let shard = shard_of(key, self.hello.shard_count);
+        self.connection(shard)?;
+        let mut connection =
+            self.connections[shard as usize].take().ok_or_else(|| ClientError::Connection("no connection".into()))?;
+        let request_id = self.next_request_id;
+        self.next_request_id += 1;
+        let (flags, offset) = options.encode();
+        let flags = flags | ITEM_PROGRESSIVE | if links.is_none() { 0 } else { ITEM_LINKS };
+        FrameHeader::request(Opcode::Put, request_id, 1, body_len).encode_into(&mut connection.output);
+        RequestItemHeader { key_len: key.len() as u16, flags, value_len: value_len as u32, value_crc: 0, offset }
+            .encode_into(&mut connection.output);
+        let io = |error: std::io::Error| ClientError::from_io(&error);
+        connection.send(key).map_err(io)?;
+        links.encode_into(&mut connection.output);
+        connection.flush().map_err(io)?;
+        Ok(ProgressivePut { connection, request_id, part_lens: part_lens.to_vec(), sent: 0 })
+    }
+
     /// Stores one value sent from several buffers in order (e.g. one per layer) under `key`.
     pub fn put_parts(&mut self, key: &[u8], parts: &[&[u8]], options: PutOptions) -> Result<(), ClientError> {
         one(self.batch_put_parts(&[(key, parts)], options))
@@ -310,7 +452,7 @@ impl Client {
     /// Reads `buffer.len()` bytes at `offset` of `key`'s value into `buffer`.
     pub fn get_range_into(&mut self, key: &[u8], offset: u32, buffer: &mut [u8]) -> Result<usize, ClientError> {
         let len = u32::try_from(buffer.len()).map_err(|_| ClientError::TooLarge("range over 4 GiB".into()))?;
-        let items = [Item { key, value: &[], range: (offset, len) }];
+        let items = [Item { key, value: &[], range: (offset, len), links: Links::NONE }];
         let mut buffers = [buffer];
         let replies = self.run(Opcode::GetRange, &items, PutOptions::default(), Sink::Buffers(&mut buffers));
         one(replies).map(|reply| reply.data_len as usize)
@@ -327,8 +469,10 @@ impl Client {
             let error = ClientError::BufferTooSmall { needed: total as usize, available: destination.len() };
             return ranges.iter().map(|_| Err(error.clone())).collect();
         }
-        let items: Vec<Item<'_>> =
-            ranges.iter().map(|&(key, offset, len)| Item { key, value: &[], range: (offset, len) }).collect();
+        let items: Vec<Item<'_>> = ranges
+            .iter()
+            .map(|&(key, offset, len)| Item { key, value: &[], range: (offset, len), links: Links::NONE })
+            .collect();
         let mut buffers: Vec<&mut [u8]> = Vec::with_capacity(ranges.len());
         let mut rest = destination;
         for range in ranges {
@@ -371,7 +515,7 @@ impl Client {
 
     /// The length of `key`'s value.
     pub fn get_size(&mut self, key: &[u8]) -> Result<u64, ClientError> {
-        let items = [Item { key, value: &[], range: (0, 0) }];
+        let items = [Item { key, value: &[], range: (0, 0), links: Links::NONE }];
         one(self.run(Opcode::Exists, &items, PutOptions::default(), Sink::None))
             .map(|reply| u64::from(reply.object_len))
     }
@@ -399,7 +543,12 @@ impl Client {
         let items: Vec<Item<'_>> = items
             .iter()
             .zip(&values)
-            .map(|((key, _), value)| Item { key, value: std::slice::from_ref(value), range: (0, 0) })
+            .map(|((key, _), value)| Item {
+                key,
+                value: std::slice::from_ref(value),
+                range: (0, 0),
+                links: Links::NONE,
+            })
             .collect();
         self.run(Opcode::Put, &items, options, Sink::None).into_iter().map(|result| result.map(|_| ())).collect()
     }
@@ -410,7 +559,18 @@ impl Client {
         items: &[(&[u8], &[&[u8]])],
         options: PutOptions,
     ) -> Vec<Result<(), ClientError>> {
-        let items: Vec<Item<'_>> = items.iter().map(|(key, parts)| Item { key, value: parts, range: (0, 0) }).collect();
+        let items: Vec<Item<'_>> =
+            items.iter().map(|(key, parts)| Item { key, value: parts, range: (0, 0), links: Links::NONE }).collect();
+        self.run(Opcode::Put, &items, options, Sink::None).into_iter().map(|result| result.map(|_| ())).collect()
+    }
+
+    /// Stores every block (value, parent, group) with `options`; a result per key. A serving engine's
+    /// batch put after prefill: each block names the one before it in its chain.
+    pub fn batch_put_blocks(&mut self, blocks: &[BlockPut<'_>], options: PutOptions) -> Vec<Result<(), ClientError>> {
+        let items: Vec<Item<'_>> = blocks
+            .iter()
+            .map(|block| Item { key: block.key, value: block.parts, range: (0, 0), links: block.links })
+            .collect();
         self.run(Opcode::Put, &items, options, Sink::None).into_iter().map(|result| result.map(|_| ())).collect()
     }
 
@@ -439,7 +599,7 @@ impl Client {
         let mut items = Vec::with_capacity(chains.iter().map(|chain| chain.len()).sum());
         for (chain_index, chain) in chains.iter().enumerate() {
             for key in chain.iter() {
-                items.push(Item { key, value: &[], range: (chain_index as u32, 0) });
+                items.push(Item { key, value: &[], range: (chain_index as u32, 0), links: Links::NONE });
             }
         }
         let replies = self.run(Opcode::PrefixMatch, &items, PutOptions::default(), Sink::None);
@@ -516,7 +676,7 @@ impl Client {
     }
 
     fn broadcast_removal(&mut self, pattern: &[u8], flags: u32) -> Result<u64, ClientError> {
-        let items = [Item { key: pattern, value: &[], range: (flags, 0) }];
+        let items = [Item { key: pattern, value: &[], range: (flags, 0), links: Links::NONE }];
         let shards = self.hello.shard_count as usize;
         let mut sent = Vec::with_capacity(shards);
         for shard in 0..shards {
@@ -587,6 +747,16 @@ impl Client {
                 )));
                 continue;
             }
+            let bad_name = |name: Option<&[u8]>| {
+                name.is_some_and(|name| name.is_empty() || name.len() > limits.max_key_bytes as usize)
+            };
+            if bad_name(item.links.parent) || bad_name(item.links.group) {
+                results[index] = Err(ClientError::TooLarge(format!(
+                    "parent or group name of 1..={} bytes expected",
+                    limits.max_key_bytes
+                )));
+                continue;
+            }
             let value_len = item.value_len();
             if value_len as u64 > limits.max_value_bytes {
                 results[index] = Err(ClientError::TooLarge(format!(
@@ -596,7 +766,7 @@ impl Client {
                 continue;
             }
             let shard = shard_of(item.key, self.hello.shard_count) as usize;
-            let bytes = (REQUEST_ITEM_BYTES + item.key.len() + value_len) as u64;
+            let bytes = (REQUEST_ITEM_BYTES + item.key.len() + item.links.encoded_len() + value_len) as u64;
             let queue = &mut frames[shard];
             let full = queue.back().is_none_or(|frame| {
                 frame.len() as u32 >= limits.max_batch_items
@@ -771,7 +941,7 @@ impl Client {
 }
 
 fn key_items<'a>(keys: &[&'a [u8]]) -> Vec<Item<'a>> {
-    keys.iter().map(|key| Item { key, value: &[], range: (0, 0) }).collect()
+    keys.iter().map(|key| Item { key, value: &[], range: (0, 0), links: Links::NONE }).collect()
 }
 
 fn one<T>(mut results: Vec<Result<T, ClientError>>) -> Result<T, ClientError> {
@@ -791,7 +961,7 @@ fn send_frame(
         .map(|&index| {
             let item = &items[index];
             (REQUEST_ITEM_BYTES + item.key.len()) as u64
-                + if opcode == Opcode::Put { item.value_len() as u64 } else { 0 }
+                + if opcode == Opcode::Put { (item.links.encoded_len() + item.value_len()) as u64 } else { 0 }
         })
         .sum();
     let mut head = Vec::with_capacity(FRAME_HEADER_BYTES);
@@ -803,7 +973,7 @@ fn send_frame(
         let header = match opcode {
             Opcode::Put => RequestItemHeader {
                 key_len: item.key.len() as u16,
-                flags,
+                flags: if item.links.is_none() { flags } else { flags | ITEM_LINKS },
                 value_len: item.value_len() as u32,
                 value_crc: item.value.iter().fold(0, |crc, part| crc32c::crc32c_append(crc, part)),
                 offset: put_offset,
@@ -827,6 +997,7 @@ fn send_frame(
         header.encode_into(&mut connection.output);
         connection.send(item.key)?;
         if opcode == Opcode::Put {
+            item.links.encode_into(&mut connection.output);
             for part in item.value {
                 connection.send(part)?;
             }

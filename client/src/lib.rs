@@ -23,7 +23,7 @@ mod error;
 mod events;
 
 pub use crate::async_client::AsyncClient;
-pub use crate::client::{Client, ClientOptions, KeyRange};
+pub use crate::client::{BlockPut, Client, ClientOptions, KeyRange, ProgressivePut};
 pub use crate::error::ClientError;
 pub use crate::events::{EventStream, ShardEvent};
-pub use strata_proto::{Event, Pin, PutOptions, RemovalReason, Tier, WritePolicy};
+pub use strata_proto::{Event, Links, Pin, PutOptions, RemovalReason, Tier, WritePolicy};

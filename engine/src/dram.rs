@@ -20,12 +20,16 @@ use crate::segment::{PageKind, Segment};
 /// A resident object.
 struct DramObject {
     allocation: Option<Allocation>,
-    /// Entry id in the index, or `NONE_U32` while unpublished or once retired.
+    /// Entry id in the index, [`RESERVED`] while a put fills it, or `NONE_U32` once retired.
     entry: u32,
     /// Distinguishes reuses of the slot in the clock queue.
     generation: u32,
     pins: u32,
 }
+
+/// [`DramObject::entry`] of a slot allocated and not yet published: alive, though no entry names it (a
+/// progressive put's readers pin it while it fills, and their unpin must not free it).
+const RESERVED: u32 = u32::MAX - 1;
 
 /// A shard's DRAM tier.
 pub struct DramTier {
@@ -97,7 +101,7 @@ impl DramTier {
             Err(_) => return Err(DramFull::NoSpace),
         };
         let offset = allocation.offset();
-        let object = DramObject { allocation: Some(allocation), entry: NONE_U32, generation: 0, pins: 0 };
+        let object = DramObject { allocation: Some(allocation), entry: RESERVED, generation: 0, pins: 0 };
         let slot = match self.free_slots.pop() {
             Some(slot) => {
                 let generation = self.objects[slot as usize].generation.wrapping_add(1);
@@ -209,6 +213,23 @@ mod tests {
         tier.unpin(slot);
         assert_eq!(tier.allocated_bytes(), 0);
         assert_eq!(tier.next_candidate(), None, "a retired slot is not a candidate");
+    }
+
+    #[test]
+    fn a_reader_of_a_reservation_being_filled_does_not_free_it() {
+        // A progressive put's readers pin its slot before it is published; the put still owns it after.
+        let mut tier = DramTier::new(4 << 20, false).expect("tier");
+        let (slot, _) = tier.allocate(1 << 20).expect("allocate");
+        tier.pin(slot);
+        tier.unpin(slot);
+        assert_eq!(tier.allocated_bytes(), 1 << 20, "the put's reservation is intact");
+        let (other, _) = tier.allocate(4096).expect("allocate");
+        assert_ne!(other, slot, "and its slot is not handed out again");
+        tier.pin(slot);
+        tier.retire(slot);
+        assert_eq!(tier.allocated_bytes(), (1 << 20) + 4096, "an abandoned put's reservation waits for its reader");
+        tier.unpin(slot);
+        assert_eq!(tier.allocated_bytes(), 4096);
     }
 
     #[test]

@@ -55,11 +55,15 @@ impl EventLog {
     }
 
     fn append(&mut self, codes: [u8; 4], size: u32, key: &[u8]) {
+        self.append_with_parent(codes, size, key, &[]);
+    }
+
+    fn append_with_parent(&mut self, codes: [u8; 4], size: u32, key: &[u8], parent: &[u8]) {
         if self.bytes.len() >= self.capacity {
             self.compact();
         }
         self.starts.push_back(self.bytes.len());
-        encode_event_parts(&mut self.bytes, codes, size, key, &[], self.next_sequence);
+        encode_event_parts(&mut self.bytes, codes, size, key, parent, self.next_sequence);
         self.next_sequence += 1;
         for waker in self.wakers.drain(..) {
             waker.wake();
@@ -84,9 +88,9 @@ impl EventLog {
     }
 
     /// A block was stored in `tier`.
-    pub fn stored(&mut self, key: &[u8], size: u32, tier: Tier) {
+    pub fn stored(&mut self, key: &[u8], parent: Option<&[u8]>, size: u32, tier: Tier) {
         if self.observed() {
-            self.append([1, Tier::None as u8, tier as u8, 0], size, key);
+            self.append_with_parent([1, Tier::None as u8, tier as u8, 0], size, key, parent.unwrap_or(&[]));
         }
     }
 
@@ -152,6 +156,7 @@ impl EventLog {
             let event = &self.bytes[start..end];
             let key_len = usize::from(u16::from_le_bytes([event[8], event[9]]));
             let key = &event[strata_proto::EVENT_HEADER_BYTES..strata_proto::EVENT_HEADER_BYTES + key_len];
+            let parent = &event[strata_proto::EVENT_HEADER_BYTES + key_len..];
             // LAGGED (kind 4) has no key and goes to every subscriber.
             if event[0] == 4 || prefix.is_none_or(|prefix| key.starts_with(prefix)) {
                 if strip == 0 || event[0] == 4 {
@@ -159,7 +164,8 @@ impl EventLog {
                 } else {
                     let size = u32::from_le_bytes([event[4], event[5], event[6], event[7]]);
                     let codes = [event[0], event[1], event[2], event[3]];
-                    encode_event_parts(out, codes, size, &key[strip.min(key.len())..], &[], cursor);
+                    let (key, parent) = (&key[strip.min(key.len())..], &parent[strip.min(parent.len())..]);
+                    encode_event_parts(out, codes, size, key, parent, cursor);
                 }
                 count += 1;
             }
@@ -230,11 +236,11 @@ mod tests {
     #[test]
     fn nothing_is_kept_unobserved_and_a_slow_reader_is_told_it_lagged() {
         let log = Rc::new(RefCell::new(EventLog::new(1000)));
-        log.borrow_mut().stored(b"unseen", 1, Tier::Dram);
+        log.borrow_mut().stored(b"unseen", None, 1, Tier::Dram);
         let (subscription, cursor) = Subscription::new(&log);
         assert_eq!(cursor, 0, "the unobserved event was never recorded");
         for index in 0..200u32 {
-            log.borrow_mut().stored(format!("key-{index}").as_bytes(), index, Tier::Dram);
+            log.borrow_mut().stored(format!("key-{index}").as_bytes(), None, index, Tier::Dram);
         }
         let mut out = Vec::new();
         let (count, next) = log.borrow().read(cursor, None, 0, usize::MAX, &mut out);

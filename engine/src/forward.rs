@@ -6,10 +6,17 @@
 //! Values cross as owned vectors (one copy each way); this is the slow path, kept simple. The owner serves
 //! each link's requests in order in one task, so one slow forwarded request delays only those behind it on
 //! the same link.
+//!
+//! The mesh also carries **cascades** one way (no reply): "the object named N left" from a shard to the
+//! peers that hold linked objects, so that children and group members on other shards leave too (see
+//! `links.rs`). Each shard publishes how many linked objects it holds in a shared array of counters, so a
+//! node that links nothing sends nothing.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use glommio::channels::local_channel::{self, LocalSender};
 use glommio::channels::shared_channel::{self, ConnectedReceiver, ConnectedSender, SharedReceiver, SharedSender};
@@ -28,6 +35,10 @@ pub enum ForwardOp {
         value_crc: u32,
         /// Its options (the write policy is the client's, or none for the owner's default).
         options: PutOptions,
+        /// Its parent's key (scoped), if it names one.
+        parent: Option<Vec<u8>>,
+        /// Its group's name (scoped), if it names one.
+        group: Option<Vec<u8>>,
     },
     /// Read the value, or a range of it.
     Get(Option<(u32, u32)>),
@@ -66,6 +77,50 @@ impl ForwardReply {
     }
 }
 
+/// What a cascade names: a parent (its children leave) or a group (its members leave).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CascadeKind {
+    /// Objects naming this parent.
+    Parent,
+    /// Members of this group.
+    Group,
+}
+
+/// "The object or group named `name` left this node": what shards tell each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cascade {
+    /// The hash naming it (`links::link_hash`).
+    pub name: u64,
+    /// Parent or group.
+    pub kind: CascadeKind,
+}
+
+/// Counters, one per shard, of the linked objects each holds (cache-line apart: each is written by one
+/// shard and read by the others).
+pub struct LinkCounts(Vec<PaddedCounter>);
+
+#[repr(align(64))]
+#[derive(Default)]
+struct PaddedCounter(AtomicU64);
+
+impl LinkCounts {
+    fn new(shards: u32) -> Self {
+        Self((0..shards).map(|_| PaddedCounter::default()).collect())
+    }
+
+    /// Shard `shard` now holds `count` linked objects.
+    pub fn publish(&self, shard: u32, count: usize) {
+        if let Some(counter) = self.0.get(shard as usize) {
+            counter.0.store(count as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Linked objects shard `shard` holds (as last published).
+    pub fn of(&self, shard: u32) -> u64 {
+        self.0.get(shard as usize).map_or(0, |counter| counter.0.load(Ordering::Relaxed))
+    }
+}
+
 /// The endpoints one shard holds for one peer, before connecting on the shard's executor.
 pub struct PeerEndpoints {
     /// Peer shard id.
@@ -74,16 +129,28 @@ pub struct PeerEndpoints {
     replies_in: SharedReceiver<ForwardReply>,
     requests_in: SharedReceiver<Forward>,
     replies_out: SharedSender<ForwardReply>,
+    cascades_out: SharedSender<Vec<Cascade>>,
+    cascades_in: SharedReceiver<Vec<Cascade>>,
+}
+
+/// One shard's side of the mesh, before connecting.
+#[derive(Default)]
+pub struct MeshEnds {
+    /// Its endpoints, one per peer.
+    pub peers: Vec<PeerEndpoints>,
+    /// Every shard's count of linked objects.
+    pub link_counts: Option<Arc<LinkCounts>>,
 }
 
 /// Both ends of a channel, each taken once when dealt to its shard.
 type Ends<T> = (Option<SharedSender<T>>, Option<SharedReceiver<T>>);
 
 /// Channels for every ordered pair of `shards` shards: element `i` holds shard `i`'s endpoints.
-pub fn mesh(shards: u32) -> Vec<Vec<PeerEndpoints>> {
+pub fn mesh(shards: u32) -> Vec<MeshEnds> {
     const DEPTH: usize = 256;
     let mut requests: HashMap<(u32, u32), Ends<Forward>> = HashMap::new();
     let mut replies: HashMap<(u32, u32), Ends<ForwardReply>> = HashMap::new();
+    let mut cascades: HashMap<(u32, u32), Ends<Vec<Cascade>>> = HashMap::new();
     for from in 0..shards {
         for to in 0..shards {
             if from != to {
@@ -91,12 +158,15 @@ pub fn mesh(shards: u32) -> Vec<Vec<PeerEndpoints>> {
                 requests.insert((from, to), (Some(sender), Some(receiver)));
                 let (sender, receiver) = shared_channel::new_bounded(DEPTH);
                 replies.insert((to, from), (Some(sender), Some(receiver)));
+                let (sender, receiver) = shared_channel::new_bounded(DEPTH);
+                cascades.insert((from, to), (Some(sender), Some(receiver)));
             }
         }
     }
+    let link_counts = Arc::new(LinkCounts::new(shards));
     (0..shards)
-        .map(|me| {
-            (0..shards)
+        .map(|me| MeshEnds {
+            peers: (0..shards)
                 .filter(|&peer| peer != me)
                 .filter_map(|peer| {
                     Some(PeerEndpoints {
@@ -105,9 +175,12 @@ pub fn mesh(shards: u32) -> Vec<Vec<PeerEndpoints>> {
                         requests_in: requests.get_mut(&(peer, me))?.1.take()?,
                         replies_out: replies.get_mut(&(me, peer))?.0.take()?,
                         replies_in: replies.get_mut(&(peer, me))?.1.take()?,
+                        cascades_out: cascades.get_mut(&(me, peer))?.0.take()?,
+                        cascades_in: cascades.get_mut(&(peer, me))?.1.take()?,
                     })
                 })
-                .collect()
+                .collect(),
+            link_counts: Some(Arc::clone(&link_counts)),
         })
         .collect()
 }
@@ -115,6 +188,7 @@ pub fn mesh(shards: u32) -> Vec<Vec<PeerEndpoints>> {
 struct Link {
     requests: ConnectedSender<Forward>,
     pending: RefCell<HashMap<u64, LocalSender<ForwardReply>>>,
+    cascades: ConnectedSender<Vec<Cascade>>,
 }
 
 /// A shard's side of the mesh: send to owners, serve peers.
@@ -122,12 +196,14 @@ struct Link {
 pub struct Forwarder {
     links: HashMap<u32, Rc<Link>>,
     next_id: Cell<u64>,
+    link_counts: Option<Arc<LinkCounts>>,
 }
 
 impl Forwarder {
     /// Connects `endpoints` on the current executor and starts the tasks that serve peers' requests to
     /// `shard` and route replies back to waiting callers.
-    pub async fn connect(shard: &Rc<Shard>, endpoints: Vec<PeerEndpoints>) -> Self {
+    pub async fn connect(shard: &Rc<Shard>, ends: MeshEnds) -> Self {
+        let MeshEnds { peers: endpoints, link_counts } = ends;
         // Connecting an endpoint waits for its peer's end to connect, on the peer's executor: connect every
         // endpoint at once, or shards connecting in different orders would wait for each other forever.
         let connecting: Vec<_> = endpoints
@@ -139,12 +215,26 @@ impl Forwarder {
                     glommio::spawn_local(endpoint.replies_in.connect()),
                     glommio::spawn_local(endpoint.requests_in.connect()),
                     glommio::spawn_local(endpoint.replies_out.connect()),
+                    glommio::spawn_local(endpoint.cascades_out.connect()),
+                    glommio::spawn_local(endpoint.cascades_in.connect()),
                 )
             })
             .collect();
         let mut links = HashMap::new();
-        for (peer, requests_out, replies_in, requests_in, replies_out) in connecting {
-            let link = Rc::new(Link { requests: requests_out.await, pending: RefCell::new(HashMap::new()) });
+        for (peer, requests_out, replies_in, requests_in, replies_out, cascades_out, cascades_in) in connecting {
+            let link = Rc::new(Link {
+                requests: requests_out.await,
+                pending: RefCell::new(HashMap::new()),
+                cascades: cascades_out.await,
+            });
+            let cascades_in: ConnectedReceiver<Vec<Cascade>> = cascades_in.await;
+            let owner = Rc::clone(shard);
+            glommio::spawn_local(async move {
+                while let Some(batch) = cascades_in.recv().await {
+                    owner.accept_cascades(&batch);
+                }
+            })
+            .detach();
             let replies_in: ConnectedReceiver<ForwardReply> = replies_in.await;
             let waiting = Rc::clone(&link);
             glommio::spawn_local(async move {
@@ -169,7 +259,30 @@ impl Forwarder {
             .detach();
             links.insert(peer, link);
         }
-        Self { links, next_id: Cell::new(1) }
+        Self { links, next_id: Cell::new(1), link_counts }
+    }
+
+    /// Publishes that this shard (`me`) holds `count` linked objects.
+    pub fn publish_links(&self, me: u32, count: usize) {
+        if let Some(counts) = &self.link_counts {
+            counts.publish(me, count);
+        }
+    }
+
+    /// Whether any other shard holds linked objects.
+    pub fn peers_hold_links(&self) -> bool {
+        self.link_counts.as_ref().is_some_and(|counts| self.links.keys().any(|&peer| counts.of(peer) > 0))
+    }
+
+    /// Tells every peer that holds linked objects about `batch`.
+    pub async fn send_cascades(&self, batch: &[Cascade]) {
+        let Some(counts) = &self.link_counts else { return };
+        for (&peer, link) in &self.links {
+            if counts.of(peer) > 0 {
+                // A peer that is shutting down has nothing left to cascade into.
+                let _ = link.cascades.send(batch.to_vec()).await;
+            }
+        }
     }
 
     /// Sends `op` on `key` to shard `owner` and waits for its reply.
@@ -193,7 +306,8 @@ async fn serve(shard: &Rc<Shard>, request: Forward) -> ForwardReply {
     let mut reply = ForwardReply { id: request.id, status: Status::Ok, data: Vec::new(), data_crc: 0, object_len: 0 };
     let key = &request.key;
     match request.op {
-        ForwardOp::Put { value, value_crc, options } => {
+        ForwardOp::Put { value, value_crc, options, parent, group } => {
+            let links = strata_proto::Links { parent: parent.as_deref(), group: group.as_deref() };
             let status = match shard.put_refusal(key, value.len() as u32, &options) {
                 Some(status) => Err(status),
                 None => shard.reserve_put(key, (key.len() + value.len()) as u64).await,
@@ -204,7 +318,7 @@ async fn serve(shard: &Rc<Shard>, request: Forward) -> ForwardReply {
                     let bytes = reservation.bytes_mut(key.len() + value.len());
                     bytes[..key.len()].copy_from_slice(key);
                     bytes[key.len()..].copy_from_slice(&value);
-                    match shard.commit_put(key, reservation, value.len() as u32, value_crc, options).await {
+                    match shard.commit_put(key, reservation, value.len() as u32, value_crc, options, links).await {
                         Ok(None) => Status::Ok,
                         Ok(Some(point)) => shard.sync(point).await.err().unwrap_or(Status::Ok),
                         Err(status) => status,

@@ -30,6 +30,8 @@ pub const FLAG_REFERENCED: u16 = 2;
 pub const FLAG_PINNED: u16 = 4;
 /// Entry flag: pinned soft (its expiry is in the shard's pin book): evicted only when nothing else can be.
 pub const FLAG_SOFT_PINNED: u16 = 8;
+/// Entry flag: names a parent or a group (the shard's link book has its node).
+pub const FLAG_LINKED: u16 = 16;
 
 /// One object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

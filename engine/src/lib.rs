@@ -10,6 +10,7 @@ pub mod dram;
 pub mod events;
 pub mod forward;
 pub mod index;
+pub mod links;
 pub mod log;
 pub mod metrics;
 pub mod node;

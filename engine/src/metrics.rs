@@ -60,6 +60,8 @@ pub struct ShardMetrics {
     pub dram_hits: AtomicU64,
     /// DRAM evictions.
     pub dram_evictions: AtomicU64,
+    /// Objects that left because their parent or a member of their group did.
+    pub cascade_removals: AtomicU64,
     /// Objects whose DRAM copy was written to NVMe on eviction (write-back).
     pub dram_writebacks: AtomicU64,
     /// NVMe: regions in use (gauge).
@@ -239,7 +241,7 @@ pub fn render(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
     let _ = writeln!(out, "strata_tier_capacity_bytes{{tier=\"nvme\"}} {}", sum(|s| &s.nvme_regions) * region_bytes);
     let _ = writeln!(out, "strata_tier_evictions_total{{tier=\"nvme\"}} {}", sum(|s| &s.nvme_evictions));
 
-    let counters: [(&str, &str, Field); 21] = [
+    let counters: [(&str, &str, Field); 22] = [
         ("strata_misses_total", "Lookups that found no object.", |s| &s.ops[Opcode::Get as usize - 1].misses),
         ("strata_promotions_total", "Objects promoted from NVMe to DRAM.", |s| &s.promotions),
         ("strata_dram_writebacks_total", "Objects written to NVMe when evicted from DRAM.", |s| &s.dram_writebacks),
@@ -253,6 +255,11 @@ pub fn render(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
         }),
         ("strata_io_errors_total", "Device errors.", |s| &s.io_errors),
         ("strata_forwarded_total", "Items that reached the wrong shard and were forwarded.", |s| &s.forwarded),
+        (
+            "strata_cascade_removals_total",
+            "Objects that left because their parent or a member of their group left.",
+            |s| &s.cascade_removals,
+        ),
         ("strata_protocol_errors_total", "Connections closed for a protocol violation.", |s| &s.protocol_errors),
         ("strata_auth_failures_total", "HELLOs refused for a wrong token.", |s| &s.auth_failures),
         ("strata_value_bytes_received_total", "Bytes of values received.", |s| &s.bytes_in),

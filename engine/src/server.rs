@@ -17,13 +17,14 @@ use std::time::Instant;
 use glommio::net::TcpStream;
 use strata_nvme::tcp::stream::{Socket, single_stream};
 use strata_proto::{
-    FRAME_HEADER_BYTES, FrameHeader, HelloReply, HelloRequest, Opcode, ProtoError, PutOptions, REQUEST_ITEM_BYTES,
-    RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, Status,
+    FRAME_HEADER_BYTES, FrameHeader, HelloReply, HelloRequest, LINKS_HEADER_BYTES, Links, Opcode, PART_HEADER_BYTES,
+    ProtoError, PutOptions, REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, Status,
+    decode_part_header,
 };
 
 use crate::forward::ForwardOp;
 use crate::metrics::{add, is_error};
-use crate::shard::{DurablePoint, ReadData, ReadHit, Shard};
+use crate::shard::{DurablePoint, FillGuard, ReadData, ReadHit, Shard};
 use crate::tenants::Scope;
 
 /// The shard that owns `key`, if not this one (the item is then forwarded).
@@ -513,26 +514,49 @@ async fn handle_put(
         let owner = other_owner(shard, &user_key);
         let key = scope.scoped_owned(user_key);
         let key_len = key.len();
+        // A links block: the parent and the group, scoped like keys so that tenants never link across.
+        let (parent, group) = if item.has_links() {
+            let mut head = [0u8; LINKS_HEADER_BYTES];
+            connection.read_exact(&mut head).await?;
+            let (parent_len, group_len) = Links::decode_header(&head, &limits)?;
+            consumed += (LINKS_HEADER_BYTES + parent_len + group_len) as u64;
+            if consumed > header.body_len {
+                return Err(ProtoError::BodyMismatch { items: consumed, body: header.body_len }.into());
+            }
+            let mut names = vec![0u8; parent_len + group_len];
+            connection.read_exact(&mut names).await?;
+            let scoped = |name: &[u8]| (!name.is_empty()).then(|| scope.scoped(name).into_owned());
+            (scoped(&names[..parent_len]), scoped(&names[parent_len..]))
+        } else {
+            (None, None)
+        };
+        let links = Links { parent: parent.as_deref(), group: group.as_deref() };
         if u64::from(item.value_len) > limits.max_value_bytes {
-            connection.skip(u64::from(item.value_len)).await?;
+            skip_value(connection, &item, &mut consumed, header.body_len).await?;
             statuses.push(ResponseItemHeader::status(Status::TooLarge));
             continue;
         }
         let mut options = PutOptions::decode(&item);
         if let Some(owner) = owner {
             let mut value = vec![0u8; item.value_len as usize];
-            let status = if connection.read_exact_crc(&mut value).await? != item.value_crc {
-                Status::TransferChecksum
+            let received = if item.is_progressive() {
+                receive_parts(connection, &mut value, None, &mut consumed, header.body_len).await?
             } else {
-                let op = ForwardOp::Put { value, value_crc: item.value_crc, options };
+                let crc = connection.read_exact_crc(&mut value).await?;
+                (crc == item.value_crc).then_some(crc)
+            };
+            let status = if let Some(value_crc) = received {
+                let op = ForwardOp::Put { value, value_crc, options, parent, group };
                 forward(shard, owner, &key, op).await.status
+            } else {
+                Status::TransferChecksum
             };
             statuses.push(ResponseItemHeader::status(status));
             continue;
         }
         options.policy = Some(options.policy.unwrap_or(shard.config.write_policy));
         if let Some(status) = shard.put_refusal(&key, item.value_len, &options) {
-            connection.skip(u64::from(item.value_len)).await?;
+            skip_value(connection, &item, &mut consumed, header.body_len).await?;
             statuses.push(ResponseItemHeader::status(status));
             continue;
         }
@@ -540,18 +564,34 @@ async fn handle_put(
         let reservation = match shard.reserve_put(&key, total).await {
             Ok(reservation) => reservation,
             Err(status) => {
-                connection.skip(u64::from(item.value_len)).await?;
+                skip_value(connection, &item, &mut consumed, header.body_len).await?;
                 statuses.push(ResponseItemHeader::status(status));
                 continue;
             }
         };
         let bytes = reservation.bytes_mut(total as usize);
         bytes[..key_len].copy_from_slice(&key);
-        if connection.read_exact_crc(&mut bytes[key_len..]).await? != item.value_crc {
-            statuses.push(ResponseItemHeader::status(Status::TransferChecksum));
-            continue;
-        }
-        let status = match shard.commit_put(&key, reservation, item.value_len, item.value_crc, options).await {
+        // A progressive put is readable (GET_RANGE) as its parts arrive, until it commits; `_fill` ends that
+        // when dropped, after the commit.
+        let (value_crc, _fill) = if item.is_progressive() {
+            let fill = reservation.open_for_reads(&key, item.value_len);
+            match receive_parts(connection, &mut bytes[key_len..], fill.as_ref(), &mut consumed, header.body_len)
+                .await?
+            {
+                Some(crc) => (crc, fill),
+                None => {
+                    statuses.push(ResponseItemHeader::status(Status::TransferChecksum));
+                    continue;
+                }
+            }
+        } else {
+            if connection.read_exact_crc(&mut bytes[key_len..]).await? != item.value_crc {
+                statuses.push(ResponseItemHeader::status(Status::TransferChecksum));
+                continue;
+            }
+            (item.value_crc, None)
+        };
+        let status = match shard.commit_put(&key, reservation, item.value_len, value_crc, options, links).await {
             Ok(Some(point)) => {
                 durable.push(point);
                 durable_items.push(statuses.len());
@@ -577,6 +617,75 @@ async fn handle_put(
         }
     }
     Ok(statuses)
+}
+
+/// Skips a refused put item's value: its bytes, or a progressive put's parts.
+async fn skip_value(
+    connection: &mut Connection,
+    item: &RequestItemHeader,
+    consumed: &mut u64,
+    body_len: u64,
+) -> Result<(), ConnectionError> {
+    if !item.is_progressive() {
+        connection.skip(u64::from(item.value_len)).await?;
+        return Ok(());
+    }
+    let mut left = u64::from(item.value_len);
+    while left > 0 {
+        let (len, _) = read_part_header(connection, left, consumed, body_len).await?;
+        connection.skip(u64::from(len)).await?;
+        left -= u64::from(len);
+    }
+    Ok(())
+}
+
+/// Reads a progressive put's next part header, `(len, crc)`, with `left` bytes of value still to come.
+async fn read_part_header(
+    connection: &mut Connection,
+    left: u64,
+    consumed: &mut u64,
+    body_len: u64,
+) -> Result<(u32, u32), ConnectionError> {
+    let mut head = [0u8; PART_HEADER_BYTES];
+    connection.read_exact(&mut head).await?;
+    let (len, crc) = decode_part_header(&head)?;
+    *consumed += PART_HEADER_BYTES as u64;
+    if len == 0 || u64::from(len) > left {
+        return Err(ProtoError::Field("a progressive put's part length").into());
+    }
+    if *consumed > body_len {
+        return Err(ProtoError::BodyMismatch { items: *consumed, body: body_len }.into());
+    }
+    Ok((len, crc))
+}
+
+/// Receives a progressive put's parts into `value`, each checked against its crc before its bytes become
+/// readable through `fill`; returns the whole value's crc, or `None` if a part failed its crc (the remaining
+/// parts are still consumed, so the stream stays in step).
+async fn receive_parts(
+    connection: &mut Connection,
+    value: &mut [u8],
+    fill: Option<&FillGuard>,
+    consumed: &mut u64,
+    body_len: u64,
+) -> Result<Option<u32>, ConnectionError> {
+    let mut at = 0usize;
+    let mut crc = 0u32;
+    let mut intact = true;
+    while at < value.len() {
+        let (len, part_crc) = read_part_header(connection, (value.len() - at) as u64, consumed, body_len).await?;
+        let part = &mut value[at..at + len as usize];
+        let received = connection.read_exact_crc(part).await?;
+        at += len as usize;
+        intact &= received == part_crc;
+        if intact {
+            crc = crc32c::crc32c_combine(crc, received, len as usize);
+            if let Some(fill) = fill {
+                fill.advance(at as u32);
+            }
+        }
+    }
+    Ok(intact.then_some(crc))
 }
 
 async fn handle_get(

@@ -12,14 +12,17 @@ use std::time::{Duration, Instant};
 
 use glommio::sync::Semaphore;
 use strata_nvme::{AnyDevice, BlockDevice};
-use strata_proto::{Pin, PutOptions, RemovalReason, Status, Tier, WritePolicy};
+use strata_proto::{Links, Pin, PutOptions, RemovalReason, Status, Tier, WritePolicy};
 
 use crate::config::EngineConfig;
 use crate::dram::{DramFull, DramTier};
 use crate::events::EventLog;
+use crate::forward::{Cascade, CascadeKind};
 use crate::index::{
-    Entry, FLAG_DIRTY, FLAG_PINNED, FLAG_REFERENCED, FLAG_SOFT_PINNED, Index, NONE_U32, NONE_U64, index_hash,
+    Entry, FLAG_DIRTY, FLAG_LINKED, FLAG_PINNED, FLAG_REFERENCED, FLAG_SOFT_PINNED, Index, NONE_U32, NONE_U64,
+    index_hash,
 };
+use crate::links::{LinkBook, NO_LINK, ObjectLinks, link_hash, parent_name};
 use crate::log::{RegionLog, RegionState, Staged, location, read_range, split_location, write_partial, write_region};
 use crate::metrics::{ShardMetrics, add, set};
 use crate::record::{
@@ -31,6 +34,8 @@ use crate::tenants::{Tenancy, tenant_of};
 const TICK: Duration = Duration::from_millis(10);
 /// Regions reclaimed at most per rotation, so one put never waits for a long reclaim.
 const MAX_RECLAIMS_PER_ROTATION: usize = 4;
+/// How long a read of a progressive put's bytes waits for them to arrive.
+pub const FILL_WAIT: Duration = Duration::from_secs(30);
 
 /// One shard of a node.
 pub struct Shard {
@@ -59,6 +64,71 @@ pub struct Shard {
     /// The node's tenants.
     pub tenancy: Tenancy,
     usage: RefCell<std::collections::HashMap<u32, TenantUsage>>,
+    links: RefCell<LinkBook>,
+    /// Departures whose children and group members have yet to leave (here and on the peers).
+    cascades: RefCell<std::collections::VecDeque<(Cascade, bool)>>,
+    cascading: Cell<bool>,
+    me: std::rc::Weak<Shard>,
+    /// Progressive puts receiving their parts, by key: readable as far as they arrived.
+    filling: RefCell<std::collections::HashMap<Vec<u8>, Rc<Fill>>>,
+}
+
+/// A progressive put's object while its parts arrive: its DRAM reservation, how much of its value is in
+/// (and checked against its part's crc), and the readers waiting for more.
+pub struct Fill {
+    slot: u32,
+    value_offset: u64,
+    value_len: u32,
+    filled: Cell<u32>,
+    open: Cell<bool>,
+    wakers: RefCell<Vec<std::task::Waker>>,
+}
+
+impl Fill {
+    fn wake(&self) {
+        for waker in self.wakers.borrow_mut().drain(..) {
+            waker.wake();
+        }
+    }
+
+    /// Resolves once `need` bytes are in or the put ended.
+    fn reached(&self, need: u32) -> impl Future<Output = ()> + '_ {
+        std::future::poll_fn(move |context| {
+            if self.filled.get() >= need || !self.open.get() {
+                std::task::Poll::Ready(())
+            } else {
+                self.wakers.borrow_mut().push(context.waker().clone());
+                std::task::Poll::Pending
+            }
+        })
+    }
+}
+
+/// The receiving end of a progressive put: says how far the value arrived, and takes the object out of the
+/// filling table when dropped (the put committed, failed, or its connection went away).
+pub struct FillGuard {
+    shard: Rc<Shard>,
+    key: Vec<u8>,
+    fill: Rc<Fill>,
+}
+
+impl FillGuard {
+    /// The value's first `filled` bytes are in and checked.
+    pub fn advance(&self, filled: u32) {
+        self.fill.filled.set(filled.min(self.fill.value_len));
+        self.fill.wake();
+    }
+}
+
+impl Drop for FillGuard {
+    fn drop(&mut self) {
+        let mut filling = self.shard.filling.borrow_mut();
+        if filling.get(&self.key).is_some_and(|fill| Rc::ptr_eq(fill, &self.fill)) {
+            filling.remove(&self.key);
+        }
+        self.fill.open.set(false);
+        self.fill.wake();
+    }
 }
 
 /// Bytes (keys and values) a tenant's objects take on this shard.
@@ -169,11 +239,38 @@ impl PutReservation {
     pub fn bytes_mut(&self, len: usize) -> &mut [u8] {
         self.shard.dram.borrow().segment().bytes_mut(self.offset, len)
     }
+
+    /// Makes the reserved object of `key` (whose key bytes are in place) readable by GET_RANGE as its value
+    /// arrives, before it is committed: readers of a key with no stored version wait for the bytes they
+    /// ask for. `None` if another progressive put of the key is filling.
+    pub fn open_for_reads(&self, key: &[u8], value_len: u32) -> Option<FillGuard> {
+        let slot = self.slot?;
+        let mut filling = self.shard.filling.borrow_mut();
+        if filling.contains_key(key) {
+            return None;
+        }
+        let fill = Rc::new(Fill {
+            slot,
+            value_offset: self.offset + key.len() as u64,
+            value_len,
+            filled: Cell::new(0),
+            open: Cell::new(true),
+            wakers: RefCell::new(Vec::new()),
+        });
+        filling.insert(key.to_vec(), Rc::clone(&fill));
+        Some(FillGuard { shard: Rc::clone(&self.shard), key: key.to_vec(), fill })
+    }
 }
 
 impl Drop for PutReservation {
     fn drop(&mut self) {
         if let Some(slot) = self.slot.take() {
+            // A progressive put readable from this reservation ends here: no reader may pin the slot once
+            // it is freed.
+            for fill in self.shard.filling.borrow().values().filter(|fill| fill.slot == slot) {
+                fill.open.set(false);
+                fill.wake();
+            }
             self.shard.dram.borrow_mut().retire(slot);
         }
     }
@@ -227,7 +324,7 @@ impl Shard {
             set(&metrics.nvme_regions, log.regions.len() as u64);
             set(&metrics.nvme_region_bytes, log.region_bytes);
         }
-        Rc::new(Self {
+        Rc::new_cyclic(|me| Self {
             id,
             shard_count,
             base_port,
@@ -245,6 +342,11 @@ impl Shard {
             events,
             tenancy,
             usage: RefCell::new(std::collections::HashMap::new()),
+            links: RefCell::new(LinkBook::default()),
+            cascades: RefCell::new(std::collections::VecDeque::new()),
+            cascading: Cell::new(false),
+            me: me.clone(),
+            filling: RefCell::new(std::collections::HashMap::new()),
         })
     }
 
@@ -252,6 +354,8 @@ impl Shard {
     /// pinned, and from its tenant's NVMe usage if it still had a record. Every removal goes through here
     /// so that the counts stay exact; the caller has retired (and accounted) its DRAM copy. Only a region
     /// that cannot be read back leaves keys unknown: their tenant's counts then stay high until a restart.
+    ///
+    /// The object's children and the rest of its group leave after it (see [`Shard::cascade`]).
     fn forget(&self, index: &mut Index, id: u32, key: Option<&[u8]>) -> Entry {
         let entry = index.remove(id);
         self.unpin_entry(&entry, key);
@@ -260,7 +364,149 @@ impl Shard {
         {
             self.account(key, Use::Nvme, object_bytes(&entry), false);
         }
+        let group = if entry.flags & FLAG_LINKED != 0 {
+            let links = self.links.borrow_mut().unlink(id);
+            self.publish_links();
+            links.map_or(NO_LINK, |links| links.group)
+        } else {
+            NO_LINK
+        };
+        let peers_hold_links = self.forwarder.get().is_some_and(crate::forward::Forwarder::peers_hold_links);
+        if !self.links.borrow().is_empty() || peers_hold_links {
+            // Any object may be somebody's parent; only a node that links nothing skips this.
+            self.queue_cascade(Cascade { name: parent_name(entry.hash), kind: CascadeKind::Parent }, true);
+            if group != NO_LINK {
+                self.queue_cascade(Cascade { name: group, kind: CascadeKind::Group }, true);
+            }
+        }
         entry
+    }
+
+    fn publish_links(&self) {
+        if let Some(forwarder) = self.forwarder.get() {
+            forwarder.publish_links(self.id, self.links.borrow().len());
+        }
+    }
+
+    /// Queues a departure for the cascade task (started if idle); `tell_peers`: also send it to the peers
+    /// holding links (not for one a peer sent: it told every peer itself).
+    fn queue_cascade(&self, cascade: Cascade, tell_peers: bool) {
+        self.cascades.borrow_mut().push_back((cascade, tell_peers));
+        if !self.cascading.replace(true)
+            && let Some(shard) = self.me.upgrade()
+        {
+            // glommio may start polling a spawned task at once, and the caller holds the index: the task
+            // yields first, so it starts only once the caller is done.
+            glommio::spawn_local(async move {
+                futures_lite::future::yield_now().await;
+                shard.cascade().await
+            })
+            .detach();
+        }
+    }
+
+    /// Departures announced by a peer.
+    pub fn accept_cascades(&self, batch: &[Cascade]) {
+        if self.links.borrow().is_empty() {
+            return;
+        }
+        for &cascade in batch {
+            self.queue_cascade(cascade, false);
+        }
+    }
+
+    /// The cascade task: for each queued departure, removes this shard's objects that name it (children of
+    /// a parent that left, members of a group that lost one) — each of which is a departure in turn — and
+    /// tells the peers that hold links, in batches. Hard-pinned objects stay (removed only explicitly).
+    async fn cascade(self: Rc<Self>) {
+        let mut for_peers = Vec::new();
+        loop {
+            let next = self.cascades.borrow_mut().pop_front();
+            let Some((cascade, tell_peers)) = next else {
+                if !for_peers.is_empty() {
+                    if let Some(forwarder) = self.forwarder.get() {
+                        forwarder.send_cascades(&for_peers).await;
+                    }
+                    for_peers.clear();
+                    // Sending awaited: departures may have been queued meanwhile.
+                    continue;
+                }
+                // No await since the queue was found empty, so nothing was queued in between.
+                self.cascading.set(false);
+                return;
+            };
+            if tell_peers {
+                for_peers.push(cascade);
+            }
+            let ids = {
+                let links = self.links.borrow();
+                match cascade.kind {
+                    CascadeKind::Parent => links.children_of(cascade.name),
+                    CascadeKind::Group => links.members_of(cascade.name),
+                }
+            };
+            for id in ids {
+                let names_it = |links: ObjectLinks| match cascade.kind {
+                    CascadeKind::Parent => links.parent == cascade.name,
+                    CascadeKind::Group => links.group == cascade.name,
+                };
+                // Checked again after every await: the object may have left or been relinked meanwhile.
+                let Some(entry) = self.linked_entry(id, names_it) else { continue };
+                if entry.flags & FLAG_PINNED != 0 {
+                    continue;
+                }
+                let Some(key) = self.stored_key(entry).await else { continue };
+                if self.linked_entry(id, names_it).is_none_or(|now| now.hash != entry.hash) {
+                    continue;
+                }
+                if cascade.kind == CascadeKind::Group {
+                    // Its group is leaving already: its own departure need not announce the group again.
+                    self.links.borrow_mut().unlink(id);
+                    self.publish_links();
+                }
+                if self.remove_as(&key, RemovalReason::Cascaded).await.is_ok() {
+                    add(&self.metrics.cascade_removals, 1);
+                }
+            }
+            if for_peers.len() >= 256
+                && let Some(forwarder) = self.forwarder.get()
+            {
+                forwarder.send_cascades(&for_peers).await;
+                for_peers.clear();
+            }
+        }
+    }
+
+    /// Entry `id`, if it is linked and its links satisfy `names_it`.
+    fn linked_entry(&self, id: u32, names_it: impl Fn(ObjectLinks) -> bool) -> Option<Entry> {
+        let links = self.links.borrow().of(id)?;
+        if !names_it(links) {
+            return None;
+        }
+        let index = self.index.borrow();
+        let entry = *index.get(id);
+        (entry.flags & FLAG_LINKED != 0 && index.find(entry.hash) == Some(id)).then_some(entry)
+    }
+
+    /// Whether another member of entry `id`'s group on this shard is pinned, so the group must stay
+    /// ("evicted all together or not at all").
+    fn group_stays(&self, index: &mut Index, id: u32, now: u32) -> bool {
+        if index.get(id).flags & FLAG_LINKED == 0 {
+            return false;
+        }
+        let members = {
+            let book = self.links.borrow();
+            match book.of(id) {
+                Some(links) if links.group != NO_LINK => book.members_of(links.group),
+                _ => return false,
+            }
+        };
+        members.into_iter().filter(|&member| member != id).any(|member| {
+            let entry = *index.get(member);
+            entry.flags & FLAG_PINNED != 0
+                || (entry.flags & FLAG_SOFT_PINNED != 0
+                    && self.pins.borrow().soft_expiry.get(&entry.hash).is_some_and(|&expiry| now < expiry))
+        })
     }
 
     /// Adds (or with `charge` false, takes back) `bytes` of `key`'s tenant's usage of `tier`.
@@ -470,8 +716,13 @@ impl Shard {
         value_len: u32,
         value_crc: u32,
         options: PutOptions,
+        links: Links<'_>,
     ) -> Result<Option<DurablePoint>, Status> {
         let policy = options.policy.unwrap_or(self.config.write_policy);
+        let object_links = ObjectLinks {
+            parent: links.parent.map_or(NO_LINK, link_hash),
+            group: links.group.map_or(NO_LINK, link_hash),
+        };
         let hash = index_hash(key);
         let (id, version) = {
             let mut index = self.index.borrow_mut();
@@ -523,7 +774,8 @@ impl Shard {
                     entry.value_crc = value_crc;
                     entry.key_len = key.len() as u16;
                     entry.version = entry.version.wrapping_add(1);
-                    entry.flags = pin_flags | FLAG_DIRTY;
+                    // The links belong to the version: an upsert names what it names, nothing else.
+                    entry.flags = pin_flags | FLAG_DIRTY | (old.flags & FLAG_LINKED);
                     id
                 }
                 None => index.insert(Entry {
@@ -540,7 +792,15 @@ impl Shard {
             };
             dram.publish(slot, id);
             self.account(key, Use::Dram, new_bytes, true);
-            self.events.borrow_mut().stored(key, value_len, Tier::Dram);
+            let was_linked = index.get(id).flags & FLAG_LINKED != 0;
+            if was_linked || !object_links.is_none() {
+                self.links.borrow_mut().link(id, object_links);
+                let entry = index.get_mut(id);
+                entry.flags =
+                    if object_links.is_none() { entry.flags & !FLAG_LINKED } else { entry.flags | FLAG_LINKED };
+                self.publish_links();
+            }
+            self.events.borrow_mut().stored(key, links.parent, value_len, Tier::Dram);
             if pin_flags != 0 {
                 self.account(key, Use::Pinned, new_bytes, true);
                 let mut pins = self.pins.borrow_mut();
@@ -843,7 +1103,8 @@ impl Shard {
                         }
                         let keep = is_pinned(&entry)
                             || self.leased(&entry, now)
-                            || (entry.last_hit != 0 && now.saturating_sub(entry.last_hit) <= recent);
+                            || (entry.last_hit != 0 && now.saturating_sub(entry.last_hit) <= recent)
+                            || self.group_stays(&mut index, entry_id, now);
                         let value_at = at + RECORD_HEADER_BYTES + key.len();
                         let moved = if reinsert && keep && header.flags & RECORD_TOMBSTONE == 0 {
                             let value = staged.slices(value_at, header.value_len as usize);
@@ -989,6 +1250,11 @@ impl Shard {
             if current.hash != entry.hash || current.dram != slot || dram.entry_of(slot) != entry_id {
                 continue;
             }
+            if current.nvme == NONE_U64 && self.group_stays(&mut index, entry_id, now) {
+                // Dropping it would break a group another member pins: the whole group stays.
+                dram.requeue(slot);
+                continue;
+            }
             let key = dram.segment().bytes(dram.offset(slot), usize::from(current.key_len)).to_vec();
             {
                 let mut events = self.events.borrow_mut();
@@ -1015,52 +1281,71 @@ impl Shard {
     /// Reads `key`'s value, or `range` (offset, length) of it.
     pub async fn get(self: &Rc<Self>, key: &[u8], range: Option<(u32, u32)>) -> Result<ReadHit, Status> {
         let hash = index_hash(key);
+        let mut waited_for_fill = false;
         for _attempt in 0..3 {
             let now = self.now_tick();
             let nvme = {
                 let mut index = self.index.borrow_mut();
-                let Some(id) = index.find(hash) else { return Err(Status::NotFound) };
-                let entry = *index.get(id);
-                let (offset, len) = match range {
-                    None => (0, entry.value_len),
-                    Some((offset, len)) => {
-                        if u64::from(offset) + u64::from(len) > u64::from(entry.value_len) {
-                            return Err(Status::Invalid);
+                match index.find(hash) {
+                    None => None,
+                    Some(id) => {
+                        let entry = *index.get(id);
+                        let (offset, len) = match range {
+                            None => (0, entry.value_len),
+                            Some((offset, len)) => {
+                                if u64::from(offset) + u64::from(len) > u64::from(entry.value_len) {
+                                    return Err(Status::Invalid);
+                                }
+                                (offset, len)
+                            }
+                        };
+                        if entry.dram != NONE_U32 {
+                            let mut dram = self.dram.borrow_mut();
+                            let base = dram.offset(entry.dram);
+                            if dram.segment().bytes(base, key.len()) != key {
+                                return Err(Status::NotFound);
+                            }
+                            dram.pin(entry.dram);
+                            let entry_mut = index.get_mut(id);
+                            entry_mut.flags |= FLAG_REFERENCED;
+                            entry_mut.last_hit = now;
+                            add(&self.metrics.dram_hits, 1);
+                            let data_offset = base + key.len() as u64 + u64::from(offset);
+                            let data_crc = if range.is_none() {
+                                entry.value_crc
+                            } else {
+                                crc32c::crc32c(dram.segment().bytes(data_offset, len as usize))
+                            };
+                            add(&self.metrics.bytes_out, u64::from(len));
+                            let pin = DramPin { shard: Rc::clone(self), slot: entry.dram };
+                            return Ok(ReadHit {
+                                data: ReadData::Dram(pin, data_offset, len as usize),
+                                data_crc,
+                                object_len: entry.value_len,
+                            });
                         }
-                        (offset, len)
+                        if entry.nvme == NONE_U64 {
+                            return Err(Status::NotFound);
+                        }
+                        Some((id, entry, offset, len))
                     }
-                };
-                if entry.dram != NONE_U32 {
-                    let mut dram = self.dram.borrow_mut();
-                    let base = dram.offset(entry.dram);
-                    if dram.segment().bytes(base, key.len()) != key {
-                        return Err(Status::NotFound);
-                    }
-                    dram.pin(entry.dram);
-                    let entry_mut = index.get_mut(id);
-                    entry_mut.flags |= FLAG_REFERENCED;
-                    entry_mut.last_hit = now;
-                    add(&self.metrics.dram_hits, 1);
-                    let data_offset = base + key.len() as u64 + u64::from(offset);
-                    let data_crc = if range.is_none() {
-                        entry.value_crc
-                    } else {
-                        crc32c::crc32c(dram.segment().bytes(data_offset, len as usize))
-                    };
-                    add(&self.metrics.bytes_out, u64::from(len));
-                    let pin = DramPin { shard: Rc::clone(self), slot: entry.dram };
-                    return Ok(ReadHit {
-                        data: ReadData::Dram(pin, data_offset, len as usize),
-                        data_crc,
-                        object_len: entry.value_len,
-                    });
                 }
-                if entry.nvme == NONE_U64 {
-                    return Err(Status::NotFound);
-                }
-                (id, entry, offset, len)
             };
-            let (id, entry, offset, len) = nvme;
+            let Some((id, entry, offset, len)) = nvme else {
+                // Not stored: a progressive put of the key may be under way.
+                let fill = self.filling.borrow().get(key).cloned();
+                match fill {
+                    Some(fill) if !waited_for_fill => {
+                        waited_for_fill = true;
+                        if let Some(hit) = self.read_fill(&fill, range).await? {
+                            return Ok(hit);
+                        }
+                        // The put ended: look again (it committed, or the key is not there).
+                        continue;
+                    }
+                    _ => return Err(Status::NotFound),
+                }
+            };
             match self.read_record(id, entry, key).await {
                 Ok(Some(staged)) => {
                     let value_at = RECORD_HEADER_BYTES + key.len();
@@ -1199,6 +1484,42 @@ impl Shard {
         self.events.borrow_mut().tier_changed(key, Tier::Nvme, Tier::Dram);
     }
 
+    /// Reads `range` of a progressive put's object once those bytes are in (a whole-value read waits for the
+    /// put to end); `None` if the put ended first (the caller looks the key up again).
+    async fn read_fill(self: &Rc<Self>, fill: &Rc<Fill>, range: Option<(u32, u32)>) -> Result<Option<ReadHit>, Status> {
+        let (offset, len) = range.unwrap_or((0, fill.value_len));
+        if u64::from(offset) + u64::from(len) > u64::from(fill.value_len) {
+            return Err(Status::Invalid);
+        }
+        // A whole value is served from the index once committed (with its crc); a range as soon as it is in.
+        let need = if range.is_none() { u32::MAX } else { offset + len };
+        let arrived = futures_lite::future::or(
+            async {
+                fill.reached(need).await;
+                true
+            },
+            async {
+                glommio::timer::sleep(FILL_WAIT).await;
+                false
+            },
+        )
+        .await;
+        if !arrived {
+            return Err(Status::NotFound);
+        }
+        if !fill.open.get() || fill.filled.get() < need {
+            return Ok(None);
+        }
+        let mut dram = self.dram.borrow_mut();
+        dram.pin(fill.slot);
+        let data_offset = fill.value_offset + u64::from(offset);
+        let data_crc = crc32c::crc32c(dram.segment().bytes(data_offset, len as usize));
+        add(&self.metrics.dram_hits, 1);
+        add(&self.metrics.bytes_out, u64::from(len));
+        let pin = DramPin { shard: Rc::clone(self), slot: fill.slot };
+        Ok(Some(ReadHit { data: ReadData::Dram(pin, data_offset, len as usize), data_crc, object_len: fill.value_len }))
+    }
+
     /// Whether `key` is stored, and the length of its value: from the index alone (the 64-bit hash), for
     /// DRAM and NVMe objects alike, so that a scheduler's batch of lookups touches no object memory. A hash
     /// collision (see `index.rs`) can make this say yes for a key a get then misses; never the reverse.
@@ -1210,6 +1531,11 @@ impl Shard {
 
     /// Removes `key`; a tombstone in the log keeps it removed across a restart.
     pub async fn remove(self: &Rc<Self>, key: &[u8]) -> Result<(), Status> {
+        self.remove_as(key, RemovalReason::Removed).await
+    }
+
+    /// Removes `key` for `reason` (a client's remove, or a cascade), with a tombstone.
+    async fn remove_as(self: &Rc<Self>, key: &[u8], reason: RemovalReason) -> Result<(), Status> {
         let hash = index_hash(key);
         let version = {
             let mut index = self.index.borrow_mut();
@@ -1225,7 +1551,7 @@ impl Shard {
             }
             drop(dram);
             self.forget(&mut index, id, Some(key));
-            self.events.borrow_mut().removed(key, RemovalReason::Removed);
+            self.events.borrow_mut().removed(key, reason);
             entry.version
         };
         self.update_gauges();

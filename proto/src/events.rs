@@ -7,7 +7,8 @@
 //!  | kind | from | to | reason | size      | key len | parent len | rsvd | sequence    |
 //!   kind: 1 BLOCK_STORED (to: its tier, size: value bytes), 2 BLOCK_REMOVED (reason),
 //!         3 TIER_CHANGED (from → to), 4 LAGGED (size: events missed; no key)
-//!   tier: 0 none, 1 DRAM, 2 NVMe; reason: 1 removed, 2 evicted, 3 checksum, 4 storage error
+//!   tier: 0 none, 1 DRAM, 2 NVMe; reason: 1 removed, 2 evicted, 3 checksum, 4 storage error,
+//!     5 cascaded (its parent or a member of its group left)
 //!   sequence: the shard's event number (consecutive; a gap is announced by LAGGED)
 //! ```
 
@@ -49,6 +50,8 @@ pub enum RemovalReason {
     Checksum = 3,
     /// The storage device failed.
     StorageError = 4,
+    /// Its parent, or another member of its group, left the node.
+    Cascaded = 5,
 }
 
 impl RemovalReason {
@@ -58,6 +61,7 @@ impl RemovalReason {
             2 => RemovalReason::Evicted,
             3 => RemovalReason::Checksum,
             4 => RemovalReason::StorageError,
+            5 => RemovalReason::Cascaded,
             _ => return None,
         })
     }

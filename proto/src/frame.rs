@@ -347,7 +347,10 @@ pub struct RequestItem<'a> {
     pub header: RequestItemHeader,
     /// Its key.
     pub key: &'a [u8],
-    /// Its value (puts), else empty.
+    /// What a put links it to.
+    pub links: crate::Links<'a>,
+    /// Its value (puts), else empty. For a progressive put: its parts with their headers, as sent (the
+    /// framing is checked: the part lengths add up to the value length).
     pub value: &'a [u8],
 }
 
@@ -382,18 +385,54 @@ pub fn decode_request_frame<'a>(bytes: &'a [u8], limits: &Limits) -> Result<Requ
         let rest = &body[at..];
         let item = RequestItemHeader::decode(rest, header.opcode, limits)?;
         let key_end = REQUEST_ITEM_BYTES + item.key_len as usize;
-        let value_len = item.body_value_len(header.opcode) as usize;
-        let end = key_end + value_len;
+        if rest.len() < key_end {
+            return Err(ProtoError::BodyMismatch { items: (at + key_end) as u64, body: header.body_len });
+        }
+        let (links, links_len) = if header.opcode == Opcode::Put && item.has_links() {
+            crate::Links::decode(&rest[key_end..], limits)?
+        } else {
+            (crate::Links::NONE, 0)
+        };
+        let value_at = key_end + links_len;
+        let value_len = if header.opcode == Opcode::Put && item.is_progressive() {
+            progressive_len(&rest[value_at..], item.value_len)?
+        } else {
+            item.body_value_len(header.opcode) as usize
+        };
+        let end = value_at + value_len;
         if rest.len() < end {
             return Err(ProtoError::BodyMismatch { items: (at + end) as u64, body: header.body_len });
         }
-        items.push(RequestItem { header: item, key: &rest[REQUEST_ITEM_BYTES..key_end], value: &rest[key_end..end] });
+        items.push(RequestItem {
+            header: item,
+            key: &rest[REQUEST_ITEM_BYTES..key_end],
+            links,
+            value: &rest[value_at..end],
+        });
         at += end;
     }
     if at as u64 != header.body_len {
         return Err(ProtoError::BodyMismatch { items: at as u64, body: header.body_len });
     }
     Ok(RequestFrame::Items(header, items))
+}
+
+/// Bytes a progressive value of `value_len` takes at the start of `bytes` (parts with their headers).
+fn progressive_len(bytes: &[u8], value_len: u32) -> Result<usize, ProtoError> {
+    let mut at = 0usize;
+    let mut left = u64::from(value_len);
+    while left > 0 {
+        let (len, _) = crate::items::decode_part_header(bytes.get(at..).unwrap_or(&[]))?;
+        if len == 0 || u64::from(len) > left {
+            return Err(ProtoError::Field("a progressive put's part length"));
+        }
+        left -= u64::from(len);
+        at += crate::items::PART_HEADER_BYTES + len as usize;
+        if at > bytes.len() {
+            return Err(ProtoError::Truncated { needed: at, available: bytes.len() });
+        }
+    }
+    Ok(at)
 }
 
 #[cfg(test)]

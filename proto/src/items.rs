@@ -5,12 +5,22 @@
 //!  0         2       4           8           12          16
 //!  | key len | flags | value len | value crc | offset    |
 //!   flags (put): bits 0-1 write policy (0 node default, 1 write-through, 2 write-back, 3 durable),
-//!     bit 2 upsert (replace a stored key), bit 3 hard pin, bit 4 soft pin;
+//!     bit 2 upsert (replace a stored key), bit 3 hard pin, bit 4 soft pin, bit 5 links (a links block
+//!     follows the key: see below), bit 6 progressive (the value comes as parts, see below);
 //!   flags (remove_matching): bit 0 every key (the pattern is ignored); other opcodes: 0
 //!   value len: put: bytes of value after the key; get_range: bytes wanted; else 0
-//!   value crc: put: crc32c of the value (checked before storing); else 0
+//!   value crc: put: crc32c of the value (checked before storing); progressive put: 0; else 0
 //!   offset: get_range: first byte wanted; put with a soft pin: its TTL in seconds (0: the node's
 //!     default); prefix_match: the chain the key belongs to; else 0
+//!
+//! links block of a put (flag bit 5), between the key and the value; its bytes are not in value len:
+//!  0            2           4
+//!  | parent len | group len | parent key | group name |
+//!   either may be 0 (none) but not both; each at most the longest key
+//!
+//! progressive put (flag bit 6): the value comes as parts, each readable by GET_RANGE once it arrived:
+//!  0          4          8
+//!  | part len | part crc | part bytes |   ... repeated until the part lens add up to value len
 //!
 //! response item (16 bytes), then (reads, status ok) data len bytes:
 //!  0        2       4          8          12           16
@@ -134,7 +144,15 @@ pub const ITEM_UPSERT: u16 = 1 << 2;
 pub const ITEM_PIN_HARD: u16 = 1 << 3;
 /// Put item flag: pin soft for `offset` seconds — evicted only when nothing else can be.
 pub const ITEM_PIN_SOFT: u16 = 1 << 4;
-const PUT_ITEM_FLAGS: u16 = 3 | ITEM_UPSERT | ITEM_PIN_HARD | ITEM_PIN_SOFT;
+/// Put item flag: a links block (parent key, group name) follows the key.
+pub const ITEM_LINKS: u16 = 1 << 5;
+/// Put item flag: the value comes as parts (`[len u32][crc u32][bytes]` each), readable as they arrive.
+pub const ITEM_PROGRESSIVE: u16 = 1 << 6;
+/// Bytes of a progressive put's part header.
+pub const PART_HEADER_BYTES: usize = 8;
+const PUT_ITEM_FLAGS: u16 = 3 | ITEM_UPSERT | ITEM_PIN_HARD | ITEM_PIN_SOFT | ITEM_LINKS | ITEM_PROGRESSIVE;
+/// Bytes of a links block's header.
+pub const LINKS_HEADER_BYTES: usize = 4;
 /// Remove-matching item flag: every key, whatever the pattern.
 pub const ITEM_MATCH_ALL: u16 = 1;
 
@@ -196,7 +214,111 @@ impl PutOptions {
     }
 }
 
+/// A progressive put's part header: `(len, crc)`.
+pub fn encode_part_header(len: u32, crc: u32, out: &mut Vec<u8>) {
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&crc.to_le_bytes());
+}
+
+/// Decodes a part header: `(len, crc)`.
+pub fn decode_part_header(bytes: &[u8]) -> Result<(u32, u32), ProtoError> {
+    if bytes.len() < PART_HEADER_BYTES {
+        return Err(ProtoError::Truncated { needed: PART_HEADER_BYTES, available: bytes.len() });
+    }
+    Ok((u32_at(bytes, 0), u32_at(bytes, 4)))
+}
+
+/// What a put names besides its own key: the block it continues (its parent: when the parent leaves the
+/// node, so does this block) and the group it belongs to (a group leaves the node as a whole).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Links<'a> {
+    /// The parent's key.
+    pub parent: Option<&'a [u8]>,
+    /// The group's name.
+    pub group: Option<&'a [u8]>,
+}
+
+impl<'a> Links<'a> {
+    /// No links.
+    pub const NONE: Links<'static> = Links { parent: None, group: None };
+
+    /// A block continuing `parent`.
+    pub fn parent(parent: &'a [u8]) -> Self {
+        Self { parent: Some(parent), group: None }
+    }
+
+    /// A member of `group`.
+    pub fn group(group: &'a [u8]) -> Self {
+        Self { parent: None, group: Some(group) }
+    }
+
+    /// Whether it names nothing (no links block is sent).
+    pub fn is_none(&self) -> bool {
+        self.parent.is_none() && self.group.is_none()
+    }
+
+    /// Bytes of the links block (0 when it names nothing).
+    pub fn encoded_len(&self) -> usize {
+        if self.is_none() {
+            return 0;
+        }
+        LINKS_HEADER_BYTES + self.parent.map_or(0, <[u8]>::len) + self.group.map_or(0, <[u8]>::len)
+    }
+
+    /// Appends the links block (nothing when it names nothing).
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        if self.is_none() {
+            return;
+        }
+        let (parent, group) = (self.parent.unwrap_or(&[]), self.group.unwrap_or(&[]));
+        out.extend_from_slice(&(parent.len() as u16).to_le_bytes());
+        out.extend_from_slice(&(group.len() as u16).to_le_bytes());
+        out.extend_from_slice(parent);
+        out.extend_from_slice(group);
+    }
+
+    /// The lengths in a links block's header `(parent, group)`, checked against the bounds.
+    pub fn decode_header(bytes: &[u8], limits: &Limits) -> Result<(usize, usize), ProtoError> {
+        if bytes.len() < LINKS_HEADER_BYTES {
+            return Err(ProtoError::Truncated { needed: LINKS_HEADER_BYTES, available: bytes.len() });
+        }
+        let (parent, group) = (usize::from(u16_at(bytes, 0)), usize::from(u16_at(bytes, 2)));
+        let max = limits.max_key_bytes as usize;
+        if parent > max || group > max {
+            return Err(ProtoError::KeyLength { len: parent.max(group), max });
+        }
+        if parent == 0 && group == 0 {
+            return Err(ProtoError::Field("a links block that names nothing"));
+        }
+        Ok((parent, group))
+    }
+
+    /// A whole links block at the start of `bytes`; returns it and its length.
+    pub fn decode(bytes: &'a [u8], limits: &Limits) -> Result<(Self, usize), ProtoError> {
+        let (parent_len, group_len) = Self::decode_header(bytes, limits)?;
+        let total = LINKS_HEADER_BYTES + parent_len + group_len;
+        if bytes.len() < total {
+            return Err(ProtoError::Truncated { needed: total, available: bytes.len() });
+        }
+        let parent = &bytes[LINKS_HEADER_BYTES..LINKS_HEADER_BYTES + parent_len];
+        let group = &bytes[LINKS_HEADER_BYTES + parent_len..total];
+        let links =
+            Self { parent: (!parent.is_empty()).then_some(parent), group: (!group.is_empty()).then_some(group) };
+        Ok((links, total))
+    }
+}
+
 impl RequestItemHeader {
+    /// Whether a links block follows the key (puts).
+    pub fn has_links(&self) -> bool {
+        self.flags & ITEM_LINKS != 0
+    }
+
+    /// Whether the value comes as parts (puts).
+    pub fn is_progressive(&self) -> bool {
+        self.flags & ITEM_PROGRESSIVE != 0
+    }
+
     /// Appends the 16 bytes.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.key_len.to_le_bytes());
@@ -233,6 +355,9 @@ impl RequestItemHeader {
         }
         if opcode == Opcode::Put && header.flags & ITEM_PIN_HARD != 0 && header.flags & ITEM_PIN_SOFT != 0 {
             return Err(ProtoError::Field("a put pinned both hard and soft"));
+        }
+        if opcode == Opcode::Put && header.flags & ITEM_PROGRESSIVE != 0 && header.value_crc != 0 {
+            return Err(ProtoError::Field("value crc of a progressive put (each part carries its own)"));
         }
         if opcode == Opcode::Put && header.flags & ITEM_PIN_SOFT == 0 && header.offset != 0 {
             return Err(ProtoError::Field("offset of a put that is not soft-pinned"));
@@ -425,6 +550,88 @@ mod tests {
         assert_eq!(WritePolicy::from_flags(items[0].header.flags), Some(WritePolicy::Durable));
         assert_eq!(items[1].key, b"key-2");
         assert!(items[1].value.is_empty());
+    }
+
+    fn linked_put_frame(key: &[u8], links: Links<'_>, value: &[u8]) -> Vec<u8> {
+        let mut body = Vec::new();
+        RequestItemHeader {
+            key_len: key.len() as u16,
+            flags: ITEM_LINKS,
+            value_len: value.len() as u32,
+            value_crc: crc32c::crc32c(value),
+            offset: 0,
+        }
+        .encode_into(&mut body);
+        body.extend_from_slice(key);
+        links.encode_into(&mut body);
+        body.extend_from_slice(value);
+        let mut frame = Vec::new();
+        FrameHeader::request(Opcode::Put, 3, 1, body.len() as u64).encode_into(&mut frame);
+        frame.extend_from_slice(&body);
+        frame
+    }
+
+    #[test]
+    fn a_links_block_sits_between_key_and_value_and_is_bounded() {
+        let links = Links { parent: Some(b"block-0"), group: Some(b"layer-set") };
+        assert_eq!(links.encoded_len(), LINKS_HEADER_BYTES + 7 + 9);
+        let frame = linked_put_frame(b"block-1", links, b"kv bytes");
+        let Ok(RequestFrame::Items(_, items)) = decode_request_frame(&frame, &Limits::default()) else {
+            panic!("not decoded");
+        };
+        assert_eq!(items[0].key, b"block-1");
+        assert_eq!(items[0].links, links);
+        assert_eq!(items[0].value, b"kv bytes");
+        // The layout: parent length, group length, parent, group, right after the key.
+        let at = FRAME_HEADER_BYTES + REQUEST_ITEM_BYTES + 7;
+        assert_eq!(&frame[at..at + 4], &[7, 0, 9, 0]);
+        assert_eq!(&frame[at + 4..at + 11], b"block-0");
+
+        let only_parent = linked_put_frame(b"b", Links::parent(b"a"), b"");
+        let Ok(RequestFrame::Items(_, items)) = decode_request_frame(&only_parent, &Limits::default()) else {
+            panic!("not decoded");
+        };
+        assert_eq!(items[0].links, Links::parent(b"a"));
+
+        // An empty block, an over-long parent and a block running past the body are refused.
+        let mut empty = linked_put_frame(b"b", Links::parent(b"a"), b"");
+        empty[FRAME_HEADER_BYTES + REQUEST_ITEM_BYTES + 1] = 0;
+        assert!(decode_request_frame(&empty, &Limits::default()).is_err());
+        let tight = Limits { max_key_bytes: 4, ..Limits::default() };
+        let long = linked_put_frame(b"b", Links::parent(b"parent"), b"");
+        assert!(matches!(decode_request_frame(&long, &tight), Err(ProtoError::KeyLength { len: 6, max: 4 })));
+        let mut overrun = linked_put_frame(b"b", Links::group(b"g"), b"");
+        overrun[FRAME_HEADER_BYTES + REQUEST_ITEM_BYTES + 3] = 200;
+        assert!(decode_request_frame(&overrun, &Limits::default()).is_err());
+    }
+
+    #[test]
+    fn a_progressive_value_is_framed_in_parts_that_add_up_to_its_length() {
+        let frame = |parts: &[&[u8]], value_len: u32, value_crc: u32| {
+            let mut body = Vec::new();
+            RequestItemHeader { key_len: 1, flags: ITEM_PROGRESSIVE, value_len, value_crc, offset: 0 }
+                .encode_into(&mut body);
+            body.push(b'k');
+            for part in parts {
+                encode_part_header(part.len() as u32, crc32c::crc32c(part), &mut body);
+                body.extend_from_slice(part);
+            }
+            let mut frame = Vec::new();
+            FrameHeader::request(Opcode::Put, 1, 1, body.len() as u64).encode_into(&mut frame);
+            frame.extend_from_slice(&body);
+            frame
+        };
+        let good = frame(&[b"layer0", b"layer-1"], 13, 0);
+        let Ok(RequestFrame::Items(_, items)) = decode_request_frame(&good, &Limits::default()) else {
+            panic!("not decoded");
+        };
+        assert_eq!(items[0].value.len(), 2 * PART_HEADER_BYTES + 13);
+        assert_eq!(decode_part_header(items[0].value), Ok((6, crc32c::crc32c(b"layer0"))));
+        // Parts longer or shorter than the value, an empty part, a whole-value crc: refused.
+        assert!(decode_request_frame(&frame(&[b"layer0", b"layer-1"], 12, 0), &Limits::default()).is_err());
+        assert!(decode_request_frame(&frame(&[b"layer0"], 13, 0), &Limits::default()).is_err());
+        assert!(decode_request_frame(&frame(&[b"", b"layer0"], 6, 0), &Limits::default()).is_err());
+        assert!(decode_request_frame(&frame(&[b"layer0"], 6, 7), &Limits::default()).is_err());
     }
 
     #[test]

@@ -25,6 +25,8 @@ pub use frame::{
 };
 pub use hash::{fnv1a_64, shard_of};
 pub use items::{
-    HELLO_REPLY_BYTES, HelloReply, HelloRequest, ITEM_MATCH_ALL, ITEM_PIN_HARD, ITEM_PIN_SOFT, ITEM_UPSERT, Limits,
-    Pin, PutOptions, REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, WritePolicy,
+    HELLO_REPLY_BYTES, HelloReply, HelloRequest, ITEM_LINKS, ITEM_MATCH_ALL, ITEM_PIN_HARD, ITEM_PIN_SOFT,
+    ITEM_PROGRESSIVE, ITEM_UPSERT, LINKS_HEADER_BYTES, Limits, Links, PART_HEADER_BYTES, Pin, PutOptions,
+    REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, WritePolicy, decode_part_header,
+    encode_part_header,
 };

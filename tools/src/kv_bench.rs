@@ -16,7 +16,7 @@ use anyhow::{Context, bail};
 use hdrhistogram::Histogram;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use strata_client::{Client, ClientError, ClientOptions, PutOptions, WritePolicy};
+use strata_client::{BlockPut, Client, ClientError, ClientOptions, Links, PutOptions, WritePolicy};
 
 use crate::block_bench::options::RandomDistribution;
 use crate::block_bench::workload::BlockPicker;
@@ -103,6 +103,10 @@ pub struct KvArgs {
     /// Subscribe to the node's events during the run and count them (events/s in the report).
     #[arg(long)]
     pub subscribe: bool,
+    /// Puts link keys into chains of this many: key i names key i - 1 as its parent unless i is a multiple
+    /// of it (the shape of prefix chains, so an eviction cascades down the rest of its chain).
+    #[arg(long, value_name = "CHAIN_LENGTH")]
+    pub link_parents: Option<u64>,
 }
 
 /// Latency percentiles in nanoseconds.
@@ -521,6 +525,12 @@ fn run_thread(
         // formatting of key names (a tenth of a millisecond for a 1,000-key chain).
         let keys: Vec<Vec<u8>> = indices.iter().map(|&i| key(args.seed, i)).collect();
         let key_refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let parents: Vec<Option<Vec<u8>>> = match args.link_parents {
+            Some(chain) if !is_get => {
+                indices.iter().map(|&i| (i % chain.max(1) != 0).then(|| key(args.seed, i - 1))).collect()
+            }
+            _ => Vec::new(),
+        };
         let scheduled = match interval {
             Some(interval) => {
                 // Sleep while far from the call's time, spin the last stretch: a sleep overshoots by the
@@ -592,8 +602,20 @@ fn run_thread(
             for (buffer, &index) in put_values.iter_mut().zip(&indices) {
                 values.fill(index, buffer);
             }
-            let items: Vec<(&[u8], &[u8])> = key_refs.iter().zip(&put_values).map(|(k, v)| (*k, &v[..])).collect();
-            let replies = client.batch_put_with(&items, upserts(policy));
+            let replies = if args.link_parents.is_some() {
+                let parts: Vec<[&[u8]; 1]> = put_values.iter().map(|value| [&value[..]]).collect();
+                let blocks: Vec<BlockPut<'_>> = (0..key_refs.len())
+                    .map(|at| BlockPut {
+                        key: key_refs[at],
+                        parts: &parts[at],
+                        links: Links { parent: parents[at].as_deref(), group: None },
+                    })
+                    .collect();
+                client.batch_put_blocks(&blocks, upserts(policy))
+            } else {
+                let items: Vec<(&[u8], &[u8])> = key_refs.iter().zip(&put_values).map(|(k, v)| (*k, &v[..])).collect();
+                client.batch_put_with(&items, upserts(policy))
+            };
             let elapsed = scheduled.elapsed().as_nanos() as u64;
             result.histogram.saturating_record(elapsed.max(1));
             for reply in replies {

@@ -35,6 +35,7 @@ fn reason_name(reason: RemovalReason) -> &'static str {
         RemovalReason::Evicted => "evicted",
         RemovalReason::Checksum => "checksum",
         RemovalReason::StorageError => "storage_error",
+        RemovalReason::Cascaded => "cascaded",
     }
 }
 

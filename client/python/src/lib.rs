@@ -9,6 +9,7 @@
 mod buffers;
 mod codes;
 mod events;
+mod progressive;
 mod store;
 
 use pyo3::prelude::*;
@@ -18,6 +19,7 @@ use pyo3::prelude::*;
 fn _strata(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<store::StrataStore>()?;
     module.add_class::<events::EventSubscription>()?;
+    module.add_class::<progressive::ProgressivePut>()?;
     for (name, code) in codes::ALL {
         module.add(name, code)?;
     }

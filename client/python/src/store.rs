@@ -8,24 +8,25 @@
 //! One `StrataStore` holds one client behind a mutex: calls from several Python threads run one at a time
 //! on it, each with the GIL released; open one store per thread for parallel I/O.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyConnectionError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
-use strata_client::{Client, ClientError, ClientOptions, Pin, PutOptions, WritePolicy};
+use strata_client::{BlockPut, Client, ClientError, ClientOptions, Links, Pin, PutOptions, WritePolicy};
 
 use crate::buffers::{Registry, disjoint, object_bytes};
 use crate::codes;
 use crate::events::EventSubscription;
+use crate::progressive::{ProgressivePut, State};
 
 /// A connection to a Strata node with Mooncake's store methods.
 #[pyclass(module = "strata._strata")]
 pub struct StrataStore {
     client: Mutex<Option<Client>>,
-    registry: Registry,
+    registry: Arc<Registry>,
 }
 
 fn key_of(key: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
@@ -83,6 +84,38 @@ fn put_options(config: Option<&Bound<'_, PyAny>>, upsert: bool) -> PyResult<PutO
     Ok(options)
 }
 
+/// A name for a link (`parent=` / `group=`): None, str or bytes.
+fn link_name(name: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<u8>>> {
+    name.filter(|name| !name.is_none()).map(key_of).transpose()
+}
+
+/// Per-key link names (`parents=` / `groups=`): None for none at all, else one entry (None, str or bytes)
+/// per key; `None` when the count is wrong.
+fn link_names(names: Option<&Bound<'_, PyAny>>, count: usize) -> PyResult<Option<Vec<Option<Vec<u8>>>>> {
+    let Some(names) = names.filter(|names| !names.is_none()) else { return Ok(Some(vec![None; count])) };
+    let names: Vec<Option<Vec<u8>>> = names.try_iter()?.map(|name| link_name(Some(&name?))).collect::<PyResult<_>>()?;
+    Ok((names.len() == count).then_some(names))
+}
+
+/// Puts every key from its parts with its links; a result per key.
+fn put_blocks(
+    client: &mut Client,
+    keys: &[&[u8]],
+    parts: &[Vec<&[u8]>],
+    parents: &[Option<Vec<u8>>],
+    groups: &[Option<Vec<u8>>],
+    options: PutOptions,
+) -> Vec<Result<(), ClientError>> {
+    let blocks: Vec<BlockPut<'_>> = (0..keys.len())
+        .map(|at| BlockPut {
+            key: keys[at],
+            parts: &parts[at],
+            links: Links { parent: parents[at].as_deref(), group: groups[at].as_deref() },
+        })
+        .collect();
+    client.batch_put_blocks(&blocks, options)
+}
+
 impl StrataStore {
     /// Runs `work` on the client with the GIL released; `None` before `setup` or after `close`.
     fn with_client<T: Send>(&self, py: Python<'_>, work: impl FnOnce(&mut Client) -> T + Send) -> Option<T> {
@@ -126,7 +159,7 @@ fn per_key_units(results: Option<Vec<Result<(), ClientError>>>, count: usize) ->
 impl StrataStore {
     #[new]
     fn new() -> Self {
-        Self { client: Mutex::new(None), registry: Registry::default() }
+        Self { client: Mutex::new(None), registry: Arc::new(Registry::default()) }
     }
 
     /// Connects to a node: `address` is `"host:port"` (any shard's port) or a list of them, tried in
@@ -187,30 +220,37 @@ impl StrataStore {
     }
 
     /// Stores `value` (bytes or any C-contiguous buffer) under `key`; a stored key answers
-    /// `OBJECT_ALREADY_EXISTS` and is kept, unless `config.upsert`. Returns 0 or a negative code.
-    #[pyo3(signature = (key, value, config = None))]
+    /// `OBJECT_ALREADY_EXISTS` and is kept, unless `config.upsert`. `parent`: the key of the block this one
+    /// continues (when it leaves the node, so does this block); `group`: a name shared by blocks that leave
+    /// together. Returns 0 or a negative code.
+    #[pyo3(signature = (key, value, config = None, parent = None, group = None))]
     fn put(
         &self,
         py: Python<'_>,
         key: &Bound<'_, PyAny>,
         value: &Bound<'_, PyAny>,
         config: Option<&Bound<'_, PyAny>>,
+        parent: Option<&Bound<'_, PyAny>>,
+        group: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<i64> {
         let options = put_options(config, false)?;
-        self.put_object(py, key, value, options)
+        self.put_object(py, key, value, options, (link_name(parent)?, link_name(group)?))
     }
 
-    /// Stores `value` under `key`, replacing a stored version. Returns 0 or a negative code.
-    #[pyo3(signature = (key, value, config = None))]
+    /// Stores `value` under `key`, replacing a stored version (links as for `put`). Returns 0 or a
+    /// negative code.
+    #[pyo3(signature = (key, value, config = None, parent = None, group = None))]
     fn upsert(
         &self,
         py: Python<'_>,
         key: &Bound<'_, PyAny>,
         value: &Bound<'_, PyAny>,
         config: Option<&Bound<'_, PyAny>>,
+        parent: Option<&Bound<'_, PyAny>>,
+        group: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<i64> {
         let options = put_options(config, true)?;
-        self.put_object(py, key, value, options)
+        self.put_object(py, key, value, options, (link_name(parent)?, link_name(group)?))
     }
 
     /// The value of `key`, or empty bytes if it cannot be read (Mooncake's convention).
@@ -232,18 +272,25 @@ impl StrataStore {
 
     /// Stores every `(keys[i], values[i])` (bytes or any C-contiguous buffer) in one round trip per shard.
     /// Returns 0 when every key was stored, else the first key's negative code (Mooncake's `put_batch`
-    /// returns one code for the call); `batch_put_from` gives a code per key.
-    #[pyo3(signature = (keys, values, config = None))]
+    /// returns one code for the call); `batch_put_from` gives a code per key. `parents` / `groups`: one
+    /// name (or None) per key, as for `put`.
+    #[pyo3(signature = (keys, values, config = None, parents = None, groups = None))]
     fn put_batch(
         &self,
         py: Python<'_>,
         keys: &Bound<'_, PyAny>,
         values: &Bound<'_, PyAny>,
         config: Option<&Bound<'_, PyAny>>,
+        parents: Option<&Bound<'_, PyAny>>,
+        groups: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<i64> {
         let options = put_options(config, false)?;
         let objects = key_objects(keys)?;
         let key_refs = key_slices(&objects)?;
+        let (Some(parents), Some(groups)) = (link_names(parents, key_refs.len())?, link_names(groups, key_refs.len())?)
+        else {
+            return Ok(codes::INVALID_PARAMS);
+        };
         let buffers: Vec<PyUntypedBuffer> =
             values.try_iter()?.map(|value| PyUntypedBuffer::get(&value?)).collect::<PyResult<_>>()?;
         if buffers.len() != key_refs.len() {
@@ -252,8 +299,9 @@ impl StrataStore {
         let Some(bytes) = buffers.iter().map(object_bytes).collect::<Option<Vec<&[u8]>>>() else {
             return Err(PyValueError::new_err("every value must be a C-contiguous buffer"));
         };
-        let items: Vec<(&[u8], &[u8])> = key_refs.iter().copied().zip(bytes).collect();
-        let results = self.with_client(py, |client| client.batch_put_with(&items, options));
+        let parts: Vec<Vec<&[u8]>> = bytes.into_iter().map(|value| vec![value]).collect();
+        let keys = &key_refs;
+        let results = self.with_client(py, |client| put_blocks(client, keys, &parts, &parents, &groups, options));
         Ok(results.map_or(codes::INVALID_PARAMS, |results| {
             results.iter().map(codes::of_unit).find(|&code| code != codes::OK).unwrap_or(codes::OK)
         }))
@@ -285,9 +333,37 @@ impl StrataStore {
         Ok(read.unwrap_or(codes::INVALID_PARAMS))
     }
 
-    /// Stores `size` bytes of the registered buffer at `buffer_ptr` under `key`. Returns 0 or a negative
-    /// code.
-    #[pyo3(signature = (key, buffer_ptr, size, config = None))]
+    /// Starts a put of `key` whose value is sent part by part (`sizes` bytes each, in order) as a prefill
+    /// computes its layers; each part is readable (`get_range_into`) once it arrived, and the key as a whole
+    /// once `finish()` returned 0. Returns a `ProgressivePut` (whose calls return a negative code if this one
+    /// failed). Links as for `put`.
+    #[pyo3(signature = (key, sizes, config = None, parent = None, group = None))]
+    fn put_progressive(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        sizes: Vec<u32>,
+        config: Option<&Bound<'_, PyAny>>,
+        parent: Option<&Bound<'_, PyAny>>,
+        group: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<ProgressivePut> {
+        let key = key_of(key)?;
+        let options = put_options(config, false)?;
+        let (parent, group) = (link_name(parent)?, link_name(group)?);
+        let links = Links { parent: parent.as_deref(), group: group.as_deref() };
+        let started = self.with_client(py, |client| client.put_progressive(&key, &sizes, links, options));
+        let state = match started {
+            Some(Ok(put)) => State::Open(put),
+            Some(Err(error)) => State::Failed(codes::of(&error)),
+            None => State::Failed(codes::INVALID_PARAMS),
+        };
+        Ok(ProgressivePut::new(state, Arc::clone(&self.registry)))
+    }
+
+    /// Stores `size` bytes of the registered buffer at `buffer_ptr` under `key` (links as for `put`).
+    /// Returns 0 or a negative code.
+    #[pyo3(signature = (key, buffer_ptr, size, config = None, parent = None, group = None))]
+    #[allow(clippy::too_many_arguments)]
     fn put_from(
         &self,
         py: Python<'_>,
@@ -295,17 +371,22 @@ impl StrataStore {
         buffer_ptr: usize,
         size: usize,
         config: Option<&Bound<'_, PyAny>>,
+        parent: Option<&Bound<'_, PyAny>>,
+        group: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<i64> {
         let key = key_of(key)?;
         let options = put_options(config, false)?;
+        let (parent, group) = (link_name(parent)?, link_name(group)?);
         let Some(value) = self.registry.read(buffer_ptr, size) else { return Ok(codes::INVALID_PARAMS) };
+        let links = Links { parent: parent.as_deref(), group: group.as_deref() };
         Ok(self
-            .with_client(py, |client| codes::of_unit(&client.put_with(&key, value, options)))
+            .with_client(py, |client| codes::of_unit(&client.put_linked(&key, value, links, options)))
             .unwrap_or(codes::INVALID_PARAMS))
     }
 
-    /// `put_from` for many keys; a code per key.
-    #[pyo3(signature = (keys, buffer_ptrs, sizes, config = None))]
+    /// `put_from` for many keys (`parents` / `groups`: one name, or None, per key); a code per key.
+    #[pyo3(signature = (keys, buffer_ptrs, sizes, config = None, parents = None, groups = None))]
+    #[allow(clippy::too_many_arguments)]
     fn batch_put_from(
         &self,
         py: Python<'_>,
@@ -313,18 +394,26 @@ impl StrataStore {
         buffer_ptrs: Vec<usize>,
         sizes: Vec<usize>,
         config: Option<&Bound<'_, PyAny>>,
+        parents: Option<&Bound<'_, PyAny>>,
+        groups: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<i64>> {
         let objects = key_objects(keys)?;
         let keys = key_slices(&objects)?;
         let options = put_options(config, false)?;
+        let (Some(parents), Some(groups)) = (link_names(parents, keys.len())?, link_names(groups, keys.len())?) else {
+            return Ok(failed(keys.len(), codes::INVALID_PARAMS));
+        };
         if buffer_ptrs.len() != keys.len() || sizes.len() != keys.len() {
             return Ok(failed(keys.len(), codes::INVALID_PARAMS));
         }
-        let values: Option<Vec<&[u8]>> =
-            buffer_ptrs.iter().zip(&sizes).map(|(&start, &len)| self.registry.read(start, len)).collect();
-        let Some(values) = values else { return Ok(failed(keys.len(), codes::INVALID_PARAMS)) };
-        let items: Vec<(&[u8], &[u8])> = keys.iter().copied().zip(values).collect();
-        let results = self.with_client(py, |client| client.batch_put_with(&items, options));
+        let values: Option<Vec<Vec<&[u8]>>> = buffer_ptrs
+            .iter()
+            .zip(&sizes)
+            .map(|(&start, &len)| self.registry.read(start, len).map(|value| vec![value]))
+            .collect();
+        let Some(parts) = values else { return Ok(failed(keys.len(), codes::INVALID_PARAMS)) };
+        let keys = &keys;
+        let results = self.with_client(py, |client| put_blocks(client, keys, &parts, &parents, &groups, options));
         Ok(per_key_units(results, keys.len()))
     }
 
@@ -351,9 +440,10 @@ impl StrataStore {
         Ok(per_key_lens(results, keys.len()))
     }
 
-    /// Stores each key's value from several registered buffers in order (one per layer, say); a code per
-    /// key.
-    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, config = None))]
+    /// Stores each key's value from several registered buffers in order (one per layer, say; links as for
+    /// `batch_put_from`); a code per key.
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, config = None, parents = None, groups = None))]
+    #[allow(clippy::too_many_arguments)]
     fn batch_put_from_multi_buffers(
         &self,
         py: Python<'_>,
@@ -361,10 +451,15 @@ impl StrataStore {
         all_buffer_ptrs: Vec<Vec<usize>>,
         all_sizes: Vec<Vec<usize>>,
         config: Option<&Bound<'_, PyAny>>,
+        parents: Option<&Bound<'_, PyAny>>,
+        groups: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<i64>> {
         let objects = key_objects(keys)?;
         let keys = key_slices(&objects)?;
         let options = put_options(config, false)?;
+        let (Some(parents), Some(groups)) = (link_names(parents, keys.len())?, link_names(groups, keys.len())?) else {
+            return Ok(failed(keys.len(), codes::INVALID_PARAMS));
+        };
         if all_buffer_ptrs.len() != keys.len() || all_sizes.len() != keys.len() {
             return Ok(failed(keys.len(), codes::INVALID_PARAMS));
         }
@@ -376,8 +471,8 @@ impl StrataStore {
             let Some(key_parts) = key_parts else { return Ok(failed(keys.len(), codes::INVALID_PARAMS)) };
             parts.push(key_parts);
         }
-        let items: Vec<(&[u8], &[&[u8]])> = keys.iter().copied().zip(parts.iter().map(Vec::as_slice)).collect();
-        let results = self.with_client(py, |client| client.batch_put_parts(&items, options));
+        let keys = &keys;
+        let results = self.with_client(py, |client| put_blocks(client, keys, &parts, &parents, &groups, options));
         Ok(per_key_units(results, keys.len()))
     }
 
@@ -569,14 +664,16 @@ impl StrataStore {
         key: &Bound<'_, PyAny>,
         value: &Bound<'_, PyAny>,
         options: PutOptions,
+        (parent, group): (Option<Vec<u8>>, Option<Vec<u8>>),
     ) -> PyResult<i64> {
         let key = key_of(key)?;
         let buffer = PyUntypedBuffer::get(value)?;
         let Some(bytes) = object_bytes(&buffer) else {
             return Err(PyValueError::new_err("the value must be a C-contiguous buffer"));
         };
+        let links = Links { parent: parent.as_deref(), group: group.as_deref() };
         Ok(self
-            .with_client(py, |client| codes::of_unit(&client.put_with(&key, bytes, options)))
+            .with_client(py, |client| codes::of_unit(&client.put_linked(&key, bytes, links, options)))
             .unwrap_or(codes::INVALID_PARAMS))
     }
 }

@@ -343,3 +343,74 @@ def test_put_batch_and_get_batch_take_any_buffers(store):
     assert store.put_batch(keys[:2], [b"x"]) == strata.INVALID_PARAMS
     assert store.put_batch(keys[:1], [b"replaced"], ReplicateConfig(upsert=True)) == 0
     assert store.get_batch(keys[:1]) == [b"replaced"]
+
+
+def wait_until(condition, seconds=10):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_children_and_groups_leave_with_their_parent_or_a_member(store):
+    chain = [unique("chain") for _ in range(6)]
+    parents = [None] + chain[:-1]
+    array, address = registered(store, 6 * 256, fill=pattern(9, 6 * 256))
+    codes = store.batch_put_from(chain, [address + 256 * i for i in range(6)], [256] * 6, parents=parents)
+    assert codes == [0] * 6
+    assert store.put(unique("side"), b"s", parent=chain[1]) == 0
+    subscription = store.subscribe_events(prefix="chain-")
+    assert store.remove(chain[2]) == 0
+    assert wait_until(lambda: store.batch_is_exist(chain[2:]) == [0] * 4), "the suffix left"
+    assert store.batch_is_exist(chain[:2]) == [1, 1]
+    reasons = {}
+    deadline = time.monotonic() + 10
+    while len(reasons) < 4 and time.monotonic() < deadline:
+        event = subscription.next(timeout_seconds=0.2)
+        if event is not None and event["type"] == "BlockRemoved":
+            reasons[event["keys"][0]] = event["reason"]
+    assert reasons == {chain[2]: "removed", **{key: "cascaded" for key in chain[3:]}}
+    subscription.close()
+
+    # All layers of a block as one group: removing one member removes every member.
+    layers = [unique("layer") for _ in range(4)]
+    group = unique("group")
+    assert store.put_batch(layers, [b"L" * 64] * 4, groups=[group] * 4) == 0
+    assert store.put(unique("loner"), b"x", group=unique("other-group")) == 0
+    assert store.remove(layers[0]) == 0
+    assert wait_until(lambda: store.batch_is_exist(layers) == [0] * 4), "the group left together"
+
+    # One name per key, or the call is refused.
+    assert store.batch_put_from(chain[:2], [address, address + 256], [256, 256], parents=[None]) == [
+        strata.INVALID_PARAMS
+    ] * 2
+    with pytest.raises(TypeError):
+        store.put(unique(), b"v", parent=3)
+
+
+def test_a_progressive_put_is_readable_layer_by_layer_before_it_completes(store):
+    key, layer = unique("progressive"), 4096
+    layers = [pattern(100 + i, layer) for i in range(4)]
+    put = store.put_progressive(key, [layer] * 4)
+    assert isinstance(put, strata.ProgressivePut)
+    assert put.send(layers[0]) == 0
+    array, address = registered(store, layer, fill=layers[1])
+    assert put.send_from(address, layer) == 0
+    assert put.parts_sent() == 2
+    out, out_address = registered(store, layer)
+    assert store.get_range_into(key, 0, out_address, layer) == layer
+    assert out.tobytes() == layers[0]
+    assert store.get_range_into(key, layer, out_address, layer) == layer
+    assert out.tobytes() == layers[1]
+    assert store.is_exist(key) == 0, "not a stored block until finished"
+    assert put.send(b"short") == strata.INVALID_PARAMS, "a part of the wrong size is refused"
+    assert put.finish() == strata.INVALID_PARAMS, "two parts are missing"
+    assert put.send(layers[2]) == 0 and put.send(np.frombuffer(layers[3], dtype=np.uint8)) == 0
+    assert put.finish() == 0
+    assert store.get(key) == b"".join(layers)
+    assert put.finish() == strata.INVALID_PARAMS, "finished already"
+    # A put of a stored key is refused when it finishes.
+    again = store.put_progressive(key, [1])
+    assert again.send(b"x") == 0 and again.finish() == strata.OBJECT_ALREADY_EXISTS
+    # Before setup, or with an empty part, the put holds the error.
+    assert store.put_progressive(unique(), [4, 0]).send(b"abcd") == strata.INVALID_PARAMS

@@ -30,12 +30,14 @@ from ._strata import (  # noqa: F401  (re-exported)
     TRANSFER_FAIL,
     UNAVAILABLE_IN_CURRENT_STATUS,
     EventSubscription,
+    ProgressivePut,
     StrataStore,
 )
 
 __all__ = [
     "StrataStore",
     "EventSubscription",
+    "ProgressivePut",
     "ReplicateConfig",
     "error_name",
     "OK",

@@ -1,0 +1,208 @@
+//! Parents and groups: a block whose parent leaves the node (removed, evicted from its last tier) leaves
+//! too, and so on down the chain, on whichever shard each block lives; a group leaves as a whole, or — when
+//! one of its members is pinned — not at all. Hard-pinned blocks stay. Links never cross tenants.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{client, config, key_of, start, total, value_of};
+use strata_client::{BlockPut, Client, ClientOptions, Event, Links, Pin, PutOptions, RemovalReason};
+use strata_proto::shard_of;
+
+/// Waits up to 10 s for `done`; returns whether it came true.
+fn eventually(mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    done()
+}
+
+fn present(client: &mut Client, keys: &[Vec<u8>]) -> Vec<bool> {
+    let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    client.batch_exists(&keys).into_iter().map(|result| result.expect("exists")).collect()
+}
+
+/// Puts a chain of `len` blocks of `size` bytes, each naming the one before it; returns the keys.
+fn put_chain(client: &mut Client, first: u64, len: u64, size: usize) -> Vec<Vec<u8>> {
+    let keys: Vec<Vec<u8>> = (first..first + len).map(key_of).collect();
+    let values: Vec<Vec<u8>> = (first..first + len).map(|index| value_of(index, size)).collect();
+    let parts: Vec<[&[u8]; 1]> = values.iter().map(|value| [value.as_slice()]).collect();
+    let blocks: Vec<BlockPut<'_>> = (0..keys.len())
+        .map(|at| BlockPut {
+            key: &keys[at],
+            parts: &parts[at],
+            links: if at == 0 { Links::NONE } else { Links::parent(&keys[at - 1]) },
+        })
+        .collect();
+    for result in client.batch_put_blocks(&blocks, PutOptions::default()) {
+        result.expect("put");
+    }
+    keys
+}
+
+#[test]
+fn removing_a_block_removes_its_descendants_on_every_shard() {
+    let node = start(config(&[0, 1], 32 << 20));
+    let mut client = client(&node);
+    let events = client.subscribe_events(None).expect("subscribe");
+    let chain = put_chain(&mut client, 0, 20, 4096);
+    let shards: std::collections::HashSet<u32> = chain.iter().map(|key| shard_of(key, 2)).collect();
+    assert_eq!(shards.len(), 2, "the chain spans both shards");
+    // A second branch from block 4, and a block that names nothing.
+    client.put_linked(b"branch", &value_of(99, 100), Links::parent(&chain[4]), PutOptions::default()).expect("put");
+    client.put(b"unrelated", &value_of(98, 100)).expect("put");
+
+    client.remove(&chain[10]).expect("remove");
+    assert!(eventually(|| present(&mut client, &chain[10..]).iter().all(|&here| !here)), "the suffix left");
+    assert!(present(&mut client, &chain[..10]).iter().all(|&here| here), "the prefix stays");
+    assert!(client.exists(b"branch").expect("exists") && client.exists(b"unrelated").expect("exists"));
+    assert_eq!(total(&node, |shard| &shard.cascade_removals), 9);
+
+    // Removing the branch point takes both branches.
+    client.remove(&chain[3]).expect("remove");
+    assert!(eventually(|| !client.exists(b"branch").expect("exists")), "the side branch left");
+    assert!(eventually(|| present(&mut client, &chain[4..10]).iter().all(|&here| !here)));
+    assert!(present(&mut client, &chain[..3]).iter().all(|&here| here));
+    assert!(client.exists(b"unrelated").expect("exists"));
+
+    // A router saw each block stored with its parent, and why each one left.
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while seen.iter().filter(|event| matches!(event, Event::BlockRemoved { .. })).count() < 17
+        && Instant::now() < deadline
+    {
+        if let Some(event) = events.next_timeout(Duration::from_millis(50)) {
+            seen.push(event.expect("event").event);
+        }
+    }
+    let stored_with = |key: &[u8]| {
+        seen.iter().find_map(|event| match event {
+            Event::BlockStored { key: stored, parent, .. } if stored == key => Some(parent.clone()),
+            _ => None,
+        })
+    };
+    assert_eq!(stored_with(&chain[5]), Some(Some(chain[4].clone())));
+    assert_eq!(stored_with(&chain[0]), Some(None));
+    let reason_of = |key: &[u8]| {
+        seen.iter().find_map(|event| match event {
+            Event::BlockRemoved { key: removed, reason } if removed == key => Some(*reason),
+            _ => None,
+        })
+    };
+    assert_eq!(reason_of(&chain[10]), Some(RemovalReason::Removed));
+    assert_eq!(reason_of(&chain[19]), Some(RemovalReason::Cascaded));
+    assert_eq!(reason_of(b"branch"), Some(RemovalReason::Cascaded));
+    assert_eq!(reason_of(&chain[2]), None);
+}
+
+#[test]
+fn an_evicted_parent_takes_its_children_however_hot_they_are() {
+    // DRAM only, so an eviction is a departure. Children are read constantly (referenced, leased); their
+    // parent is not, and is the one the clock takes.
+    let mut node_config = config(&[0, 1], 8 << 20);
+    node_config.read_lease = Duration::from_secs(60);
+    let node = start(node_config);
+    let mut client = client(&node);
+    let chain = put_chain(&mut client, 0, 8, 64 << 10);
+    let mut filler = 1000u64;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while client.exists(&chain[0]).expect("exists") && Instant::now() < deadline {
+        for key in &chain[1..] {
+            let _ = client.get(key);
+        }
+        client.put(&key_of(filler), &value_of(filler, 64 << 10)).expect("put");
+        filler += 1;
+    }
+    assert!(!client.exists(&chain[0]).expect("exists"), "the cold parent was evicted");
+    assert!(eventually(|| present(&mut client, &chain[1..]).iter().all(|&here| !here)), "its children left");
+    assert!(total(&node, |shard| &shard.cascade_removals) >= 7);
+    // The newest filler, which names nothing, is untouched.
+    assert!(client.exists(&key_of(filler - 1)).expect("exists"));
+}
+
+#[test]
+fn a_group_leaves_as_a_whole_and_a_pinned_member_keeps_it() {
+    let node = start(config(&[0, 1], 8 << 20));
+    let mut client = client(&node);
+    // All layers of one block: four members spread over both shards.
+    let members: Vec<Vec<u8>> = (0..4).map(|layer| format!("block-7/layer-{layer}").into_bytes()).collect();
+    assert_eq!(members.iter().map(|key| shard_of(key, 2)).collect::<std::collections::HashSet<_>>().len(), 2);
+    for (layer, key) in members.iter().enumerate() {
+        client
+            .put_linked(key, &value_of(layer as u64, 1000), Links::group(b"block-7"), PutOptions::default())
+            .expect("put");
+    }
+    client.remove(&members[2]).expect("remove");
+    assert!(eventually(|| present(&mut client, &members).iter().all(|&here| !here)), "the group left as a whole");
+
+    // Two members on one shard, one of them hard-pinned: DRAM pressure on that shard evicts neither, and
+    // the unpinned one goes only when the pinned one is removed.
+    let same_shard: Vec<Vec<u8>> = (0..100u64)
+        .map(|index| format!("pair/{index}").into_bytes())
+        .filter(|key| shard_of(key, 2) == 0)
+        .take(2)
+        .collect();
+    let (loose, pinned) = (&same_shard[0], &same_shard[1]);
+    client.put_linked(loose, &value_of(1, 64 << 10), Links::group(b"pair"), PutOptions::default()).expect("put");
+    let hard = PutOptions { pin: Pin::Hard, ..PutOptions::default() };
+    client.put_linked(pinned, &value_of(2, 64 << 10), Links::group(b"pair"), hard).expect("put");
+    for index in 0..400u64 {
+        client.put(&key_of(index), &value_of(index, 64 << 10)).expect("put");
+    }
+    assert!(!client.exists(&key_of(0)).expect("exists"), "16 MiB over 8 MiB of DRAM evicted the oldest");
+    assert!(client.exists(loose).expect("exists"), "a pinned member keeps its group");
+    client.remove(pinned).expect("remove");
+    assert!(eventually(|| !client.exists(loose).expect("exists")), "then the group leaves");
+}
+
+#[test]
+fn hard_pins_stay_upserts_relink_and_tenants_never_link_across() {
+    let mut node_config = config(&[0, 1], 32 << 20);
+    let tenant = |name: &str| strata_engine::tenants::TenantConfig {
+        name: name.into(),
+        token: format!("token-of-{name}").into_bytes(),
+        dram_quota: None,
+        nvme_quota: None,
+        max_pinned: None,
+    };
+    node_config.tenants = vec![tenant("alpha"), tenant("beta")];
+    let node = start(node_config);
+    let connect = |name: &str| {
+        let options =
+            ClientOptions { token: Some(format!("token-of-{name}").into_bytes()), ..ClientOptions::default() };
+        Client::connect(node.local_addr(), options).expect("connect")
+    };
+    let (mut alpha, mut beta) = (connect("alpha"), connect("beta"));
+
+    // A hard-pinned child stays when its parent goes; so does what hangs below it.
+    alpha.put(b"root", b"r").expect("put");
+    let hard = PutOptions { pin: Pin::Hard, ..PutOptions::default() };
+    alpha.put_linked(b"pinned", b"p", Links::parent(b"root"), hard).expect("put");
+    alpha.put_linked(b"below", b"b", Links::parent(b"pinned"), PutOptions::default()).expect("put");
+    // An upsert names what it names: this child no longer hangs from the root.
+    alpha.put_linked(b"moved", b"m", Links::parent(b"root"), PutOptions::default()).expect("put");
+    alpha.put_with(b"moved", b"m2", PutOptions::upsert()).expect("upsert");
+    alpha.put_linked(b"child", b"c", Links::parent(b"root"), PutOptions::default()).expect("put");
+    // Beta's block names a parent called "root" too: beta's own, which beta never stored.
+    beta.put_linked(b"child", b"beta", Links::parent(b"root"), PutOptions::default()).expect("put");
+
+    alpha.remove(b"root").expect("remove");
+    assert!(eventually(|| !alpha.exists(b"child").expect("exists")), "alpha's child left with its parent");
+    // Give any stray cascade time to arrive before checking what must not have left.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(alpha.exists(b"pinned").expect("exists") && alpha.exists(b"below").expect("exists"));
+    assert_eq!(alpha.get(b"moved").expect("get"), b"m2");
+    assert_eq!(beta.get(b"child").expect("get"), b"beta", "another tenant's link is its own");
+
+    // Names over the key bound are refused per item, before anything is sent.
+    let long = vec![b'p'; 2000];
+    assert!(matches!(
+        alpha.put_linked(b"k", b"v", Links::parent(&long), PutOptions::default()),
+        Err(strata_client::ClientError::TooLarge(_))
+    ));
+}
