@@ -5,8 +5,11 @@ Run: python serving_engine.py 127.0.0.1:7600
 Blocks of 16 tokens are keyed by a chained hash (a block's key covers its tokens and its whole prefix, as
 vLLM's prefix caching does). Before prefilling a request the engine asks how many leading blocks are
 stored (prefix match), loads those into registered buffers (batch_get_into), computes only the rest, and
-stores what it computed (batch_put_from). A second request that shares a prefix with the first loads it.
-A router subscribed to the node's events learns which blocks the node holds without asking it.
+stores what it computed (batch_put_from), each block naming the one before it as its parent, so that a
+block that leaves the node takes the rest of its chain with it (a suffix is useless without its prefix). A
+second request that shares a prefix with the first loads it. A router subscribed to the node's events
+learns which blocks the node holds without asking it. Finally a prefill sends one block layer by layer
+(put_progressive) while a decode instance reads each layer as soon as it was sent.
 """
 
 import hashlib
@@ -18,8 +21,10 @@ import strata
 
 TOKENS_PER_BLOCK = 16
 # A small model: 4 layers × K,V × 2 KV heads × head_dim 64 × bf16, per token.
-BYTES_PER_TOKEN = 4 * 2 * 2 * 64 * 2
+LAYERS = 4
+BYTES_PER_TOKEN = LAYERS * 2 * 2 * 64 * 2
 BLOCK_BYTES = TOKENS_PER_BLOCK * BYTES_PER_TOKEN
+LAYER_BYTES = BLOCK_BYTES // LAYERS
 
 
 def block_keys(tokens, model="demo-model"):
@@ -67,7 +72,10 @@ class Engine:
             self.pool[index * BLOCK_BYTES : (index + 1) * BLOCK_BYTES] = compute_kv(keys[index])
         new = list(range(usable, len(keys)))
         stored = self.store.batch_put_from(
-            [keys[i] for i in new], [self.slot(i) for i in new], [BLOCK_BYTES] * len(new)
+            [keys[i] for i in new],
+            [self.slot(i) for i in new],
+            [BLOCK_BYTES] * len(new),
+            parents=[keys[i - 1] if i > 0 else None for i in new],
         )
         # Another engine may have stored the same block meanwhile: that is as good as storing it.
         failed = [code for code in stored if code not in (0, strata.OBJECT_ALREADY_EXISTS)]
@@ -89,11 +97,12 @@ class Router:
         self.events = self.store.subscribe_events()
         self.held = set()
 
-    def catch_up(self, expected, timeout_seconds=10):
+    def catch_up(self, done, timeout_seconds=10):
+        """Reads events until `done(held)` (or the timeout); returns the blocks held."""
         import time
 
         deadline = time.monotonic() + timeout_seconds
-        while len(self.held) < expected and time.monotonic() < deadline:
+        while not done(self.held) and time.monotonic() < deadline:
             event = self.events.next(timeout_seconds=0.1)
             if event is None:
                 continue
@@ -119,14 +128,53 @@ def main(address):
     print(f"request 1 again: {loaded_again} of {total_again} blocks loaded")
     shared, total_second = engine.prefill(second)
     print(f"request 2: {shared} of {total_second} blocks loaded (the shared system prompt)")
-    engine.close()
     distinct = set(block_keys(first)) | set(block_keys(second))
-    held = router.catch_up(len(distinct))
+    held = router.catch_up(lambda held: held == distinct)
     print(f"router: the node holds {len(held)} blocks (from its events)")
     assert held == distinct, (len(held), len(distinct))
+
+    # Request 1's first own block leaves (evicted, or removed as here): the two after it go with it.
+    first_keys = block_keys(first)
+    assert engine.store.remove(first_keys[5]) == 0
+    gone = set(first_keys[5:])
+    held = router.catch_up(lambda held: not (held & gone))
+    print(f"after removing block 5 of request 1: the node holds {len(held)} blocks")
+    assert held == distinct - gone, (len(held), len(distinct - gone))
+    reloaded, _ = engine.prefill(first)
+    print(f"request 1 once more: {reloaded} of {total} blocks loaded")
+    engine.close()
     router.events.close()
-    assert (loaded, loaded_again, shared) == (0, total, 5), (loaded, loaded_again, shared)
+    assert (loaded, loaded_again, shared, reloaded) == (0, total, 5, 5), (loaded, loaded_again, shared, reloaded)
+
+    layers_read = layerwise_transfer(address)
+    print(f"layer-wise: decode read {layers_read} layers, each before the next one was sent")
     print("ok")
+
+
+def layerwise_transfer(address):
+    """A prefill instance sends a block layer by layer as it computes them; a decode instance reads each
+    layer as soon as it was sent (its transfer overlaps the prefill's compute)."""
+    prefill, decode = strata.StrataStore(), strata.StrataStore()
+    assert prefill.setup(address) == 0 and decode.setup(address) == 0
+    key = block_keys(list(range(TOKENS_PER_BLOCK)), model="layerwise-demo")[0]
+    kv = compute_kv(key)
+    layer_buffer = np.zeros(LAYER_BYTES, dtype=np.uint8)
+    assert decode.register_buffer(layer_buffer.ctypes.data, layer_buffer.nbytes) == 0
+    put = prefill.put_progressive(key, [LAYER_BYTES] * LAYERS)
+    for layer in range(LAYERS):
+        part = kv[layer * LAYER_BYTES : (layer + 1) * LAYER_BYTES]
+        assert put.send(part) == 0
+        read = decode.get_range_into(key, layer * LAYER_BYTES, layer_buffer.ctypes.data, LAYER_BYTES)
+        assert read == LAYER_BYTES, strata.error_name(read)
+        assert np.array_equal(layer_buffer, part)
+        if layer < LAYERS - 1:
+            assert decode.is_exist(key) == 0, "the block as a whole is stored once every layer is in"
+    assert put.finish() == 0
+    assert decode.is_exist(key) == 1
+    decode.unregister_buffer(layer_buffer.ctypes.data)
+    prefill.close()
+    decode.close()
+    return LAYERS
 
 
 if __name__ == "__main__":

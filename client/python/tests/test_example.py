@@ -15,6 +15,8 @@ def test_the_serving_engine_example_loads_what_it_stored(tmp_path):
         run = subprocess.run([sys.executable, str(EXAMPLE), fresh.address], capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stdout + run.stderr
         assert "request 2: 5 of 9 blocks loaded" in run.stdout
+        assert "request 1 once more: 5 of 8 blocks loaded" in run.stdout
+        assert "layer-wise: decode read 4 layers" in run.stdout
         assert run.stdout.strip().endswith("ok")
     finally:
         fresh.stop()
