@@ -13,9 +13,9 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, mpsc};
 use std::task::{Context, Poll, Waker};
 
-use strata_proto::PutOptions;
+use strata_proto::{Links, PutOptions};
 
-use crate::client::{Client, ClientOptions};
+use crate::client::{BlockPut, Client, ClientOptions};
 use crate::error::ClientError;
 
 struct Slot<T> {
@@ -78,6 +78,19 @@ impl<T> Future for Reply<T> {
 }
 
 type Job = Box<dyn FnOnce(&mut Client) + Send>;
+
+/// One put of [`AsyncClient::batch_put_blocks`], owned.
+#[derive(Clone, Debug, Default)]
+pub struct OwnedBlock {
+    /// Its key.
+    pub key: Vec<u8>,
+    /// Its value.
+    pub value: Vec<u8>,
+    /// Its parent's key.
+    pub parent: Option<Vec<u8>>,
+    /// Its group's name.
+    pub group: Option<Vec<u8>>,
+}
 
 /// An async client of one node (see the module doc).
 pub struct AsyncClient {
@@ -154,6 +167,73 @@ impl AsyncClient {
             // a closed channel's error without unboxing the closure, so an empty one is returned.
             _ => (Vec::new(), Err(gone())),
         }
+    }
+
+    /// Reads `buffer.len()` bytes at `offset` of `key`'s value (one layer, say) into `buffer`; gives the
+    /// buffer back with the bytes read.
+    pub async fn get_range_into(
+        &self,
+        key: Vec<u8>,
+        offset: u32,
+        mut buffer: Vec<u8>,
+    ) -> (Vec<u8>, Result<usize, ClientError>) {
+        let (sender, reply) = reply_channel();
+        let job: Job = Box::new(move |client| {
+            let result = client.get_range_into(&key, offset, &mut buffer);
+            sender.send((buffer, result));
+        });
+        match self.jobs.as_ref().map(|jobs| jobs.send(job)) {
+            Some(Ok(())) => reply.await.unwrap_or_else(|| (Vec::new(), Err(gone()))),
+            _ => (Vec::new(), Err(gone())),
+        }
+    }
+
+    /// Stores `value` under `key`, naming its parent and/or group (see [`Client::put_linked`]).
+    pub async fn put_linked(
+        &self,
+        key: Vec<u8>,
+        value: Vec<u8>,
+        parent: Option<Vec<u8>>,
+        group: Option<Vec<u8>>,
+        options: PutOptions,
+    ) -> Result<(), ClientError> {
+        self.call(move |client| {
+            let links = Links { parent: parent.as_deref(), group: group.as_deref() };
+            client.put_linked(&key, &value, links, options)
+        })
+        .await?
+    }
+
+    /// Stores every `(key, value, parent, group)` (see [`Client::batch_put_blocks`]); a result per key.
+    pub async fn batch_put_blocks(&self, blocks: Vec<OwnedBlock>, options: PutOptions) -> Vec<Result<(), ClientError>> {
+        let count = blocks.len();
+        let result = self
+            .call(move |client| {
+                let parts: Vec<[&[u8]; 1]> = blocks.iter().map(|block| [&block.value[..]]).collect();
+                let puts: Vec<BlockPut<'_>> = blocks
+                    .iter()
+                    .zip(&parts)
+                    .map(|(block, parts)| BlockPut {
+                        key: &block.key,
+                        parts,
+                        links: Links { parent: block.parent.as_deref(), group: block.group.as_deref() },
+                    })
+                    .collect();
+                client.batch_put_blocks(&puts, options)
+            })
+            .await;
+        result.unwrap_or_else(|error| vec![Err(error); count])
+    }
+
+    /// Subscribes to the node's events for keys starting with `prefix` (all for `None`); the stream is read
+    /// on threads of its own (see [`crate::EventStream`]).
+    pub async fn subscribe_events(&self, prefix: Option<Vec<u8>>) -> Result<crate::EventStream, ClientError> {
+        self.call(move |client| client.subscribe_events(prefix.as_deref())).await?
+    }
+
+    /// Removes every key that matches `pattern` (a regular expression); returns how many.
+    pub async fn remove_matching(&self, pattern: String) -> Result<u64, ClientError> {
+        self.call(move |client| client.remove_matching(&pattern)).await?
     }
 
     /// Whether `key` is stored.

@@ -4,7 +4,9 @@
 mod common;
 
 use common::{config, key_of, start, value_of};
-use strata_client::{AsyncClient, ClientError, ClientOptions, PutOptions};
+use std::time::Duration;
+
+use strata_client::{AsyncClient, ClientError, ClientOptions, Event, OwnedBlock, PutOptions, RemovalReason};
 
 #[test]
 fn async_calls_round_trip_and_run_concurrently() {
@@ -46,6 +48,40 @@ fn async_calls_round_trip_and_run_concurrently() {
         assert_eq!(second.batch_remove(keys.clone()).await, vec![Ok(()), Err(ClientError::NotFound), Ok(())]);
         assert!(!first.exists(key_of(100)).await.expect("exists"));
         assert_eq!(first.remove(key_of(100)).await, Err(ClientError::NotFound));
+
+        // The serving-engine extras: layers by range, linked blocks, events, removal by pattern.
+        let (layer, read) = first.get_range_into(key_of(1), 1000, vec![0u8; 500]).await;
+        assert_eq!(read, Ok(500));
+        assert_eq!(&layer[..], &value_of(1, 5000)[1000..1500]);
+        let events = second.subscribe_events(Some(b"chain/".to_vec())).await.expect("subscribe");
+        let blocks: Vec<OwnedBlock> = (0..4u8)
+            .map(|index| OwnedBlock {
+                key: format!("chain/{index}").into_bytes(),
+                value: vec![index; 100],
+                parent: index.checked_sub(1).map(|parent| format!("chain/{parent}").into_bytes()),
+                group: None,
+            })
+            .collect();
+        assert!(first.batch_put_blocks(blocks, PutOptions::default()).await.iter().all(Result::is_ok));
+        first
+            .put_linked(b"chain/x".to_vec(), vec![9; 10], Some(b"chain/3".to_vec()), None, PutOptions::default())
+            .await
+            .expect("put");
+        first.remove(b"chain/1".to_vec()).await.expect("remove");
+        let mut cascaded = 0;
+        for _ in 0..200 {
+            match events.next_timeout(Duration::from_millis(50)) {
+                Some(event) => {
+                    if let Event::BlockRemoved { reason: RemovalReason::Cascaded, .. } = event.expect("event").event {
+                        cascaded += 1;
+                    }
+                }
+                None if cascaded == 3 => break,
+                None => {}
+            }
+        }
+        assert_eq!(cascaded, 3, "chain/2, chain/3 and chain/x left with chain/1");
+        assert_eq!(first.remove_matching("^chain/".into()).await, Ok(1), "only chain/0 was left");
     });
     // A node that is not there: the connect error comes back through the future.
     let refused = futures_lite::future::block_on(AsyncClient::connect(
