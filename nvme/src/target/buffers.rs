@@ -61,7 +61,7 @@ mod tests {
         let mut drawn = Vec::new();
         let unaligned = loop {
             let vector = vec![0u8; 100];
-            if vector.as_ptr() as usize % ALIGNMENT != 0 {
+            if !(vector.as_ptr() as usize).is_multiple_of(ALIGNMENT) {
                 break vector;
             }
             drawn.push(vector);
