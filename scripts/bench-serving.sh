@@ -148,12 +148,13 @@ put_pair() {
 }
 
 if wants events; then
-echo "== puts of 64 B values in batches of 128, with and without an event subscriber (alternating)"
-# The node sleeps when idle here (no --busy-poll), so its CPU time per put is what a put costs it; the
-# subscriber's reader thread shares CPU 0 with the put client (two cores: nowhere else to put it).
+echo "== puts of 64 B values in batches of 128 on two connections, with and without an event subscriber (alternating)"
+# The node sleeps when idle here (no --busy-poll), so its CPU time per put is what a put costs it; two put
+# connections keep it near saturation (one waits on its replies and leaves it a quarter idle). The
+# subscriber's reader thread shares CPU 0 with the put clients (two cores: nowhere else to put it).
 start_node --dram 4GiB
-put_pair "puts, no subscriber" "puts, one subscriber" "--value-size 64 --keys 200000 --batch 128 --no-preload" \
-  --subscribe
+put_pair "puts, no subscriber" "puts, one subscriber" \
+  "--value-size 64 --keys 200000 --batch 128 --connections 2 --no-preload" --subscribe
 printf '%-52s %10.3f x puts/s (target >= 0.95), %.3f x node CPU per put\n' "  with / without" "$RATIO" "$CPU_RATIO"
 rates=() missed=()
 for json in "${B_JSONS[@]}"; do
