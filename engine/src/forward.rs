@@ -42,8 +42,11 @@ pub enum ForwardOp {
     },
     /// Read the value, or a range of it.
     Get(Option<(u32, u32)>),
-    /// Is it stored.
-    Exists,
+    /// Is it stored; with `lease`, hold it for a read lease (a prefix match: the caller loads it next).
+    Exists {
+        /// Grant a read lease.
+        lease: bool,
+    },
     /// Remove it.
     Remove,
 }
@@ -335,7 +338,7 @@ async fn serve(shard: &Rc<Shard>, request: Forward) -> ForwardReply {
             }
             Err(status) => reply.status = status,
         },
-        ForwardOp::Exists => match shard.exists(key) {
+        ForwardOp::Exists { lease } => match if lease { shard.exists_leased(key) } else { shard.exists(key) } {
             Ok(len) => reply.object_len = len,
             Err(status) => reply.status = status,
         },

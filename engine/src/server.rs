@@ -266,10 +266,13 @@ async fn handle_frame(
                             continue;
                         }
                         let key = scope.scoped(user_key);
+                        // A prefix match is asked before the blocks are loaded: the blocks it finds are held
+                        // for a read lease, so that the load that follows finds them still there.
                         let found = match other_owner(shard, user_key) {
+                            None if prefix => shard.exists_leased(&key),
                             None => shard.exists(&key),
                             Some(owner) => {
-                                let reply = forward(shard, owner, &key, ForwardOp::Exists).await;
+                                let reply = forward(shard, owner, &key, ForwardOp::Exists { lease: prefix }).await;
                                 if reply.status == Status::Ok { Ok(reply.object_len) } else { Err(reply.status) }
                             }
                         };

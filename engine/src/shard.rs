@@ -1529,6 +1529,17 @@ impl Shard {
         Ok(index.get(id).value_len)
     }
 
+    /// [`Shard::exists`], and a read lease on the object (its last hit is now): a prefix match's blocks
+    /// are not evicted before the engine that asked loads them (`read_lease`, 5 s by default).
+    pub fn exists_leased(&self, key: &[u8]) -> Result<u32, Status> {
+        let now = self.now_tick();
+        let mut index = self.index.borrow_mut();
+        let Some(id) = index.find(index_hash(key)) else { return Err(Status::NotFound) };
+        let entry = index.get_mut(id);
+        entry.last_hit = now;
+        Ok(entry.value_len)
+    }
+
     /// Removes `key`; a tombstone in the log keeps it removed across a restart.
     pub async fn remove(self: &Rc<Self>, key: &[u8]) -> Result<(), Status> {
         self.remove_as(key, RemovalReason::Removed).await

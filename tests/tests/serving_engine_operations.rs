@@ -43,6 +43,33 @@ fn prefix_match_counts_the_leading_stored_keys_of_each_chain() {
 }
 
 #[test]
+fn a_prefix_match_holds_the_blocks_it_found_until_the_engine_loads_them() {
+    // DRAM only (an eviction is a departure), a long read lease: blocks a scheduler matched stay while
+    // DRAM pressure evicts everything else, so the load that follows the match finds them.
+    let mut node_config = config(&[0, 1], 8 << 20);
+    node_config.read_lease = Duration::from_secs(60);
+    let node = start(node_config);
+    let mut client = client(&node);
+    let matched: Vec<Vec<u8>> = (0..8).map(|index| format!("matched/{index}").into_bytes()).collect();
+    let unmatched: Vec<Vec<u8>> = (0..8).map(|index| format!("unmatched/{index}").into_bytes()).collect();
+    for (index, key) in matched.iter().chain(&unmatched).enumerate() {
+        client.put(key, &value_of(index as u64, 64 << 10)).expect("put");
+    }
+    let chain: Vec<&[u8]> = matched.iter().map(Vec::as_slice).collect();
+    assert_eq!(client.prefix_match(&chain).expect("prefix match"), 8);
+    // 24 MiB of new blocks through 8 MiB of DRAM.
+    for index in 0..384u64 {
+        client.put(&key_of(index), &value_of(index, 64 << 10)).expect("put");
+    }
+    let unmatched_refs: Vec<&[u8]> = unmatched.iter().map(Vec::as_slice).collect();
+    assert!(client.batch_exists(&unmatched_refs).iter().all(|found| !found.as_ref().expect("exists")));
+    assert!(!client.exists(&key_of(0)).expect("exists"), "the oldest filler was evicted");
+    for (index, key) in matched.iter().enumerate() {
+        assert_eq!(client.get(key).expect("the matched block is still there"), value_of(index as u64, 64 << 10));
+    }
+}
+
+#[test]
 fn a_put_keeps_a_stored_block_and_an_upsert_replaces_it() {
     let node = start(config(&[0, 1], 64 << 20));
     let mut client = client(&node);
