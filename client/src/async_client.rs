@@ -137,6 +137,29 @@ impl AsyncClient {
         reply.await.ok_or_else(gone)
     }
 
+    /// Runs `work` on the client with `buffers` the caller owns, and gives them back with its result; when
+    /// the I/O thread is gone, the buffers cannot be recovered from the dropped job: empty ones come back
+    /// with `failed`'s result.
+    async fn call_with<B: Default + Send + 'static, T: Send + 'static>(
+        &self,
+        mut buffers: B,
+        work: impl FnOnce(&mut Client, &mut B) -> T + Send + 'static,
+        failed: impl FnOnce() -> T,
+    ) -> (B, T) {
+        let (sender, reply) = reply_channel();
+        let job: Job = Box::new(move |client| {
+            let result = work(client, &mut buffers);
+            sender.send((buffers, result));
+        });
+        match self.jobs.as_ref().map(|jobs| jobs.send(job)) {
+            Some(Ok(())) => match reply.await {
+                Some(done) => done,
+                None => (B::default(), failed()),
+            },
+            _ => (B::default(), failed()),
+        }
+    }
+
     /// Stores `value` under `key` with `options` (a stored key is refused with `Exists` unless
     /// `options.upsert`).
     pub async fn put(&self, key: Vec<u8>, value: Vec<u8>, options: PutOptions) -> Result<(), ClientError> {
@@ -155,18 +178,8 @@ impl AsyncClient {
 
     /// Reads `key`'s value into `buffer` (straight from the socket) and gives the buffer back with the
     /// value's length.
-    pub async fn get_into(&self, key: Vec<u8>, mut buffer: Vec<u8>) -> (Vec<u8>, Result<usize, ClientError>) {
-        let (sender, reply) = reply_channel();
-        let job: Job = Box::new(move |client| {
-            let result = client.get_into(&key, &mut buffer);
-            sender.send((buffer, result));
-        });
-        match self.jobs.as_ref().map(|jobs| jobs.send(job)) {
-            Some(Ok(())) => reply.await.unwrap_or_else(|| (Vec::new(), Err(gone()))),
-            // The job (and the buffer in it) came back with the error; the buffer cannot be recovered from
-            // a closed channel's error without unboxing the closure, so an empty one is returned.
-            _ => (Vec::new(), Err(gone())),
-        }
+    pub async fn get_into(&self, key: Vec<u8>, buffer: Vec<u8>) -> (Vec<u8>, Result<usize, ClientError>) {
+        self.call_with(buffer, move |client, buffer| client.get_into(&key, buffer), || Err(gone())).await
     }
 
     /// Reads `buffer.len()` bytes at `offset` of `key`'s value (one layer, say) into `buffer`; gives the
@@ -175,17 +188,9 @@ impl AsyncClient {
         &self,
         key: Vec<u8>,
         offset: u32,
-        mut buffer: Vec<u8>,
+        buffer: Vec<u8>,
     ) -> (Vec<u8>, Result<usize, ClientError>) {
-        let (sender, reply) = reply_channel();
-        let job: Job = Box::new(move |client| {
-            let result = client.get_range_into(&key, offset, &mut buffer);
-            sender.send((buffer, result));
-        });
-        match self.jobs.as_ref().map(|jobs| jobs.send(job)) {
-            Some(Ok(())) => reply.await.unwrap_or_else(|| (Vec::new(), Err(gone()))),
-            _ => (Vec::new(), Err(gone())),
-        }
+        self.call_with(buffer, move |client, buffer| client.get_range_into(&key, offset, buffer), || Err(gone())).await
     }
 
     /// Stores `value` under `key`, naming its parent and/or group (see [`Client::put_linked`]).
@@ -270,21 +275,15 @@ impl AsyncClient {
     pub async fn batch_get_into(
         &self,
         keys: Vec<Vec<u8>>,
-        mut buffers: Vec<Vec<u8>>,
+        buffers: Vec<Vec<u8>>,
     ) -> (Vec<Vec<u8>>, Vec<Result<usize, ClientError>>) {
         let count = keys.len();
-        let (sender, reply) = reply_channel();
-        let job: Job = Box::new(move |client| {
+        let work = move |client: &mut Client, buffers: &mut Vec<Vec<u8>>| {
             let key_refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
             let mut slices: Vec<&mut [u8]> = buffers.iter_mut().map(|buffer| &mut buffer[..]).collect();
-            let results = client.batch_get_into(&key_refs, &mut slices);
-            drop(slices);
-            sender.send((buffers, results));
-        });
-        match self.jobs.as_ref().map(|jobs| jobs.send(job)) {
-            Some(Ok(())) => reply.await.unwrap_or_else(|| (Vec::new(), vec![Err(gone()); count])),
-            _ => (Vec::new(), vec![Err(gone()); count]),
-        }
+            client.batch_get_into(&key_refs, &mut slices)
+        };
+        self.call_with(buffers, work, || vec![Err(gone()); count]).await
     }
 
     /// Whether each key is stored; a result per key.

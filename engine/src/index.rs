@@ -32,6 +32,8 @@ pub const FLAG_PINNED: u16 = 4;
 pub const FLAG_SOFT_PINNED: u16 = 8;
 /// Entry flag: names a parent or a group (the shard's link book has its node).
 pub const FLAG_LINKED: u16 = 16;
+/// Entry flag: its NVMe record carries links after the key (so its value starts 16 bytes later).
+pub const FLAG_RECORD_LINKED: u16 = 32;
 
 /// One object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

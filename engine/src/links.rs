@@ -12,9 +12,8 @@
 //! links "this hash left" (see `Shard::cascade`). An object that names nothing costs nothing here: its entry
 //! has no `FLAG_LINKED` and no book entry.
 //!
-//! Links live in memory only, like soft pins: after a restart the restored objects are unlinked (a
-//! suffix whose prefix did not survive is then evicted by the tiers' ordinary policy, and a prefix match
-//! never reports it, since it stops at the first missing block).
+//! An object's NVMe record carries its links (see `record.rs`), so recovery rebuilds the book with the
+//! index.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};

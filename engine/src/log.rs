@@ -149,8 +149,9 @@ impl RegionLog {
         self.regions.len() - self.free.len()
     }
 
-    /// Appends a record to the open region if it has room; returns its location.
-    pub fn try_append(&mut self, header: RecordHeader, key: &[u8], value: &[&[u8]]) -> Option<u64> {
+    /// Appends a record to the open region if it has room; returns its location. `covered`: what follows
+    /// the header under its crc — the key, then the links of a linked record.
+    pub fn try_append(&mut self, header: RecordHeader, covered: &[u8], value: &[&[u8]]) -> Option<u64> {
         let open = self.open.as_mut()?;
         let record_len = header.record_len();
         if open.used + record_len > self.region_bytes as usize {
@@ -159,9 +160,9 @@ impl RegionLog {
         let seq = self.regions[open.id as usize].seq;
         let header = RecordHeader { region_seq: seq, ..header };
         let at = open.used;
-        open.buffer.write_at(at, &header.encode(key));
-        open.buffer.write_at(at + RECORD_HEADER_BYTES, key);
-        let mut position = at + RECORD_HEADER_BYTES + key.len();
+        open.buffer.write_at(at, &header.encode(covered));
+        open.buffer.write_at(at + RECORD_HEADER_BYTES, covered);
+        let mut position = at + RECORD_HEADER_BYTES + covered.len();
         for part in value {
             open.buffer.write_at(position, part);
             position += part.len();

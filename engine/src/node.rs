@@ -488,6 +488,8 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
                 let report = shard_state.recover().await?;
                 let forwarder = crate::forward::Forwarder::connect(&shard_state, peers).await;
                 let _ = shard_state.forwarder.set(forwarder);
+                // Recovery restored links before the mesh existed: the peers learn of them now.
+                shard_state.publish_links();
                 Ok((shard_state, report, pages, region_count))
             };
             let shard_state = match started.await {

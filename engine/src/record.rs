@@ -30,6 +30,11 @@ const TIER_VERSION: u32 = 1;
 pub const RECORD_TOMBSTONE: u16 = 1;
 /// Record flag: the object is hard-pinned (restored pinned after a restart).
 pub const RECORD_PINNED: u16 = 2;
+/// Record flag: the object names a parent and/or a group: their 64-bit hashes (parent, then group, 0 for
+/// none) follow the key, covered by the header crc, so links are restored after a restart.
+pub const RECORD_LINKED: u16 = 4;
+/// Bytes of a linked record's links.
+pub const RECORD_LINKS_BYTES: usize = 16;
 
 /// Why bytes are not a structure of the tier.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -53,8 +58,9 @@ pub enum FormatError {
 /// ```text
 ///  0       4            8             16          20          24        26      28        32
 ///  | magic | header crc | region seq  | value len | value crc | key len | flags | version |
+///  then the key, then (RECORD_LINKED) parent hash u64 and group hash u64, then the value, then padding
 /// ```
-/// `header crc` covers bytes 8..32 and the key.
+/// `header crc` covers bytes 8..32, the key and the links.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RecordHeader {
     /// Generation of the region it was written in.
@@ -74,11 +80,37 @@ pub struct RecordHeader {
 impl RecordHeader {
     /// Bytes the record takes in the region, padding included.
     pub fn record_len(&self) -> usize {
-        (RECORD_HEADER_BYTES + usize::from(self.key_len) + self.value_len as usize).next_multiple_of(RECORD_ALIGN_BYTES)
+        (self.value_offset() + self.value_len as usize).next_multiple_of(RECORD_ALIGN_BYTES)
     }
 
-    /// The 32 bytes, given the key the checksum covers.
-    pub fn encode(&self, key: &[u8]) -> [u8; RECORD_HEADER_BYTES] {
+    /// Bytes of links after the key (0 unless `RECORD_LINKED`).
+    pub fn links_len(&self) -> usize {
+        if self.flags & RECORD_LINKED != 0 { RECORD_LINKS_BYTES } else { 0 }
+    }
+
+    /// Where the value starts, from the record's start: after the header, the key and the links.
+    pub fn value_offset(&self) -> usize {
+        RECORD_HEADER_BYTES + usize::from(self.key_len) + self.links_len()
+    }
+
+    /// The `(parent, group)` hashes in the bytes after the header (`covered`: key, then links).
+    pub fn links(&self, covered: &[u8]) -> Option<(u64, u64)> {
+        let at = usize::from(self.key_len);
+        let links = covered.get(at..at + RECORD_LINKS_BYTES).filter(|_| self.links_len() > 0)?;
+        Some((get_u64(links, 0), get_u64(links, 8)))
+    }
+
+    /// The bytes a linked record carries after its key.
+    pub fn encode_links(parent: u64, group: u64) -> [u8; RECORD_LINKS_BYTES] {
+        let mut links = [0u8; RECORD_LINKS_BYTES];
+        links[..8].copy_from_slice(&parent.to_le_bytes());
+        links[8..].copy_from_slice(&group.to_le_bytes());
+        links
+    }
+
+    /// The 32 bytes, given what the checksum covers after them: the key, then the links if linked.
+    pub fn encode(&self, covered: &[u8]) -> [u8; RECORD_HEADER_BYTES] {
+        debug_assert_eq!(covered.len(), self.value_offset() - RECORD_HEADER_BYTES, "key and links");
         let mut bytes = [0u8; RECORD_HEADER_BYTES];
         bytes[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
         bytes[8..16].copy_from_slice(&self.region_seq.to_le_bytes());
@@ -87,12 +119,13 @@ impl RecordHeader {
         bytes[24..26].copy_from_slice(&self.key_len.to_le_bytes());
         bytes[26..28].copy_from_slice(&self.flags.to_le_bytes());
         bytes[28..32].copy_from_slice(&self.version.to_le_bytes());
-        let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[8..32]), key);
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[8..32]), covered);
         bytes[4..8].copy_from_slice(&crc.to_le_bytes());
         bytes
     }
 
-    /// Decodes a header from the start of `bytes`, which must also hold the key (checked by the crc).
+    /// Decodes a header from the start of `bytes`, which must also hold the key and the links (checked by
+    /// the crc).
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
         if bytes.len() < RECORD_HEADER_BYTES {
             return Err(FormatError::Truncated);
@@ -108,18 +141,18 @@ impl RecordHeader {
             flags: get_u16(bytes, 26),
             version: get_u32(bytes, 28),
         };
-        let key_end = RECORD_HEADER_BYTES + usize::from(header.key_len);
+        let covered_end = header.value_offset();
         if header.key_len == 0 {
             return Err(FormatError::Field("key length"));
         }
-        if bytes.len() < key_end {
+        if bytes.len() < covered_end {
             return Err(FormatError::Truncated);
         }
-        let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[8..32]), &bytes[RECORD_HEADER_BYTES..key_end]);
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[8..32]), &bytes[RECORD_HEADER_BYTES..covered_end]);
         if crc != get_u32(bytes, 4) {
             return Err(FormatError::Checksum);
         }
-        if header.flags & !(RECORD_TOMBSTONE | RECORD_PINNED) != 0 {
+        if header.flags & !(RECORD_TOMBSTONE | RECORD_PINNED | RECORD_LINKED) != 0 {
             return Err(FormatError::Field("record flags"));
         }
         Ok(header)
@@ -286,6 +319,27 @@ mod tests {
             epoch: 3,
         };
         assert_eq!(TierHeader::decode(&tier.encode()), Ok(tier));
+    }
+
+    #[test]
+    fn a_linked_record_carries_its_links_after_the_key_under_the_header_crc() {
+        let record =
+            RecordHeader { region_seq: 7, value_len: 10, value_crc: 9, key_len: 3, flags: RECORD_LINKED, version: 2 };
+        let mut covered = b"abc".to_vec();
+        covered.extend_from_slice(&RecordHeader::encode_links(11, 0));
+        let mut bytes = record.encode(&covered).to_vec();
+        bytes.extend_from_slice(&covered);
+        assert_eq!(RecordHeader::decode(&bytes), Ok(record));
+        assert_eq!(record.value_offset(), 32 + 3 + 16);
+        assert_eq!(record.record_len(), (32 + 3 + 16 + 10usize).next_multiple_of(8));
+        assert_eq!(record.links(&covered), Some((11, 0)));
+        // A flipped bit in the links fails the header crc; a header without the links is truncated.
+        let mut damaged = bytes.clone();
+        damaged[32 + 3] ^= 1;
+        assert_eq!(RecordHeader::decode(&damaged), Err(FormatError::Checksum));
+        assert_eq!(RecordHeader::decode(&bytes[..32 + 3]), Err(FormatError::Truncated));
+        let unlinked = RecordHeader { flags: 0, ..record };
+        assert_eq!(unlinked.links(&covered), None);
     }
 
     #[test]

@@ -19,14 +19,15 @@ use crate::dram::{DramFull, DramTier};
 use crate::events::EventLog;
 use crate::forward::{Cascade, CascadeKind};
 use crate::index::{
-    Entry, FLAG_DIRTY, FLAG_LINKED, FLAG_PINNED, FLAG_REFERENCED, FLAG_SOFT_PINNED, Index, NONE_U32, NONE_U64,
-    index_hash,
+    Entry, FLAG_DIRTY, FLAG_LINKED, FLAG_PINNED, FLAG_RECORD_LINKED, FLAG_REFERENCED, FLAG_SOFT_PINNED, Index,
+    NONE_U32, NONE_U64, index_hash,
 };
 use crate::links::{LinkBook, NO_LINK, ObjectLinks, link_hash, parent_name};
 use crate::log::{RegionLog, RegionState, Staged, location, read_range, split_location, write_partial, write_region};
 use crate::metrics::{ShardMetrics, add, set};
 use crate::record::{
-    RECORD_HEADER_BYTES, RECORD_PINNED, RECORD_TOMBSTONE, REGION_HEADER_BYTES, RecordHeader, RegionHeader,
+    RECORD_HEADER_BYTES, RECORD_LINKED, RECORD_LINKS_BYTES, RECORD_PINNED, RECORD_TOMBSTONE, REGION_HEADER_BYTES,
+    RecordHeader, RegionHeader,
 };
 use crate::tenants::{Tenancy, tenant_of};
 
@@ -165,6 +166,12 @@ struct PinBook {
 
 fn object_bytes(entry: &Entry) -> u64 {
     u64::from(entry.key_len) + u64::from(entry.value_len)
+}
+
+/// Where the value of entry's NVMe record starts: after the header, the key and (linked records) the links.
+fn record_value_offset(entry: &Entry) -> usize {
+    let links = if entry.flags & FLAG_RECORD_LINKED != 0 { RECORD_LINKS_BYTES } else { 0 };
+    RECORD_HEADER_BYTES + usize::from(entry.key_len) + links
 }
 
 fn is_pinned(entry: &Entry) -> bool {
@@ -371,8 +378,10 @@ impl Shard {
         } else {
             NO_LINK
         };
-        let peers_hold_links = self.forwarder.get().is_some_and(crate::forward::Forwarder::peers_hold_links);
-        if !self.links.borrow().is_empty() || peers_hold_links {
+        // Only a serving shard cascades: during recovery a tombstone replays a removal whose cascade was
+        // logged too, and a later record may legitimately name the removed parent again.
+        let Some(forwarder) = self.forwarder.get() else { return entry };
+        if !self.links.borrow().is_empty() || forwarder.peers_hold_links() {
             // Any object may be somebody's parent; only a node that links nothing skips this.
             self.queue_cascade(Cascade { name: parent_name(entry.hash), kind: CascadeKind::Parent }, true);
             if group != NO_LINK {
@@ -382,7 +391,8 @@ impl Shard {
         entry
     }
 
-    fn publish_links(&self) {
+    /// Tells the peers how many linked objects this shard holds (after recovery, and at every change).
+    pub(crate) fn publish_links(&self) {
         if let Some(forwarder) = self.forwarder.get() {
             forwarder.publish_links(self.id, self.links.borrow().len());
         }
@@ -674,8 +684,16 @@ impl Shard {
         if self.poisoned.get() {
             return Some(Status::Io);
         }
-        let record =
-            RecordHeader { region_seq: 0, value_len, value_crc: 0, key_len: key_len as u16, flags: 0, version: 0 };
+        // Sized as if linked (links are not known here): at worst an object within 16 bytes of the bound is
+        // refused.
+        let record = RecordHeader {
+            region_seq: 0,
+            value_len,
+            value_crc: 0,
+            key_len: key_len as u16,
+            flags: RECORD_LINKED,
+            version: 0,
+        };
         (record.record_len() > log.max_record_bytes()).then_some(Status::TooLarge)
     }
 
@@ -776,6 +794,7 @@ impl Shard {
                     entry.version = entry.version.wrapping_add(1);
                     // The links belong to the version: an upsert names what it names, nothing else.
                     entry.flags = pin_flags | FLAG_DIRTY | (old.flags & FLAG_LINKED);
+                    // (No record yet, so no FLAG_RECORD_LINKED.)
                     id
                 }
                 None => index.insert(Entry {
@@ -837,8 +856,10 @@ impl Shard {
                 let (region, offset) = split_location(at);
                 let log = self.log.borrow();
                 let Some(log) = log.as_ref() else { return Err(Status::Io) };
+                let linked = self.index.borrow().get(id).flags & FLAG_RECORD_LINKED != 0;
+                let flags = if linked { RECORD_LINKED } else { 0 };
                 let record =
-                    RecordHeader { region_seq: 0, value_len, value_crc, key_len: key.len() as u16, flags: 0, version };
+                    RecordHeader { region_seq: 0, value_len, value_crc, key_len: key.len() as u16, flags, version };
                 Ok(Some(DurablePoint {
                     region,
                     seq: log.regions[region as usize].seq,
@@ -866,13 +887,19 @@ impl Shard {
                 }
                 let mut log = self.log.borrow_mut();
                 let Some(log) = log.as_mut() else { return Err(Status::Invalid) };
+                // Links survive a restart: the record carries them after the key.
+                let links = (entry.flags & FLAG_LINKED != 0)
+                    .then(|| self.links.borrow().of(id))
+                    .flatten()
+                    .map(|links| RecordHeader::encode_links(links.parent, links.group));
                 let header = RecordHeader {
                     region_seq: 0,
                     value_len: entry.value_len,
                     value_crc: entry.value_crc,
                     key_len: entry.key_len,
                     // Hard pins survive a restart; soft pins are a hint with a TTL and do not.
-                    flags: if entry.flags & FLAG_PINNED != 0 { RECORD_PINNED } else { 0 },
+                    flags: if entry.flags & FLAG_PINNED != 0 { RECORD_PINNED } else { 0 }
+                        | if links.is_some() { RECORD_LINKED } else { 0 },
                     version,
                 };
                 if header.record_len() > log.max_record_bytes() {
@@ -887,12 +914,21 @@ impl Shard {
                     // evicted from it).
                     return Err(Status::Quota);
                 }
-                match log.try_append(header, &bytes[..key_len], &[&bytes[key_len..]]) {
+                let covered = match links {
+                    Some(links) => std::borrow::Cow::Owned([&bytes[..key_len], &links[..]].concat()),
+                    None => std::borrow::Cow::Borrowed(&bytes[..key_len]),
+                };
+                match log.try_append(header, &covered, &[&bytes[key_len..]]) {
                     Some(at) => {
                         self.account(&bytes[..key_len], Use::Nvme, object_bytes(&entry), true);
                         let entry = index.get_mut(id);
                         entry.nvme = at;
                         entry.flags &= !FLAG_DIRTY;
+                        if links.is_some() {
+                            entry.flags |= FLAG_RECORD_LINKED;
+                        } else {
+                            entry.flags &= !FLAG_RECORD_LINKED;
+                        }
                         add(&self.metrics.records_appended, 1);
                         add(&self.metrics.record_bytes_appended, header.record_len() as u64);
                         return Ok(at);
@@ -1094,9 +1130,10 @@ impl Shard {
             match &staged {
                 Ok(staged) => {
                     for record in scan_records(staged, seq, region_bytes) {
-                        let Ok((at, header, key)) = record else { continue };
+                        let Ok((at, header, covered)) = record else { continue };
+                        let key = &covered[..usize::from(header.key_len)];
                         let here = location(id, at as u32);
-                        let Some(entry_id) = index.find(index_hash(&key)) else { continue };
+                        let Some(entry_id) = index.find(index_hash(key)) else { continue };
                         let entry = *index.get(entry_id);
                         if entry.nvme != here {
                             continue;
@@ -1105,10 +1142,10 @@ impl Shard {
                             || self.leased(&entry, now)
                             || (entry.last_hit != 0 && now.saturating_sub(entry.last_hit) <= recent)
                             || self.group_stays(&mut index, entry_id, now);
-                        let value_at = at + RECORD_HEADER_BYTES + key.len();
+                        let value_at = at + header.value_offset();
                         let moved = if reinsert && keep && header.flags & RECORD_TOMBSTONE == 0 {
                             let value = staged.slices(value_at, header.value_len as usize);
-                            log.try_append(header, &key, &value)
+                            log.try_append(header, &covered, &value)
                         } else {
                             None
                         };
@@ -1122,10 +1159,10 @@ impl Shard {
                                 entry.nvme = NONE_U64;
                                 let dropped = *entry;
                                 add(&self.metrics.nvme_evictions, 1);
-                                self.account(&key, Use::Nvme, object_bytes(&dropped), false);
+                                self.account(key, Use::Nvme, object_bytes(&dropped), false);
                                 if dropped.dram == NONE_U32 {
-                                    self.forget(&mut index, entry_id, Some(&key));
-                                    self.events.borrow_mut().removed(&key, RemovalReason::Evicted);
+                                    self.forget(&mut index, entry_id, Some(key));
+                                    self.events.borrow_mut().removed(key, RemovalReason::Evicted);
                                 }
                             }
                         }
@@ -1348,7 +1385,7 @@ impl Shard {
             };
             match self.read_record(id, entry, key).await {
                 Ok(Some(staged)) => {
-                    let value_at = RECORD_HEADER_BYTES + key.len();
+                    let value_at = record_value_offset(&entry);
                     let data_crc = if range.is_none() {
                         entry.value_crc
                     } else {
@@ -1384,7 +1421,7 @@ impl Shard {
     /// Reads and checks the NVMe record of `entry`. `Ok(None)`: the record moved while it was read (retry).
     async fn read_record(self: &Rc<Self>, id: u32, entry: Entry, key: &[u8]) -> Result<Option<Staged>, Status> {
         let (region_id, offset) = split_location(entry.nvme);
-        let record_len = RECORD_HEADER_BYTES + key.len() + entry.value_len as usize;
+        let record_len = record_value_offset(&entry) + entry.value_len as usize;
         let (state, seq, wait, device, device_offset, chunk_bytes) = {
             let guard = self.log.borrow();
             let Some(log) = guard.as_ref() else { return Err(Status::NotFound) };
@@ -1428,20 +1465,23 @@ impl Shard {
     /// Checks a record against the key asked for and the entry; a damaged record is dropped from the index
     /// (never served) and reported as `Checksum`.
     fn check_record(&self, id: u32, entry: Entry, key: &[u8], staged: Staged) -> Result<Staged, Status> {
-        let head = staged.copy(0, RECORD_HEADER_BYTES + key.len());
+        let value_at = record_value_offset(&entry);
+        let head = staged.copy(0, value_at);
+        let stored_key = head.get(RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + key.len());
         let valid = match RecordHeader::decode(&head) {
             Ok(header) => {
-                &head[RECORD_HEADER_BYTES..] == key
+                stored_key == Some(key)
+                    && header.value_offset() == value_at
                     && header.value_len == entry.value_len
                     && header.value_crc == entry.value_crc
-                    && staged.crc(RECORD_HEADER_BYTES + key.len(), entry.value_len as usize) == entry.value_crc
+                    && staged.crc(value_at, entry.value_len as usize) == entry.value_crc
             }
             Err(_) => false,
         };
         if valid {
             return Ok(staged);
         }
-        if head.get(RECORD_HEADER_BYTES..) != Some(key) && RecordHeader::decode(&head).is_ok() {
+        if stored_key != Some(key) && RecordHeader::decode(&head).is_ok() {
             // Another key with the same index hash: a miss, not damage.
             return Err(Status::NotFound);
         }
@@ -1473,7 +1513,7 @@ impl Shard {
         let bytes = dram.segment().bytes_mut(offset, len as usize);
         bytes[..key.len()].copy_from_slice(key);
         let mut at = key.len();
-        for part in staged.slices(RECORD_HEADER_BYTES + key.len(), entry.value_len as usize) {
+        for part in staged.slices(record_value_offset(&entry), entry.value_len as usize) {
             bytes[at..at + part.len()].copy_from_slice(part);
             at += part.len();
         }
@@ -1604,7 +1644,8 @@ impl Shard {
             return None;
         }
         let (region_id, offset) = split_location(entry.nvme);
-        let head_len = RECORD_HEADER_BYTES + key_len;
+        let head_len = record_value_offset(&entry);
+        let key_of = |head: &[u8]| head[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + key_len].to_vec();
         let (device, device_offset, chunk_bytes, wait) = {
             let guard = self.log.borrow();
             let log = guard.as_ref()?;
@@ -1613,7 +1654,7 @@ impl Shard {
                 && let Some(open) = log.open.as_ref()
             {
                 let head = open.buffer.read_at(offset as usize, head_len);
-                return RecordHeader::decode(&head).ok().map(|_| head[RECORD_HEADER_BYTES..].to_vec());
+                return RecordHeader::decode(&head).ok().map(|_| key_of(&head));
             }
             (region.device, region.device_offset, log.chunk_bytes, region.sealed.clone())
         };
@@ -1623,7 +1664,7 @@ impl Shard {
         let staged =
             read_range(&self.devices, device, device_offset, offset as usize, head_len, chunk_bytes).await.ok()?;
         let head = staged.copy(0, head_len);
-        RecordHeader::decode(&head).ok().map(|_| head[RECORD_HEADER_BYTES..].to_vec())
+        RecordHeader::decode(&head).ok().map(|_| key_of(&head))
     }
 
     /// Removes every key of this shard that starts with `scope` (a tenant's prefix) and, without it,
@@ -1685,21 +1726,24 @@ impl Shard {
                 .map_err(|error| format!("reading region {id}: {error}"))?;
             let mut index = self.index.borrow_mut();
             for record in scan_records(&staged, seq, region_bytes) {
-                let (at, header, key) = match record {
+                let (at, header, covered) = match record {
                     Ok(record) => record,
                     Err(()) => {
                         report.skipped += 1;
                         continue;
                     }
                 };
-                let hash = index_hash(&key);
+                let key = &covered[..usize::from(header.key_len)];
+                let hash = index_hash(key);
                 let existing = index.find(hash);
                 if header.flags & RECORD_TOMBSTONE != 0 {
                     if let Some(existing) = existing {
-                        self.forget(&mut index, existing, Some(&key));
+                        self.forget(&mut index, existing, Some(key));
                     }
                     continue;
                 }
+                let links = header.links(&covered);
+                let link_flags = if links.is_some() { FLAG_LINKED | FLAG_RECORD_LINKED } else { 0 };
                 let entry = Entry {
                     hash,
                     nvme: location(id, at as u32),
@@ -1709,23 +1753,26 @@ impl Shard {
                     version: header.version,
                     last_hit: 0,
                     key_len: header.key_len,
-                    flags: if header.flags & RECORD_PINNED != 0 { FLAG_PINNED } else { 0 },
+                    flags: link_flags | if header.flags & RECORD_PINNED != 0 { FLAG_PINNED } else { 0 },
                 };
-                match existing {
+                let id = match existing {
                     Some(existing) => {
                         let old = *index.get(existing);
-                        self.unpin_entry(&old, Some(&key));
-                        self.account(&key, Use::Nvme, object_bytes(&old), false);
+                        self.unpin_entry(&old, Some(key));
+                        self.account(key, Use::Nvme, object_bytes(&old), false);
                         *index.get_mut(existing) = entry;
+                        existing
                     }
-                    None => {
-                        index.insert(entry);
-                    }
-                }
-                self.account(&key, Use::Nvme, object_bytes(&entry), true);
+                    None => index.insert(entry),
+                };
+                // A later version names what it names: the book follows the newest record.
+                let object_links =
+                    links.map_or(ObjectLinks::default(), |(parent, group)| ObjectLinks { parent, group });
+                self.links.borrow_mut().link(id, object_links);
+                self.account(key, Use::Nvme, object_bytes(&entry), true);
                 if is_pinned(&entry) {
                     // Restored pins count against the limit even past it: they were admitted before.
-                    self.account(&key, Use::Pinned, object_bytes(&entry), true);
+                    self.account(key, Use::Pinned, object_bytes(&entry), true);
                     let mut pins = self.pins.borrow_mut();
                     pins.bytes += object_bytes(&entry);
                     set(&self.metrics.pinned_bytes, pins.bytes);
@@ -1804,7 +1851,8 @@ impl Shard {
     }
 }
 
-/// The records of a region of generation `seq`, in order: `Ok((offset, header, key))`, or `Err(())` for a
+/// The records of a region of generation `seq`, in order: `Ok((offset, header, covered))` (`covered`: the
+/// key, then a linked record's links), or `Err(())` for a
 /// record whose header is intact but whose value fails its checksum (torn). Stops at the first header that
 /// is not intact or not of this generation (the end of what was written).
 fn scan_records(
@@ -1819,17 +1867,20 @@ fn scan_records(
         }
         let raw = staged.copy(at, RECORD_HEADER_BYTES);
         let key_len = usize::from(u16::from_le_bytes([raw[24], raw[25]]));
-        if at + RECORD_HEADER_BYTES + key_len > region_bytes {
+        let flags = u16::from_le_bytes([raw[26], raw[27]]);
+        let links_len = if flags & RECORD_LINKED != 0 { RECORD_LINKS_BYTES } else { 0 };
+        let head_len = RECORD_HEADER_BYTES + key_len + links_len;
+        if at + head_len > region_bytes {
             return None;
         }
-        let head = staged.copy(at, RECORD_HEADER_BYTES + key_len);
+        let head = staged.copy(at, head_len);
         let header = RecordHeader::decode(&head).ok()?;
         if header.region_seq != seq || at + header.record_len() > region_bytes {
             return None;
         }
         let start = at;
         at += header.record_len();
-        let value_crc = staged.crc(start + RECORD_HEADER_BYTES + key_len, header.value_len as usize);
+        let value_crc = staged.crc(start + header.value_offset(), header.value_len as usize);
         if header.flags & RECORD_TOMBSTONE == 0 && value_crc != header.value_crc {
             return Some(Err(()));
         }

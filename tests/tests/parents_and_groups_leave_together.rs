@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{client, config, key_of, start, total, value_of};
+use common::{Scratch, client, config, key_of, start, total, value_of, with_file};
 use strata_client::{BlockPut, Client, ClientOptions, Event, Links, Pin, PutOptions, RemovalReason};
 use strata_proto::shard_of;
 
@@ -158,6 +158,48 @@ fn a_group_leaves_as_a_whole_and_a_pinned_member_keeps_it() {
     assert!(client.exists(loose).expect("exists"), "a pinned member keeps its group");
     client.remove(pinned).expect("remove");
     assert!(eventually(|| !client.exists(loose).expect("exists")), "then the group leaves");
+}
+
+#[test]
+fn links_survive_a_restart_and_cascade_after_it() {
+    let scratch = Scratch::new("links-restart");
+    let path = scratch.file("ns0.img");
+    let node_config = || with_file(config(&[0, 1], 32 << 20), &path, 128 << 20);
+    let node = start(node_config());
+    let mut client = common::client(&node);
+    let durable = PutOptions { policy: Some(strata_client::WritePolicy::Durable), ..PutOptions::default() };
+    let keys: Vec<Vec<u8>> = (0..12).map(key_of).collect();
+    for (index, key) in keys.iter().enumerate() {
+        let links = if index == 0 { Links::NONE } else { Links::parent(&keys[index - 1]) };
+        client.put_linked(key, &value_of(index as u64, 3000), links, durable).expect("put");
+    }
+    let members = [b"pair/k".to_vec(), b"pair/v".to_vec()];
+    for member in &members {
+        client.put_linked(member, b"half", Links::group(b"pair"), durable).expect("put");
+    }
+    // A block upserted without links before the restart stays unlinked after it.
+    client.put_with(&keys[11], &value_of(11, 3000), PutOptions { upsert: true, ..durable }).expect("upsert");
+    node.shutdown().expect("shutdown");
+
+    let node = start(node_config());
+    let mut client = common::client(&node);
+    assert!(present(&mut client, &keys).iter().all(|&here| here), "every durable block is back");
+    assert_eq!(client.get(&keys[7]).expect("get"), value_of(7, 3000), "values after the links are intact");
+    client.remove(&keys[8]).expect("remove");
+    assert!(eventually(|| present(&mut client, &keys[8..11]).iter().all(|&here| !here)), "8's suffix left");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(present(&mut client, &keys[..8]).iter().all(|&here| here));
+    assert!(client.exists(&keys[11]).expect("exists"), "the upserted block no longer hangs from 10");
+    client.remove(&members[1]).expect("remove");
+    assert!(eventually(|| !client.exists(&members[0]).expect("exists")), "the group left together");
+    node.shutdown().expect("shutdown");
+
+    // And the cascade's tombstones hold across another restart.
+    let node = start(node_config());
+    let mut client = common::client(&node);
+    assert_eq!(present(&mut client, &keys), [[true; 8].as_slice(), &[false; 3], &[true]].concat());
+    assert!(!client.exists(&members[0]).expect("exists"));
+    node.shutdown().expect("shutdown");
 }
 
 #[test]
