@@ -6,7 +6,10 @@
 //! an unobserved node pays one branch per event site. The log is bounded: a subscriber that falls more
 //! than `capacity` bytes behind finds its next event gone and gets a `LAGGED` event with the count it
 //! missed, then continues from the oldest event kept — bounded memory for the node, an explicit "resync"
-//! for the router, never a silent gap.
+//! for the router, never a silent gap. Once every subscriber has sent everything, the log starts over at
+//! the front of its buffer: with subscribers that keep up, appends stay within a few cache-hot kilobytes
+//! instead of streaming through the whole bound (which slowed every put's index lookups by evicting the
+//! index from the cache).
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -27,6 +30,9 @@ pub struct EventLog {
     next_sequence: u64,
     capacity: usize,
     subscribers: usize,
+    /// Each subscriber's id and the cursor it has sent up to.
+    cursors: Vec<(u64, u64)>,
+    next_subscriber: u64,
     wakers: Vec<Waker>,
 }
 
@@ -40,8 +46,24 @@ impl EventLog {
             next_sequence: 0,
             capacity,
             subscribers: 0,
+            cursors: Vec::new(),
+            next_subscriber: 0,
             wakers: Vec::new(),
         }
+    }
+
+    /// Drops every kept event if every subscriber has sent them all (a cheap check: a few subscribers).
+    fn trim(&mut self) {
+        if self.cursors.iter().all(|&(_, cursor)| cursor >= self.next_sequence) {
+            self.bytes.clear();
+            self.starts.clear();
+            self.first_sequence = self.next_sequence;
+        }
+    }
+
+    /// Bytes of events kept.
+    pub fn kept_bytes(&self) -> usize {
+        self.bytes.len()
     }
 
     /// Whether anyone listens (event sites skip their work when not).
@@ -178,6 +200,7 @@ impl EventLog {
 /// A subscriber's registration: counted while it lives, so the log records only while observed.
 pub struct Subscription {
     log: Rc<RefCell<EventLog>>,
+    id: u64,
 }
 
 impl Subscription {
@@ -185,7 +208,20 @@ impl Subscription {
     pub fn new(log: &Rc<RefCell<EventLog>>) -> (Self, u64) {
         let mut events = log.borrow_mut();
         events.subscribers += 1;
-        (Self { log: Rc::clone(log) }, events.next_sequence())
+        let id = events.next_subscriber;
+        events.next_subscriber += 1;
+        let cursor = events.next_sequence();
+        events.cursors.push((id, cursor));
+        (Self { log: Rc::clone(log), id }, cursor)
+    }
+
+    /// This subscriber has sent every event before `cursor`: once all have, the log starts over.
+    pub fn consumed(&self, cursor: u64) {
+        let mut log = self.log.borrow_mut();
+        if let Some(entry) = log.cursors.iter_mut().find(|(id, _)| *id == self.id) {
+            entry.1 = cursor;
+        }
+        log.trim();
     }
 
     /// Resolves once an event after `cursor` exists.
@@ -196,7 +232,10 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.log.borrow_mut().subscribers -= 1;
+        let mut log = self.log.borrow_mut();
+        log.subscribers -= 1;
+        log.cursors.retain(|(id, _)| *id != self.id);
+        log.trim();
     }
 }
 
@@ -231,6 +270,37 @@ mod tests {
             at += len;
         }
         events
+    }
+
+    #[test]
+    fn the_log_starts_over_once_every_subscriber_sent_everything() {
+        let log = Rc::new(RefCell::new(EventLog::new(1 << 20)));
+        let (fast, fast_cursor) = Subscription::new(&log);
+        let (slow, slow_cursor) = Subscription::new(&log);
+        for index in 0..10u32 {
+            log.borrow_mut().stored(format!("key-{index}").as_bytes(), None, index, Tier::Dram);
+        }
+        let mut out = Vec::new();
+        let (count, fast_cursor) = log.borrow().read(fast_cursor, None, 0, 1 << 20, &mut out);
+        assert_eq!(count, 10);
+        fast.consumed(fast_cursor);
+        assert!(log.borrow().kept_bytes() > 0, "the slow subscriber has not sent them yet");
+        out.clear();
+        let (count, slow_cursor) = log.borrow().read(slow_cursor, None, 0, 1 << 20, &mut out);
+        assert_eq!(count, 10);
+        slow.consumed(slow_cursor);
+        assert_eq!(log.borrow().kept_bytes(), 0, "everyone has them: the buffer starts over");
+        // Numbering goes on where it was; nothing is reported missed.
+        log.borrow_mut().stored(b"key-10", None, 10, Tier::Dram);
+        out.clear();
+        assert_eq!(log.borrow().read(fast_cursor, None, 0, 1 << 20, &mut out), (1, 11));
+        assert_eq!(
+            decode_all(&out),
+            vec![(Event::BlockStored { key: b"key-10".to_vec(), parent: None, size: 10, tier: Tier::Dram }, 10)]
+        );
+        drop(slow);
+        fast.consumed(11);
+        assert_eq!(log.borrow().kept_bytes(), 0);
     }
 
     #[test]

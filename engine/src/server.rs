@@ -418,6 +418,12 @@ async fn handle_subscribe(
         }
         .encode();
         connection.stream.write_all_vectored(&mut [io::IoSlice::new(&head), io::IoSlice::new(&events)]).await?;
+        subscription.consumed(cursor);
+        if count > 0 && events.len() < EVENT_FRAME_BYTES / 2 {
+            // Not backlogged: gather the next frame too, rather than sending whatever arrived during this
+            // write (under a steady stream of puts that was a small frame, and a system call, per wake-up).
+            glommio::timer::sleep(EVENT_GATHER).await;
+        }
     }
 }
 
