@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # Issue 6's benchmark rows, each side by side with its reference in the same run: strata-node pinned to CPU 1
 # (busy-polling), the clients (strata-bench kv, the Python package, iperf3's client) pinned to CPU 0.
-#   RUNTIME=5 REPS=3 DIR=target/bench-serving ROWS=python,mooncake,prefix,events,links scripts/bench-serving.sh
+#   RUNTIME=5 REPS=3 DIR=target/bench-serving ROWS=python,mooncake,prefix,events,links,overlap scripts/bench-serving.sh
 # The mooncake row installs PyPI's mooncake-transfer-engine-non-cuda in target/mooncake-venv and runs its
 # master and a segment-holding store on CPU 1 (MC_TCP_BIND_ADDRESS=127.0.0.1), its client on CPU 0.
 # Rows: Python batch_get_into (32 keys, registered buffers) against the Rust client at 4 KiB and against
 # iperf3 -l 1M at 64 KiB, alternating (rust, python, rust, python, ...); a 1,000-key prefix match on one
 # shard; puts with and without an event subscriber, alternating, and the events/s it received; puts of
 # blocks linked in chains against unlinked puts, alternating, over a working set larger than DRAM (so the
-# linked runs also cascade).
+# linked runs also cascade); a block of 32 layers computed 0.5 ms each and loaded by a decode thread, stored
+# whole after its compute or progressively during it, alternating (the transfer time left exposed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNTIME=${RUNTIME:-5}
 REPS=${REPS:-3}
 DIR=${DIR:-target/bench-serving}
 PORT=${PORT:-7660}
-ROWS=${ROWS:-python,mooncake,prefix,events,links}
+ROWS=${ROWS:-python,mooncake,prefix,events,links,overlap}
 wants() { [[ ",$ROWS," == *",$1,"* ]]; }
 METRICS=${METRICS:-127.0.0.1:9660}
 command -v iperf3 >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iperf3; }
@@ -175,4 +176,15 @@ put_pair "puts, unlinked" "puts, chains of 16" "--value-size 4k --keys 100000 --
   "--link-parents 16"
 printf '%-52s %10.3f x puts/s, %.3f x node CPU per put; %s cascaded removals\n' "  linked / unlinked" \
   "$RATIO" "$CPU_RATIO" "$(cascades)"
+fi
+
+if wants overlap; then
+echo "== a 32-layer block (64 KiB per layer, 0.5 ms of compute each): stored whole vs progressively, alternating"
+start_node --dram 1GiB --busy-poll
+json=$(taskset -c 0 "$PY" client/python/benches/progressive_overlap.py --server "127.0.0.1:$PORT" --blocks 20)
+printf '%-52s exposed p50 %7.0f us  p90 %7.0f us\n' "whole: put after the last layer, then get_into" \
+  "$(echo "$json" | field "['whole']['exposed_us_p50']")" "$(echo "$json" | field "['whole']['exposed_us_p90']")"
+printf '%-52s exposed p50 %7.0f us  p90 %7.0f us\n' "progressive: each layer read as soon as sent" \
+  "$(echo "$json" | field "['progressive']['exposed_us_p50']")" \
+  "$(echo "$json" | field "['progressive']['exposed_us_p90']")"
 fi

@@ -20,6 +20,20 @@ use strata_proto::{
 const LAYER: usize = 64 << 10;
 const LAYERS: usize = 8;
 
+/// Reads a range of `key`, asking again while the node has not yet seen the put at all (its item header
+/// may still be in flight on the writer's connection when the reader asks): up to 5 s.
+fn read_range(reader: &mut strata_client::Client, key: &[u8], offset: u32, buffer: &mut [u8]) -> usize {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match reader.get_range_into(key, offset, buffer) {
+            Err(ClientError::NotFound) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            read => return read.expect("range read"),
+        }
+    }
+}
+
 #[test]
 fn each_layer_is_readable_once_it_arrived_and_the_block_once_complete() {
     let node = start(config(&[0, 1], 64 << 20));
@@ -33,7 +47,7 @@ fn each_layer_is_readable_once_it_arrived_and_the_block_once_complete() {
 
     let mut reader = client(&node);
     let mut buffer = vec![0u8; LAYER];
-    assert_eq!(reader.get_range_into(b"block/0", 0, &mut buffer).expect("layer 0 is in"), LAYER);
+    assert_eq!(read_range(&mut reader, b"block/0", 0, &mut buffer), LAYER, "layer 0 is in");
     assert_eq!(&buffer[..], layer(0));
     assert_eq!(reader.get_range_into(b"block/0", LAYER as u32, &mut buffer).expect("layer 1 is in"), LAYER);
     assert_eq!(&buffer[..], layer(1));
@@ -82,6 +96,8 @@ fn each_layer_is_readable_once_it_arrived_and_the_block_once_complete() {
     let mut put =
         writer.put_progressive(b"block/1", &[LAYER as u32; 2], Links::NONE, PutOptions::default()).expect("start");
     put.send_part(layer(0)).expect("layer 0");
+    // Once layer 0 is readable the node holds the put open; then a reader waits for layer 1.
+    read_range(&mut reader, b"block/1", 0, &mut buffer);
     let waiting = std::thread::spawn(move || {
         let mut reader = strata_client::Client::connect(address, Default::default()).expect("connect");
         let mut buffer = vec![0u8; LAYER];

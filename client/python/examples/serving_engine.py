@@ -14,6 +14,7 @@ learns which blocks the node holds without asking it. Finally a prefill sends on
 
 import hashlib
 import sys
+import time
 
 import numpy as np
 
@@ -165,6 +166,10 @@ def layerwise_transfer(address):
         part = kv[layer * LAYER_BYTES : (layer + 1) * LAYER_BYTES]
         assert put.send(part) == 0
         read = decode.get_range_into(key, layer * LAYER_BYTES, layer_buffer.ctypes.data, LAYER_BYTES)
+        deadline = time.monotonic() + 5
+        while layer == 0 and read == strata.OBJECT_NOT_FOUND and time.monotonic() < deadline:
+            # The put's first bytes are still on their way to the node: it does not know the block yet.
+            read = decode.get_range_into(key, 0, layer_buffer.ctypes.data, LAYER_BYTES)
         assert read == LAYER_BYTES, strata.error_name(read)
         assert np.array_equal(layer_buffer, part)
         if layer < LAYERS - 1:

@@ -398,7 +398,8 @@ def test_a_progressive_put_is_readable_layer_by_layer_before_it_completes(store)
     assert put.send_from(address, layer) == 0
     assert put.parts_sent() == 2
     out, out_address = registered(store, layer)
-    assert store.get_range_into(key, 0, out_address, layer) == layer
+    # The put's first bytes may still be on their way to the node: a read before them is NOT_FOUND.
+    assert wait_until(lambda: store.get_range_into(key, 0, out_address, layer) == layer)
     assert out.tobytes() == layers[0]
     assert store.get_range_into(key, layer, out_address, layer) == layer
     assert out.tobytes() == layers[1]

@@ -162,12 +162,16 @@ const MISSES_PER_KERNEL_YIELD: u32 = 64;
 /// [`MISSES_PER_REACTOR_POLL`] misses the task sleeps on a 1 µs timer instead of yielding: glommio reaps
 /// I/O completions only once no task is runnable or the preempt timer fires (100 ms), and a polled socket
 /// that only ever yields would keep its task runnable. Without I/O in flight it only yields, which keeps a
-/// socket's latency at a few microseconds.
+/// socket's latency at a few microseconds — except every [`MISSES_PER_BACKGROUND_POLL`] misses, so that the
+/// reactor's other work (a listener's accept above all) waits about a millisecond, not the 100 ms preempt
+/// timer: a busy-polled node took 80–100 ms to serve a client's new connection.
 async fn idle_poll(misses: u32) {
     if misses.is_multiple_of(MISSES_PER_KERNEL_YIELD) {
         std::thread::yield_now();
     }
-    if misses.is_multiple_of(MISSES_PER_REACTOR_POLL) && REACTOR_IO_IN_FLIGHT.with(std::cell::Cell::get) > 0 {
+    let reactor_due =
+        REACTOR_IO_IN_FLIGHT.with(std::cell::Cell::get) > 0 || misses.is_multiple_of(MISSES_PER_BACKGROUND_POLL);
+    if misses.is_multiple_of(MISSES_PER_REACTOR_POLL) && reactor_due {
         glommio::timer::sleep(std::time::Duration::from_micros(1)).await;
     } else {
         futures_lite::future::yield_now().await;
@@ -176,6 +180,8 @@ async fn idle_poll(misses: u32) {
 
 /// Polls between timer sleeps that let glommio's reactor reap completions.
 const MISSES_PER_REACTOR_POLL: u32 = 8;
+/// Polls between reactor turns when no block I/O is in flight (a multiple of the above).
+const MISSES_PER_BACKGROUND_POLL: u32 = 1024;
 
 thread_local! {
     static REACTOR_IO_IN_FLIGHT: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
