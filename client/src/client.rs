@@ -380,14 +380,7 @@ impl Client {
     ) -> Result<ProgressivePut, ClientError> {
         let limits = self.hello.limits;
         let value_len: u64 = part_lens.iter().map(|&len| u64::from(len)).sum();
-        let bad_name = |name: Option<&[u8]>| {
-            name.is_some_and(|name| name.is_empty() || name.len() > limits.max_key_bytes as usize)
-        };
-        if key.is_empty()
-            || key.len() > limits.max_key_bytes as usize
-            || bad_name(links.parent)
-            || bad_name(links.group)
-        {
+        if key.is_empty() || key.len() > limits.max_key_bytes as usize || !links.fits(limits.max_key_bytes) {
             return Err(ClientError::TooLarge(format!("key or name of 1..={} bytes expected", limits.max_key_bytes)));
         }
         let body_len = (REQUEST_ITEM_BYTES + key.len() + links.encoded_len()) as u64
@@ -747,10 +740,7 @@ impl Client {
                 )));
                 continue;
             }
-            let bad_name = |name: Option<&[u8]>| {
-                name.is_some_and(|name| name.is_empty() || name.len() > limits.max_key_bytes as usize)
-            };
-            if bad_name(item.links.parent) || bad_name(item.links.group) {
+            if !item.links.fits(limits.max_key_bytes) {
                 results[index] = Err(ClientError::TooLarge(format!(
                     "parent or group name of 1..={} bytes expected",
                     limits.max_key_bytes

@@ -657,11 +657,8 @@ async fn read_part_header(
 ) -> Result<(u32, u32), ConnectionError> {
     let mut head = [0u8; PART_HEADER_BYTES];
     connection.read_exact(&mut head).await?;
-    let (len, crc) = decode_part_header(&head)?;
+    let (len, crc) = decode_part_header(&head, left)?;
     *consumed += PART_HEADER_BYTES as u64;
-    if len == 0 || u64::from(len) > left {
-        return Err(ProtoError::Field("a progressive put's part length").into());
-    }
     if *consumed > body_len {
         return Err(ProtoError::BodyMismatch { items: *consumed, body: body_len }.into());
     }

@@ -514,8 +514,7 @@ impl Shard {
         members.into_iter().filter(|&member| member != id).any(|member| {
             let entry = *index.get(member);
             entry.flags & FLAG_PINNED != 0
-                || (entry.flags & FLAG_SOFT_PINNED != 0
-                    && self.pins.borrow().soft_expiry.get(&entry.hash).is_some_and(|&expiry| now < expiry))
+                || (entry.flags & FLAG_SOFT_PINNED != 0 && self.soft_pin_live(entry.hash, now))
         })
     }
 
@@ -572,13 +571,17 @@ impl Shard {
         if entry.flags & FLAG_SOFT_PINNED == 0 {
             return false;
         }
-        let expiry = self.pins.borrow().soft_expiry.get(&entry.hash).copied().unwrap_or(0);
-        if now < expiry {
+        if self.soft_pin_live(entry.hash, now) {
             return true;
         }
         self.unpin_entry(&entry, Some(key));
         index.get_mut(id).flags &= !FLAG_SOFT_PINNED;
         false
+    }
+
+    /// Whether the soft pin of the object with index hash `hash` still holds at `now`.
+    fn soft_pin_live(&self, hash: u64, now: u32) -> bool {
+        self.pins.borrow().soft_expiry.get(&hash).is_some_and(|&expiry| now < expiry)
     }
 
     fn now_tick(&self) -> u32 {

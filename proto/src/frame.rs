@@ -422,10 +422,7 @@ fn progressive_len(bytes: &[u8], value_len: u32) -> Result<usize, ProtoError> {
     let mut at = 0usize;
     let mut left = u64::from(value_len);
     while left > 0 {
-        let (len, _) = crate::items::decode_part_header(bytes.get(at..).unwrap_or(&[]))?;
-        if len == 0 || u64::from(len) > left {
-            return Err(ProtoError::Field("a progressive put's part length"));
-        }
+        let (len, _) = crate::items::decode_part_header(bytes.get(at..).unwrap_or(&[]), left)?;
         left -= u64::from(len);
         at += crate::items::PART_HEADER_BYTES + len as usize;
         if at > bytes.len() {

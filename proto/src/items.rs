@@ -220,12 +220,17 @@ pub fn encode_part_header(len: u32, crc: u32, out: &mut Vec<u8>) {
     out.extend_from_slice(&crc.to_le_bytes());
 }
 
-/// Decodes a part header: `(len, crc)`.
-pub fn decode_part_header(bytes: &[u8]) -> Result<(u32, u32), ProtoError> {
+/// Decodes a part header, `(len, crc)`, with `left` bytes of the value still to come: a part is never empty
+/// and never runs past the value.
+pub fn decode_part_header(bytes: &[u8], left: u64) -> Result<(u32, u32), ProtoError> {
     if bytes.len() < PART_HEADER_BYTES {
         return Err(ProtoError::Truncated { needed: PART_HEADER_BYTES, available: bytes.len() });
     }
-    Ok((u32_at(bytes, 0), u32_at(bytes, 4)))
+    let len = u32_at(bytes, 0);
+    if len == 0 || u64::from(len) > left {
+        return Err(ProtoError::Field("a progressive put's part length"));
+    }
+    Ok((len, u32_at(bytes, 4)))
 }
 
 /// What a put names besides its own key: the block it continues (its parent: when the parent leaves the
@@ -250,6 +255,14 @@ impl<'a> Links<'a> {
     /// A member of `group`.
     pub fn group(group: &'a [u8]) -> Self {
         Self { parent: None, group: Some(group) }
+    }
+
+    /// Whether every name it gives is 1 to `max_key_bytes` bytes long (the bound of keys).
+    pub fn fits(&self, max_key_bytes: u32) -> bool {
+        [self.parent, self.group]
+            .into_iter()
+            .flatten()
+            .all(|name| !name.is_empty() && name.len() <= max_key_bytes as usize)
     }
 
     /// Whether it names nothing (no links block is sent).
@@ -626,7 +639,8 @@ mod tests {
             panic!("not decoded");
         };
         assert_eq!(items[0].value.len(), 2 * PART_HEADER_BYTES + 13);
-        assert_eq!(decode_part_header(items[0].value), Ok((6, crc32c::crc32c(b"layer0"))));
+        assert_eq!(decode_part_header(items[0].value, 13), Ok((6, crc32c::crc32c(b"layer0"))));
+        assert!(decode_part_header(items[0].value, 5).is_err(), "a part longer than what is left");
         // Parts longer or shorter than the value, an empty part, a whole-value crc: refused.
         assert!(decode_request_frame(&frame(&[b"layer0", b"layer-1"], 12, 0), &Limits::default()).is_err());
         assert!(decode_request_frame(&frame(&[b"layer0"], 13, 0), &Limits::default()).is_err());
