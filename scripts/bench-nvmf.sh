@@ -42,8 +42,9 @@ run_once() { # FILENAME ENGINE OPTIONS...
   local filename=$1 engine=$2; shift 2
   local before after json
   before=$( [ -n "$target_pid" ] && target_ticks || echo 0)
+  # --cpus_allowed=0: the target owns CPU 1 (a job that shared it measured the scheduler, not the code).
   json=$($BENCH --name=row "--filename=$filename" "--ioengine=$engine" --direct=1 --time_based "--runtime=$RUNTIME" \
-    --output-format=json "$@")
+    --cpus_allowed=0 --output-format=json "$@")
   after=$( [ -n "$target_pid" ] && target_ticks || echo 0)
   python3 -c '
 import json, sys

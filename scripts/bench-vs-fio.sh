@@ -70,6 +70,10 @@ def figures(path):
         "mib_s": side["bw_bytes"] / 2**20,
         "p99_us": side["clat_ns"]["percentile"]["99.000000"] / 1000.0,
         "mean_us": side["clat_ns"]["mean"] / 1000.0,
+        # fio's split: submission (slat) + completion (clat) = total (lat). strata-bench's `uring` cannot see
+        # glommio's submission and counts all of it as clat; `ring` splits as fio does.
+        "slat_mean_us": side["slat_ns"]["mean"] / 1000.0,
+        "lat_mean_us": side["lat_ns"]["mean"] / 1000.0,
         "cpu_us_per_io": cpu_us_per_io,
     }
 
@@ -78,7 +82,7 @@ for row in rows:
     name = row.split("|")[0]
     fio = [figures(f"{results}/{name}.fio.{p}.json") for p in range(1, pairs + 1)]
     strata = [figures(f"{results}/{name}.strata.{p}.json") for p in range(1, pairs + 1)]
-    for metric in ["iops", "mib_s", "mean_us", "p99_us", "cpu_us_per_io"]:
+    for metric in ["iops", "mib_s", "mean_us", "p99_us", "slat_mean_us", "lat_mean_us", "cpu_us_per_io"]:
         a = statistics.median(f[metric] for f in fio)
         b = statistics.median(f[metric] for f in strata)
         print(f"{name:<18} {metric:<14} {a:>10.1f} {b:>10.1f} {b / a if a else float('nan'):>7.3f}")

@@ -3,7 +3,7 @@
 //! tool's namespaces) dispatches through this enum instead.
 
 use crate::buffer::IoBuffer;
-use crate::device::{BlockDevice, Geometry};
+use crate::device::{BlockDevice, Geometry, IoTiming};
 use crate::error::BlockResult;
 use crate::host::NvmfDevice;
 use crate::memory::MemoryDevice;
@@ -51,6 +51,14 @@ impl BlockDevice for AnyDevice {
 
     async fn write(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>) {
         dispatch!(self, device => device.write(buf, offset).await)
+    }
+
+    async fn read_timed(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>, IoTiming) {
+        dispatch!(self, device => device.read_timed(buf, offset).await)
+    }
+
+    async fn write_timed(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>, IoTiming) {
+        dispatch!(self, device => device.write_timed(buf, offset).await)
     }
 
     async fn flush(&self) -> BlockResult<()> {

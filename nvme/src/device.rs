@@ -4,6 +4,8 @@
 //! a buffer lent to the kernel or to the network stays owned by the operation until it completes. The trait
 //! has no `Send` bound: a device belongs to one executor (one core), which owns its queues.
 
+use std::time::Instant;
+
 use crate::buffer::IoBuffer;
 use crate::error::{BlockError, BlockErrorKind, BlockOp, BlockResult};
 
@@ -82,6 +84,34 @@ pub trait BlockDevice {
 
     /// Tells the device a range holds nothing worth keeping; it reads as zeroes afterwards.
     async fn deallocate(&self, offset: u64, len: u64) -> BlockResult<()>;
+
+    /// [`read`](Self::read), and when the operation was handed to the device and when its completion was
+    /// seen. A backend that cannot see its submission (glommio's reactor submits when it parks) keeps this
+    /// default: submitted is the call, so the whole wait counts as completion latency.
+    async fn read_timed(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>, IoTiming) {
+        let submitted = Instant::now();
+        let (buf, result) = self.read(buf, offset).await;
+        (buf, result, IoTiming { submitted, completed: Instant::now() })
+    }
+
+    /// [`write`](Self::write), timed as [`read_timed`](Self::read_timed).
+    async fn write_timed(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>, IoTiming) {
+        let submitted = Instant::now();
+        let (buf, result) = self.write(buf, offset).await;
+        (buf, result, IoTiming { submitted, completed: Instant::now() })
+    }
+}
+
+/// When one operation was handed to the device and when its completion was seen, as fio splits latency:
+/// from the caller's call to `submitted` is fio's submission latency (`slat`), from `submitted` to
+/// `completed` its completion latency (`clat`). The time from `completed` to the caller running again
+/// (waking its task) is in neither, as in fio.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IoTiming {
+    /// After the submission call returned (for io_uring: after `io_uring_enter` took the entry).
+    pub submitted: Instant,
+    /// When the completion was reaped.
+    pub completed: Instant,
 }
 
 /// Forwards a wrapper's identity (`name`, `geometry`, `alloc_buffer`) to the device in its field `$inner`:

@@ -33,7 +33,7 @@ mod uring;
 
 pub use crate::any_device::{AnyDevice, DeviceSpec, OpenError};
 pub use crate::buffer::IoBuffer;
-pub use crate::device::{BlockDevice, Geometry};
+pub use crate::device::{BlockDevice, Geometry, IoTiming};
 pub use crate::error::{BlockError, BlockErrorKind, BlockOp, BlockResult};
 pub use crate::faults::{FaultConfig, FaultDevice, FaultStats};
 pub use crate::host::{HostOptions, NvmfAddress, NvmfDevice, NvmfError};

@@ -20,11 +20,12 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::task::{Poll, Waker};
+use std::time::Instant;
 
 use io_uring::{IoUring, opcode, squeue, types};
 
 use crate::buffer::IoBuffer;
-use crate::device::{BlockDevice, Geometry};
+use crate::device::{BlockDevice, Geometry, IoTiming};
 use crate::environment::check_direct_io;
 use crate::error::{BlockError, BlockErrorKind, BlockOp, BlockResult};
 use crate::uring::{UringOptions, prepare_file};
@@ -39,6 +40,10 @@ struct Slot {
     buffer: Option<IoBuffer>,
     /// The future that issued the operation was dropped: the reaper frees the slot on completion.
     abandoned: bool,
+    /// When `io_uring_enter` returned having taken the entry.
+    submitted: Option<Instant>,
+    /// When `reap` saw the completion (one clock read per reap, as fio reads one per batch of events).
+    completed: Option<Instant>,
 }
 
 struct RingState {
@@ -62,6 +67,7 @@ impl RingState {
     fn reap(&mut self) -> usize {
         let mut completions = std::mem::take(&mut self.completions);
         completions.extend(self.ring.completion().map(|completion| (completion.user_data(), completion.result())));
+        let now = if completions.is_empty() { None } else { Some(Instant::now()) };
         let mut reaped = 0;
         for &(user_data, result) in &completions {
             let Some(slot) = self.slots.get_mut(user_data as usize) else {
@@ -74,6 +80,7 @@ impl RingState {
                 continue;
             }
             slot.result = Some(result);
+            slot.completed = now;
             if let Some(waker) = slot.waker.take() {
                 waker.wake();
             }
@@ -185,12 +192,14 @@ impl RingDevice {
     }
 
     /// Submits one operation built by `build` (given the fd and the buffer's address) and waits for it.
-    /// Returns the buffer and the kernel's result (bytes, or a negative errno).
+    /// Returns the buffer, the kernel's result (bytes, or a negative errno) and when it was submitted and
+    /// reaped.
     async fn run(
         &self,
         mut buffer: Option<IoBuffer>,
         build: impl FnOnce(types::Fd, *mut u8) -> squeue::Entry,
-    ) -> (Option<IoBuffer>, i32) {
+    ) -> (Option<IoBuffer>, i32, IoTiming) {
+        let called = Instant::now();
         let slot = loop {
             if let Some(slot) = self.state.borrow_mut().free_slots.pop() {
                 break slot;
@@ -214,7 +223,7 @@ impl RingDevice {
             let mut state = self.state.borrow_mut();
             let fd = types::Fd(state.file.as_raw_fd());
             let entry = build(fd, address).user_data(u64::from(slot));
-            state.slots[slot as usize] = Slot { result: None, waker: None, buffer: buffer.take(), abandoned: false };
+            state.slots[slot as usize] = Slot { buffer: buffer.take(), ..Slot::default() };
             // SAFETY: the entry's buffer (if any) is owned by slot `slot` until its completion is reaped, and the
             // file by the state, which outlives every in-flight operation (RingState's Drop waits for them).
             #[allow(unsafe_code)]
@@ -223,9 +232,10 @@ impl RingDevice {
                 // Cannot happen: slots never outnumber the ring's entries. Give everything back.
                 let buffer = state.slots[slot as usize].buffer.take();
                 state.release_slot(slot);
-                return (buffer, -libc::EBUSY);
+                return (buffer, -libc::EBUSY, IoTiming { submitted: called, completed: Instant::now() });
             }
             let _ = state.ring.submit();
+            state.slots[slot as usize].submitted = Some(Instant::now());
             state.in_flight += 1;
             if let Some(reaper) = state.idle_reaper.take() {
                 reaper.wake();
@@ -248,9 +258,12 @@ impl RingDevice {
         .await;
         guard.finished = true;
         let mut state = self.state.borrow_mut();
-        let buffer = state.slots[slot as usize].buffer.take();
+        let entry = &mut state.slots[slot as usize];
+        let buffer = entry.buffer.take();
+        let submitted = entry.submitted.unwrap_or(called);
+        let timing = IoTiming { submitted, completed: entry.completed.unwrap_or_else(Instant::now) };
         state.release_slot(slot);
-        (buffer, result)
+        (buffer, result, timing)
     }
 
     fn ensure_reaper(&self) {
@@ -366,39 +379,51 @@ impl BlockDevice for RingDevice {
     }
 
     async fn read(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>) {
-        let len = buf.len() as u64;
-        if let Err(error) = self.geometry.check(BlockOp::Read, &self.name, offset, len, Some(&buf)) {
-            return (buf, Err(error));
-        }
-        let (buffer, result) =
-            self.run(Some(buf), |fd, address| opcode::Read::new(fd, address, len as u32).offset(offset).build()).await;
-        let result = self.result(BlockOp::Read, offset, len, result);
-        (buffer.unwrap_or_else(|| IoBuffer::aligned(0, 1)), result)
+        let (buf, result, _) = self.read_timed(buf, offset).await;
+        (buf, result)
     }
 
     async fn write(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>) {
+        let (buf, result, _) = self.write_timed(buf, offset).await;
+        (buf, result)
+    }
+
+    async fn read_timed(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>, IoTiming) {
+        let len = buf.len() as u64;
+        if let Err(error) = self.geometry.check(BlockOp::Read, &self.name, offset, len, Some(&buf)) {
+            let now = Instant::now();
+            return (buf, Err(error), IoTiming { submitted: now, completed: now });
+        }
+        let (buffer, result, timing) =
+            self.run(Some(buf), |fd, address| opcode::Read::new(fd, address, len as u32).offset(offset).build()).await;
+        let result = self.result(BlockOp::Read, offset, len, result);
+        (buffer.unwrap_or_else(|| IoBuffer::aligned(0, 1)), result, timing)
+    }
+
+    async fn write_timed(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>, IoTiming) {
         let len = buf.len() as u64;
         if let Err(error) = self.geometry.check(BlockOp::Write, &self.name, offset, len, Some(&buf)) {
-            return (buf, Err(error));
+            let now = Instant::now();
+            return (buf, Err(error), IoTiming { submitted: now, completed: now });
         }
-        let (buffer, result) = self
+        let (buffer, result, timing) = self
             .run(Some(buf), |fd, address| {
                 opcode::Write::new(fd, address.cast_const(), len as u32).offset(offset).build()
             })
             .await;
         let result = self.result(BlockOp::Write, offset, len, result);
-        (buffer.unwrap_or_else(|| IoBuffer::aligned(0, 1)), result)
+        (buffer.unwrap_or_else(|| IoBuffer::aligned(0, 1)), result, timing)
     }
 
     async fn flush(&self) -> BlockResult<()> {
-        let (_, result) =
+        let (_, result, _) =
             self.run(None, |fd, _| opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build()).await;
         self.result(BlockOp::Flush, 0, 0, result)
     }
 
     async fn write_zeroes(&self, offset: u64, len: u64) -> BlockResult<()> {
         self.geometry.check(BlockOp::WriteZeroes, &self.name, offset, len, None)?;
-        let (_, result) = self
+        let (_, result, _) = self
             .run(None, |fd, _| opcode::Fallocate::new(fd, len).offset(offset).mode(libc::FALLOC_FL_ZERO_RANGE).build())
             .await;
         self.result(BlockOp::WriteZeroes, offset, len, result)
@@ -407,7 +432,7 @@ impl BlockDevice for RingDevice {
     async fn deallocate(&self, offset: u64, len: u64) -> BlockResult<()> {
         self.geometry.check(BlockOp::Deallocate, &self.name, offset, len, None)?;
         let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-        let (_, result) =
+        let (_, result, _) =
             self.run(None, |fd, _| opcode::Fallocate::new(fd, len).offset(offset).mode(mode).build()).await;
         self.result(BlockOp::Deallocate, offset, len, result)
     }

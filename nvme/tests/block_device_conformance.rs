@@ -198,6 +198,43 @@ fn ring_device_bounds_concurrency_by_its_depth_and_survives_dropped_futures() {
 }
 
 #[test]
+fn ring_device_times_each_operation_between_its_call_and_its_return() {
+    run(|| async {
+        let path = scratch_file("ring-timing");
+        let ring = RingDevice::open(&path, &UringOptions { size_bytes: Some(CAPACITY), read_only: false }, 2).unwrap();
+        let device = std::rc::Rc::new(ring);
+        write_bytes(&*device, 0, &pattern(9, 16 * 4096)).await;
+        // Eight readers on two slots: six wait for a slot first, which is submission time, not completion time.
+        let mut tasks = Vec::new();
+        for task in 0..8u64 {
+            let device = device.clone();
+            tasks.push(glommio::spawn_local(async move {
+                let called = std::time::Instant::now();
+                let (buffer, result, timing) = device.read_timed(device.alloc_buffer(4096), task * 4096).await;
+                let returned = std::time::Instant::now();
+                result.unwrap();
+                assert_eq!(buffer.as_slice(), &pattern(9, 16 * 4096)[task as usize * 4096..(task as usize + 1) * 4096]);
+                assert!(called <= timing.submitted, "submitted before it was called");
+                assert!(timing.submitted <= timing.completed, "completed before it was submitted");
+                assert!(timing.completed <= returned, "completed after the call returned");
+                timing
+            }));
+        }
+        let mut timings = Vec::new();
+        for task in tasks {
+            timings.push(task.await);
+        }
+        // Six reads waited for a slot, which only a completion frees: their submission time comes after the
+        // first completion (a ring that stamped the call instead would fail here).
+        let first_completion = timings.iter().map(|timing| timing.completed).min().unwrap();
+        let submitted_after = timings.iter().filter(|timing| timing.submitted >= first_completion).count();
+        assert!(submitted_after >= 6, "only {submitted_after} of 8 reads were submitted after a slot freed");
+        drop(device);
+        std::fs::remove_file(path).unwrap();
+    });
+}
+
+#[test]
 fn uring_device_accepts_heap_buffers_too() {
     run(|| async {
         let (device, path) = uring("heap").await;

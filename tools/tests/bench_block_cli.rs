@@ -107,6 +107,44 @@ fn a_verified_write_then_read_reports_fio_json_fields() {
 }
 
 #[test]
+fn latency_is_split_into_submission_and_completion_as_fio_splits_it() {
+    let file = scratch("latency-split");
+    let filename = format!("--filename={}", file.display());
+    let run = |engine: &str| {
+        let engine = format!("--ioengine={engine}");
+        let report = json(&strata_bench(&[
+            "--name=split",
+            &filename,
+            "--rw=randwrite",
+            "--bs=4k",
+            "--iodepth=4",
+            "--size=4m",
+            engine.as_str(),
+            "--output-format=json",
+        ]));
+        report["jobs"][0]["write"].clone()
+    };
+    // `ring` sees its own submission: each part is measured, and the parts add up to the whole (means add
+    // exactly; allow for the ±1 ns floor per sample and float rounding).
+    let ring = run("ring");
+    assert_eq!(ring["total_ios"], 1024);
+    let mean = |part: &str| ring[part]["mean"].as_f64().unwrap();
+    assert!(mean("slat_ns") > 0.0 && mean("clat_ns") > 0.0, "{ring}");
+    let parts = mean("slat_ns") + mean("clat_ns");
+    assert!(
+        (parts - mean("lat_ns")).abs() <= 2.0 + mean("lat_ns") * 1e-3,
+        "slat + clat {parts} vs lat {}",
+        mean("lat_ns")
+    );
+    assert_eq!(ring["slat_ns"]["N"], 1024);
+    // `uring` cannot see glommio's submission: all of it is completion latency, none submission.
+    let uring = run("uring");
+    assert!(uring["slat_ns"]["mean"].as_f64().unwrap() < 1_000.0, "uring slat {}", uring["slat_ns"]);
+    assert!(uring["clat_ns"]["mean"].as_f64().unwrap() >= uring["lat_ns"]["mean"].as_f64().unwrap() - 1_000.0);
+    std::fs::remove_file(file).unwrap();
+}
+
+#[test]
 fn a_job_file_runs_every_section_and_group_reporting_merges() {
     let file = scratch("jobfile");
     let job_file = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("bench-cli-{}.fio", std::process::id()));

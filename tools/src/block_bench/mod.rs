@@ -24,7 +24,7 @@ use glommio::{CpuSet, LocalExecutorBuilder, Placement};
 use strata_nvme::environment::check_memlock_budget;
 use strata_nvme::{BlockDevice, HostOptions, NvmfAddress, NvmfDevice, RingDevice, UringDevice, UringOptions};
 
-use self::options::{BenchPlan, IoEngine, JobOptions, OutputFormat, Verify};
+use self::options::{BenchPlan, CpusAllowedPolicy, IoEngine, JobOptions, OutputFormat, Verify};
 use self::runner::{JobProgress, JobResult, run_job};
 
 /// What a run produced.
@@ -158,6 +158,25 @@ fn prepare(jobs: &[JobOptions], show_progress: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Where clone `clone` of `job` runs (`index`: its place among every job's clones; `online`: ascending).
+/// Without `cpus_allowed`, clone `index` is pinned to the `index`-th online CPU, round robin, so a run is
+/// placed the same way every time.
+fn placement(job: &JobOptions, clone: u32, index: usize, online: &[usize]) -> anyhow::Result<Placement> {
+    let Some(allowed) = &job.cpus_allowed else {
+        return Ok(online.get(index % online.len().max(1)).map_or(Placement::Unbound, |&cpu| Placement::Fixed(cpu)));
+    };
+    if let Some(cpu) = allowed.iter().find(|cpu| !online.contains(cpu)) {
+        bail!("job {}: cpus_allowed names CPU {cpu}, which is not online (online: {online:?})", job.name);
+    }
+    if allowed.len() == 1 || job.cpus_allowed_policy == CpusAllowedPolicy::Split {
+        return Ok(Placement::Fixed(allowed[clone as usize % allowed.len()]));
+    }
+    let set = CpuSet::online()
+        .map_err(|error| anyhow!("reading the online CPUs: {error}"))?
+        .filter(|location| allowed.contains(&location.cpu));
+    Ok(Placement::Fenced(set))
+}
+
 /// Runs a plan: every job concurrently, each on its own pinned executor. `show_status` prints fio's one-line
 /// live status on standard error.
 pub fn run(plan: &BenchPlan, show_status: bool) -> anyhow::Result<BenchOutcome> {
@@ -171,16 +190,21 @@ pub fn run(plan: &BenchPlan, show_status: bool) -> anyhow::Result<BenchOutcome> 
     let largest_io_memory = clones.iter().map(|(job, _)| io_memory_bytes(job) as u64).max().unwrap_or(0);
     check_memlock_budget(largest_io_memory, clones.len() as u64)?;
 
-    let cpus: Vec<usize> =
+    // Ascending: glommio's set iterates in no fixed order, and a job that lands on another CPU from one run
+    // to the next (beside a target pinned there, say) measures something else each time.
+    let mut online: Vec<usize> =
         CpuSet::online().map(|set| set.iter().map(|location| location.cpu).collect()).unwrap_or_default();
+    online.sort_unstable();
+    online.dedup();
+    let placements = clones
+        .iter()
+        .enumerate()
+        .map(|(index, (job, clone))| placement(job, *clone, index, &online))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let finished = Arc::new(AtomicUsize::new(0));
     let mut handles = Vec::new();
     let mut progresses = Vec::new();
-    for (index, (job, clone)) in clones.iter().enumerate() {
-        let placement = match cpus.get(index % cpus.len().max(1)) {
-            Some(&cpu) => Placement::Fixed(cpu),
-            None => Placement::Unbound,
-        };
+    for (index, ((job, clone), placement)) in clones.iter().zip(placements).enumerate() {
         let progress = Arc::new(JobProgress::default());
         progresses.push(progress.clone());
         let job = job.clone();
@@ -321,4 +345,39 @@ fn show_live_status(jobs: &[JobOptions], progresses: &[Arc<JobProgress>], finish
 /// Whether standard error is a terminal (the status line is only for people).
 pub fn stderr_is_terminal() -> bool {
     std::io::stderr().is_terminal()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(cpus_allowed: Option<Vec<usize>>, policy: CpusAllowedPolicy) -> JobOptions {
+        JobOptions { cpus_allowed, cpus_allowed_policy: policy, ..JobOptions::default() }
+    }
+
+    fn fixed(placement: Placement) -> Option<usize> {
+        match placement {
+            Placement::Fixed(cpu) => Some(cpu),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn jobs_land_on_the_same_cpus_every_run() {
+        let online = [0, 1, 2, 3];
+        let open = job(None, CpusAllowedPolicy::Shared);
+        let cpus: Vec<_> = (0..6).map(|index| fixed(placement(&open, 0, index, &online).unwrap())).collect();
+        assert_eq!(cpus, [Some(0), Some(1), Some(2), Some(3), Some(0), Some(1)]);
+
+        let split = job(Some(vec![1, 3]), CpusAllowedPolicy::Split);
+        let cpus: Vec<_> = (0..3).map(|clone| fixed(placement(&split, clone, 7, &online).unwrap())).collect();
+        assert_eq!(cpus, [Some(1), Some(3), Some(1)]);
+
+        let one = job(Some(vec![2]), CpusAllowedPolicy::Shared);
+        assert_eq!(fixed(placement(&one, 1, 0, &online).unwrap()), Some(2));
+
+        let offline = job(Some(vec![9]), CpusAllowedPolicy::Shared);
+        let error = placement(&offline, 0, 0, &online).unwrap_err().to_string();
+        assert!(error.contains("CPU 9") && error.contains("not online"), "{error}");
+    }
 }

@@ -146,6 +146,44 @@ pub struct JobOptions {
     pub spin_before_park: Duration,
     /// Strata's own: TCP congestion control of the nvmf engine's sockets (`None`: the system's default).
     pub tcp_congestion: Option<String>,
+    /// `cpus_allowed`: the CPUs the job's executors may run on, ascending (`None`: every online CPU, one per
+    /// job in turn).
+    pub cpus_allowed: Option<Vec<usize>>,
+    /// `cpus_allowed_policy`.
+    pub cpus_allowed_policy: CpusAllowedPolicy,
+}
+
+/// fio's `cpus_allowed_policy`: how a job's clones share its `cpus_allowed`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CpusAllowedPolicy {
+    /// Every clone may run on any of the CPUs (fio's default).
+    #[default]
+    Shared,
+    /// Clone `k` runs on the `k`-th CPU of the set (round robin).
+    Split,
+}
+
+/// Parses a CPU list as fio and taskset write it: `0`, `0-3`, `0,2,4-5`. Returns the CPUs ascending.
+fn parse_cpu_list(option: &str, text: &str) -> Result<Vec<usize>, OptionError> {
+    let mut cpus = Vec::new();
+    for part in text.split(',').map(str::trim) {
+        let cpu = |text: &str| {
+            text.trim().parse::<usize>().map_err(|_| bad(option, format!("'{text}' is not a CPU number (e.g. 0-3,5)")))
+        };
+        match part.split_once('-') {
+            Some((first, last)) => {
+                let (first, last) = (cpu(first)?, cpu(last)?);
+                if first > last || last - first >= 4096 {
+                    return Err(bad(option, format!("'{part}' is not an ascending CPU range")));
+                }
+                cpus.extend(first..=last);
+            }
+            None => cpus.push(cpu(part)?),
+        }
+    }
+    cpus.sort_unstable();
+    cpus.dedup();
+    Ok(cpus)
 }
 
 impl Default for JobOptions {
@@ -172,6 +210,8 @@ impl Default for JobOptions {
             randseed: 0x5eed,
             spin_before_park: Duration::ZERO,
             tcp_congestion: None,
+            cpus_allowed: None,
+            cpus_allowed_policy: CpusAllowedPolicy::Shared,
         }
     }
 }
@@ -201,7 +241,7 @@ pub struct BenchPlan {
 pub enum OptionError {
     /// An option strata-bench does not know.
     #[error(
-        "unknown option '{0}' (strata-bench takes fio's names: name filename rw rwmixread bs iodepth numjobs size offset runtime time_based ramp_time direct ioengine random_distribution verify randseed group_reporting output-format; Strata's own: spin_before_park tcp_congestion)"
+        "unknown option '{0}' (strata-bench takes fio's names: name filename rw rwmixread bs iodepth numjobs size offset runtime time_based ramp_time direct ioengine random_distribution verify randseed cpus_allowed cpus_allowed_policy group_reporting output-format; Strata's own: spin_before_park tcp_congestion)"
     )]
     Unknown(String),
     /// A value that does not fit the option.
@@ -402,6 +442,14 @@ impl JobOptions {
             "randseed" => self.randseed = required(option, value)?.parse().map_err(|_| bad(option, "not a number"))?,
             "spin_before_park" => self.spin_before_park = parse_duration(option, required(option, value)?)?,
             "tcp_congestion" => self.tcp_congestion = Some(required(option, value)?.to_string()),
+            "cpus_allowed" => self.cpus_allowed = Some(parse_cpu_list(option, required(option, value)?)?),
+            "cpus_allowed_policy" => {
+                self.cpus_allowed_policy = match required(option, value)? {
+                    "shared" => CpusAllowedPolicy::Shared,
+                    "split" => CpusAllowedPolicy::Split,
+                    other => return Err(bad(option, format!("'{other}' is not shared or split"))),
+                }
+            }
             "group_reporting" | "output-format" => return Ok(Scope::Run),
             other => return Err(OptionError::Unknown(other.to_string())),
         }
@@ -612,6 +660,9 @@ mod tests {
             ("--name=x --ioengine=spdk", "SPDK"),
             ("--name=x --random_distribution=pareto:0.5", "random_distribution"),
             ("--name=x --rwmixread=150", "rwmixread"),
+            ("--name=x --cpus_allowed=1-x", "cpus_allowed"),
+            ("--name=x --cpus_allowed=3-1", "cpus_allowed"),
+            ("--name=x --cpus_allowed_policy=scatter", "cpus_allowed_policy"),
         ];
         for (line, expected) in cases {
             let error = parse_command_line(&args(line)).unwrap_err().to_string();
@@ -621,6 +672,17 @@ mod tests {
         let mut builder = PlanBuilder::default();
         let error = parse_job_file("rw=read\n", "x.fio", &mut builder, &[]).unwrap_err().to_string();
         assert!(error.contains("line 1"), "{error}");
+    }
+
+    #[test]
+    fn cpu_lists_read_as_fio_and_taskset_write_them() {
+        for (text, expected) in [("0", vec![0]), ("0-3", vec![0, 1, 2, 3]), ("5,0-1,1", vec![0, 1, 5])] {
+            assert_eq!(parse_cpu_list("cpus_allowed", text).unwrap(), expected, "{text}");
+        }
+        let plan = parse_command_line(&args("--name=x --cpus_allowed=1 --cpus_allowed_policy=split")).unwrap();
+        assert_eq!(plan.jobs[0].cpus_allowed, Some(vec![1]));
+        assert_eq!(plan.jobs[0].cpus_allowed_policy, CpusAllowedPolicy::Split);
+        assert_eq!(parse_command_line(&args("--name=x")).unwrap().jobs[0].cpus_allowed, None);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 
 use super::options::JobOptions;
@@ -51,22 +52,29 @@ fn cpu_percent(cpu: std::time::Duration, result: &JobResult) -> f64 {
     if seconds > 0.0 { 100.0 * cpu.as_secs_f64() / seconds } else { 0.0 }
 }
 
-fn direction_json(direction: &DirectionResult, result: &JobResult) -> Value {
-    let histogram = &direction.clat_ns;
+/// One latency histogram as fio writes it (`min`, `max`, `mean`, `stddev`, `N`, and for `clat_ns` the
+/// `percentile` table).
+fn latency_json(histogram: &Histogram<u64>, with_percentiles: bool) -> Value {
     let has_samples = !histogram.is_empty();
-    let mut percentiles = serde_json::Map::new();
-    for percentile in PERCENTILES {
-        let value = if has_samples { histogram.value_at_percentile(percentile) } else { 0 };
-        percentiles.insert(format!("{percentile:.6}"), json!(value));
-    }
-    let clat = json!({
+    let mut latency = json!({
         "min": if has_samples { histogram.min() } else { 0 },
         "max": if has_samples { histogram.max() } else { 0 },
         "mean": if has_samples { histogram.mean() } else { 0.0 },
         "stddev": if has_samples { histogram.stdev() } else { 0.0 },
         "N": histogram.len(),
-        "percentile": percentiles,
     });
+    if with_percentiles {
+        let mut percentiles = serde_json::Map::new();
+        for percentile in PERCENTILES {
+            let value = if has_samples { histogram.value_at_percentile(percentile) } else { 0 };
+            percentiles.insert(format!("{percentile:.6}"), json!(value));
+        }
+        latency["percentile"] = Value::Object(percentiles);
+    }
+    latency
+}
+
+fn direction_json(direction: &DirectionResult, result: &JobResult) -> Value {
     let bw_bytes = bytes_per_second(direction, result);
     json!({
         "io_bytes": direction.bytes,
@@ -76,8 +84,9 @@ fn direction_json(direction: &DirectionResult, result: &JobResult) -> Value {
         "iops": iops(direction, result),
         "runtime": runtime_ms(result),
         "total_ios": direction.ios,
-        "clat_ns": clat.clone(),
-        "lat_ns": clat,
+        "slat_ns": latency_json(&direction.slat_ns, false),
+        "clat_ns": latency_json(&direction.clat_ns, true),
+        "lat_ns": latency_json(&direction.lat_ns, false),
     })
 }
 
@@ -155,6 +164,17 @@ fn human_count(count: f64) -> String {
     }
 }
 
+/// fio picks a latency line's unit from its mean.
+fn latency_unit(histogram: &Histogram<u64>) -> (&'static str, f64) {
+    if histogram.mean() >= 1_000_000.0 {
+        ("msec", 1_000_000.0)
+    } else if histogram.mean() >= 1_000.0 {
+        ("usec", 1_000.0)
+    } else {
+        ("nsec", 1.0)
+    }
+}
+
 fn direction_text(out: &mut String, label: &str, direction: &DirectionResult, result: &JobResult) {
     if direction.ios == 0 {
         return;
@@ -169,24 +189,22 @@ fn direction_text(out: &mut String, label: &str, direction: &DirectionResult, re
         human_bytes_binary(direction.bytes as f64),
         runtime_ms(result)
     );
+    for (label, histogram) in [("slat", &direction.slat_ns), ("clat", &direction.clat_ns), (" lat", &direction.lat_ns)]
+    {
+        let (unit, divisor) = latency_unit(histogram);
+        let scaled = |value: f64| value / divisor;
+        let _ = writeln!(
+            out,
+            "    {label} ({unit}): min={:.0}, max={:.0}, avg={:.2}, stdev={:.2}",
+            scaled(histogram.min() as f64),
+            scaled(histogram.max() as f64),
+            scaled(histogram.mean()),
+            scaled(histogram.stdev())
+        );
+    }
     let histogram = &direction.clat_ns;
-    // fio picks the unit from the mean latency.
-    let (unit, divisor) = if histogram.mean() >= 1_000_000.0 {
-        ("msec", 1_000_000.0)
-    } else if histogram.mean() >= 1_000.0 {
-        ("usec", 1_000.0)
-    } else {
-        ("nsec", 1.0)
-    };
+    let (unit, divisor) = latency_unit(histogram);
     let scaled = |value: f64| value / divisor;
-    let _ = writeln!(
-        out,
-        "    clat ({unit}): min={:.0}, max={:.0}, avg={:.2}, stdev={:.2}",
-        scaled(histogram.min() as f64),
-        scaled(histogram.max() as f64),
-        scaled(histogram.mean()),
-        scaled(histogram.stdev())
-    );
     let _ = writeln!(out, "    clat percentiles ({unit}):");
     for row in PERCENTILES.chunks(4) {
         let cells: Vec<String> = row

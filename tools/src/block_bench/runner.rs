@@ -1,8 +1,9 @@
 //! Runs one job on one device: `iodepth` workers on the job's executor, each with one I/O in flight.
 //!
 //! Generic over the device, so the same loop drives `uring` for benchmarks and a `faults`-wrapped memory
-//! namespace in tests. Completion latency is taken from just before the submission to the completion
-//! (fio's `clat` plus the submission itself, which is small for io_uring).
+//! namespace in tests. Latency is split as fio splits it (`BlockDevice::read_timed`): `slat` from the call
+//! to the submission, `clat` from the submission to the reaped completion, `lat` both. A backend that cannot
+//! see its submission (`uring`: glommio submits when its reactor parks) reports it all as `clat`.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use strata_nvme::{BlockDevice, IoBuffer, latency_histogram};
+use strata_nvme::{BlockDevice, IoBuffer, IoTiming, latency_histogram};
 
 use super::options::{JobOptions, Verify};
 use super::verify::{MismatchKind, check_block, fill_block};
@@ -39,13 +40,23 @@ pub struct DirectionResult {
     pub ios: u64,
     /// Bytes moved.
     pub bytes: u64,
-    /// Completion latencies, ns.
+    /// Submission latencies, ns: from the call to the device having the operation.
+    pub slat_ns: Histogram<u64>,
+    /// Completion latencies, ns: from the submission to the completion.
     pub clat_ns: Histogram<u64>,
+    /// Total latencies, ns: from the call to the completion.
+    pub lat_ns: Histogram<u64>,
 }
 
 impl Default for DirectionResult {
     fn default() -> Self {
-        Self { ios: 0, bytes: 0, clat_ns: latency_histogram() }
+        Self {
+            ios: 0,
+            bytes: 0,
+            slat_ns: latency_histogram(),
+            clat_ns: latency_histogram(),
+            lat_ns: latency_histogram(),
+        }
     }
 }
 
@@ -54,7 +65,19 @@ impl DirectionResult {
     pub fn merge(&mut self, other: &DirectionResult) {
         self.ios += other.ios;
         self.bytes += other.bytes;
+        let _ = self.slat_ns.add(&other.slat_ns);
         let _ = self.clat_ns.add(&other.clat_ns);
+        let _ = self.lat_ns.add(&other.lat_ns);
+    }
+
+    /// Records one I/O's latencies, called at `called` and timed by the device.
+    fn record(&mut self, bytes: u64, called: Instant, timing: IoTiming) {
+        let nanos = |from: Instant, to: Instant| (to.saturating_duration_since(from).as_nanos() as u64).max(1);
+        self.ios += 1;
+        self.bytes += bytes;
+        let _ = self.slat_ns.record(nanos(called, timing.submitted));
+        let _ = self.clat_ns.record(nanos(timing.submitted, timing.completed));
+        let _ = self.lat_ns.record(nanos(called, timing.completed));
     }
 }
 
@@ -349,13 +372,12 @@ async fn worker<D: BlockDevice>(
         };
         let offset = region.offset_of(block);
         let verify = state.borrow().verify;
-        let started = Instant::now();
-        let (latency, result) = if is_read {
+        let (called, timing, result) = if is_read {
+            let called = Instant::now();
             // The worker's read buffer goes round: backends that read into it (memory, ring) reuse it, and
             // `uring` hands back glommio's buffer, which then only carries the length. No allocation per I/O.
             let buffer = read_buffer.take().unwrap_or_else(|| device.alloc_buffer(region.bs as usize));
-            let (buffer, result) = device.read(buffer, offset).await;
-            let latency = started.elapsed();
+            let (buffer, result, timing) = device.read_timed(buffer, offset).await;
             let result = result.map(|()| {
                 if verify {
                     let mut state = state.borrow_mut();
@@ -373,7 +395,7 @@ async fn worker<D: BlockDevice>(
                 }
             });
             read_buffer = Some(buffer);
-            (latency, result)
+            (called, timing, result)
         } else {
             let generation = if verify {
                 let mut state = state.borrow_mut();
@@ -384,14 +406,14 @@ async fn worker<D: BlockDevice>(
             } else {
                 0
             };
-            let started = Instant::now();
-            let (buffer, result) = device.write(write_buffer, offset).await;
-            let latency = started.elapsed();
+            // Filling the block with its verify header is not the device's time.
+            let called = Instant::now();
+            let (buffer, result, timing) = device.write_timed(write_buffer, offset).await;
             write_buffer = buffer;
             if verify && result.is_ok() {
                 state.borrow_mut().written_generation[block as usize] = generation;
             }
-            (latency, result)
+            (called, timing, result)
         };
         let mut state = state.borrow_mut();
         if verify {
@@ -413,9 +435,7 @@ async fn worker<D: BlockDevice>(
         bytes.fetch_add(region.bs, Ordering::Relaxed);
         if state.measuring_since.is_some() {
             let direction = if is_read { &mut state.read } else { &mut state.write };
-            direction.ios += 1;
-            direction.bytes += region.bs;
-            let _ = direction.clat_ns.record((latency.as_nanos() as u64).max(1));
+            direction.record(region.bs, called, timing);
         }
     }
 }
