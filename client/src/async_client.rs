@@ -15,7 +15,7 @@ use std::task::{Context, Poll, Waker};
 
 use strata_proto::{Links, PutOptions};
 
-use crate::client::{BlockPut, Client, ClientOptions};
+use crate::client::{BlockPut, Client, ClientOptions, KeyRange, ProgressivePut};
 use crate::error::ClientError;
 
 struct Slot<T> {
@@ -294,12 +294,159 @@ impl AsyncClient {
         result.unwrap_or_else(|error| vec![Err(error); count])
     }
 
+    /// The length of `key`'s value.
+    pub async fn get_size(&self, key: Vec<u8>) -> Result<u64, ClientError> {
+        self.call(move |client| client.get_size(&key)).await?
+    }
+
+    /// How many leading keys of each chain are stored; a result per chain, one round trip per shard in all.
+    pub async fn batch_prefix_match(&self, chains: Vec<Vec<Vec<u8>>>) -> Vec<Result<usize, ClientError>> {
+        let count = chains.len();
+        let result = self
+            .call(move |client| {
+                let keys: Vec<Vec<&[u8]>> =
+                    chains.iter().map(|chain| chain.iter().map(Vec::as_slice).collect()).collect();
+                let refs: Vec<&[&[u8]]> = keys.iter().map(Vec::as_slice).collect();
+                client.batch_prefix_match(&refs)
+            })
+            .await;
+        result.unwrap_or_else(|error| vec![Err(error); count])
+    }
+
+    /// Stores one value sent from several buffers in order (one per layer, say) under `key`; gives the
+    /// buffers back.
+    pub async fn put_parts(
+        &self,
+        key: Vec<u8>,
+        parts: Vec<Vec<u8>>,
+        options: PutOptions,
+    ) -> (Vec<Vec<u8>>, Result<(), ClientError>) {
+        let work = move |client: &mut Client, parts: &mut Vec<Vec<u8>>| {
+            let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+            client.put_parts(&key, &refs, options)
+        };
+        self.call_with(parts, work, || Err(gone())).await
+    }
+
+    /// Reads `key`'s value into several buffers in order (one per layer, say), straight from the socket;
+    /// gives them back with the value's length.
+    pub async fn get_into_parts(
+        &self,
+        key: Vec<u8>,
+        parts: Vec<Vec<u8>>,
+    ) -> (Vec<Vec<u8>>, Result<usize, ClientError>) {
+        let work = move |client: &mut Client, parts: &mut Vec<Vec<u8>>| {
+            let mut slices: Vec<&mut [u8]> = parts.iter_mut().map(|part| &mut part[..]).collect();
+            client.get_into_parts(&key, &mut slices)
+        };
+        self.call_with(parts, work, || Err(gone())).await
+    }
+
+    /// Gathers `(key, offset, length)` ranges into `destination`, back to back in the order given (see
+    /// [`Client::gather_into`]); gives it back with a result (the bytes read) per range.
+    pub async fn gather_into(
+        &self,
+        ranges: Vec<(Vec<u8>, u32, u32)>,
+        destination: Vec<u8>,
+    ) -> (Vec<u8>, Vec<Result<usize, ClientError>>) {
+        let count = ranges.len();
+        let work = move |client: &mut Client, destination: &mut Vec<u8>| {
+            let refs: Vec<KeyRange<'_>> = ranges.iter().map(|(key, offset, len)| (&key[..], *offset, *len)).collect();
+            client.gather_into(&refs, destination)
+        };
+        self.call_with(destination, work, || vec![Err(gone()); count]).await
+    }
+
+    /// Stores consecutive pieces of `source` as the values of the keys given, in order (`(key, length)`;
+    /// see [`Client::scatter_put`]); gives `source` back with a result per key.
+    pub async fn scatter_put(
+        &self,
+        source: Vec<u8>,
+        pieces: Vec<(Vec<u8>, usize)>,
+        options: PutOptions,
+    ) -> (Vec<u8>, Vec<Result<(), ClientError>>) {
+        let count = pieces.len();
+        let work = move |client: &mut Client, source: &mut Vec<u8>| {
+            let refs: Vec<(&[u8], usize)> = pieces.iter().map(|(key, len)| (&key[..], *len)).collect();
+            client.scatter_put(source, &refs, options)
+        };
+        self.call_with(source, work, || vec![Err(gone()); count]).await
+    }
+
+    /// Starts a put whose value comes in parts of the lengths announced (one per layer, say), each readable
+    /// by ranged reads as soon as it arrived (see [`Client::put_progressive`]). The parts are sent from the
+    /// client's I/O thread, in the order of [`AsyncProgressivePut::send_part`] calls.
+    pub async fn put_progressive(
+        &self,
+        key: Vec<u8>,
+        part_lens: Vec<u32>,
+        parent: Option<Vec<u8>>,
+        group: Option<Vec<u8>>,
+        options: PutOptions,
+    ) -> Result<AsyncProgressivePut<'_>, ClientError> {
+        let put = self
+            .call(move |client| {
+                let links = Links { parent: parent.as_deref(), group: group.as_deref() };
+                client.put_progressive(&key, &part_lens, links, options)
+            })
+            .await??;
+        Ok(AsyncProgressivePut { client: self, sent: 0, count: put.part_count(), put: Some(put) })
+    }
+
     /// Removes every key; a result per key.
     pub async fn batch_remove(&self, keys: Vec<Vec<u8>>) -> Vec<Result<(), ClientError>> {
         let count = keys.len();
         let result =
             self.call(move |client| client.batch_remove(&keys.iter().map(Vec::as_slice).collect::<Vec<_>>())).await;
         result.unwrap_or_else(|error| vec![Err(error); count])
+    }
+}
+
+/// A progressive put of an [`AsyncClient`]: the parts go out on the client's I/O thread, which owns the
+/// put between calls. Dropping it unfinished closes its connection, and the node drops the partial object.
+pub struct AsyncProgressivePut<'c> {
+    client: &'c AsyncClient,
+    /// `None` only while a call has it on the I/O thread, or after that thread went away.
+    put: Option<ProgressivePut>,
+    sent: usize,
+    count: usize,
+}
+
+impl AsyncProgressivePut<'_> {
+    /// Sends the next part (its length must be the one announced) and gives its buffer back.
+    pub async fn send_part(&mut self, part: Vec<u8>) -> (Vec<u8>, Result<(), ClientError>) {
+        let Some(put) = self.put.take() else {
+            return (part, Err(gone()));
+        };
+        let ((part, put), result) = self
+            .client
+            .call_with(
+                (part, Some(put)),
+                |_, (part, put)| put.as_mut().map_or_else(|| Err(gone()), |put| put.send_part(part)),
+                || Err(gone()),
+            )
+            .await;
+        if result.is_ok() {
+            self.sent += 1;
+        }
+        self.put = put;
+        (part, result)
+    }
+
+    /// Parts sent so far.
+    pub fn parts_sent(&self) -> usize {
+        self.sent
+    }
+
+    /// Parts announced.
+    pub fn part_count(&self) -> usize {
+        self.count
+    }
+
+    /// Waits for the node's answer once every part is sent: stored, or why not.
+    pub async fn finish(mut self) -> Result<(), ClientError> {
+        let put = self.put.take().ok_or_else(gone)?;
+        self.client.call(move |_| put.finish()).await?
     }
 }
 

@@ -22,7 +22,7 @@ mod client;
 mod error;
 mod events;
 
-pub use crate::async_client::{AsyncClient, OwnedBlock};
+pub use crate::async_client::{AsyncClient, AsyncProgressivePut, OwnedBlock};
 pub use crate::client::{BlockPut, Client, ClientOptions, KeyRange, ProgressivePut};
 pub use crate::error::ClientError;
 pub use crate::events::{EventStream, ShardEvent};

@@ -91,3 +91,89 @@ fn async_calls_round_trip_and_run_concurrently() {
     assert!(matches!(refused, Err(ClientError::Connection(_))));
     node.shutdown().expect("shutdown");
 }
+
+#[test]
+fn async_layers_gathers_and_progressive_puts_match_the_blocking_client() {
+    let node = start(config(&[0, 1], 32 << 20));
+    let addr = node.local_addr();
+    futures_lite::future::block_on(async move {
+        let writer = AsyncClient::connect(addr, ClientOptions::default()).await.expect("connect");
+        let reader = AsyncClient::connect(addr, ClientOptions::default()).await.expect("connect");
+
+        // One key from four layer buffers, read back into four buffers; the buffers come back.
+        let layers: Vec<Vec<u8>> = (0..4).map(|layer| value_of(10 + layer, 700)).collect();
+        let (sent, stored) = writer.put_parts(key_of(1), layers.clone(), PutOptions::default()).await;
+        assert_eq!((sent.len(), stored), (4, Ok(())));
+        assert_eq!(reader.get_size(key_of(1)).await, Ok(2800));
+        let (read, length) = reader.get_into_parts(key_of(1), vec![vec![0u8; 700]; 4]).await;
+        assert_eq!((read, length), (layers.clone(), Ok(2800)));
+        assert_eq!(reader.get_size(key_of(404)).await, Err(ClientError::NotFound));
+
+        // Scatter one buffer over three keys, gather slices of them (and of a missing key) into another.
+        let source = value_of(7, 3000);
+        let pieces = vec![(key_of(20), 1000), (key_of(21), 1500), (key_of(22), 500)];
+        let (source, results) = writer.scatter_put(source, pieces, PutOptions::default()).await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        let ranges = vec![(key_of(22), 100, 200), (key_of(404), 0, 8), (key_of(20), 0, 300)];
+        let (gathered, results) = reader.gather_into(ranges, vec![0u8; 508]).await;
+        assert_eq!(results, vec![Ok(200), Err(ClientError::NotFound), Ok(300)]);
+        assert_eq!(&gathered[..200], &source[2600..2800]);
+        assert_eq!(&gathered[208..], &source[..300]);
+
+        // Two chains in one call: one stops at its second key, one is whole.
+        let chains = vec![vec![key_of(20), key_of(404), key_of(21)], vec![key_of(20), key_of(21), key_of(22)]];
+        assert_eq!(reader.batch_prefix_match(chains).await, vec![Ok(1), Ok(3)]);
+
+        // A progressive put: its first layer is readable before the second is sent; a wrong length is refused
+        // without losing the put.
+        let mut put = writer
+            .put_progressive(key_of(30), vec![600, 400], Some(key_of(1)), None, PutOptions::default())
+            .await
+            .expect("start");
+        assert_eq!(put.part_count(), 2);
+        let (first, sent) = put.send_part(value_of(30, 600)).await;
+        assert_eq!((first.len(), sent), (600, Ok(())));
+        let (layer, read) = reader.get_range_into(key_of(30), 0, vec![0u8; 600]).await;
+        assert_eq!((layer, read), (value_of(30, 600), Ok(600)), "the first layer before the second was sent");
+        let (_, wrong) = put.send_part(vec![0u8; 10]).await;
+        assert!(matches!(wrong, Err(ClientError::Invalid(_))), "{wrong:?}");
+        assert_eq!(put.parts_sent(), 1);
+        let (_, sent) = put.send_part(value_of(31, 400)).await;
+        assert_eq!(sent, Ok(()));
+        put.finish().await.expect("finish");
+        let whole = reader.get(key_of(30)).await.expect("get");
+        assert_eq!(&whole[..600], &value_of(30, 600)[..]);
+        assert_eq!(&whole[600..], &value_of(31, 400)[..]);
+        // Its parent leaves, so does it.
+        writer.remove(key_of(1)).await.expect("remove");
+        let mut gone = false;
+        for _ in 0..100 {
+            if !reader.exists(key_of(30)).await.expect("exists") {
+                gone = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(gone, "the progressive put's parent was removed and it stayed");
+
+        // An abandoned put stores nothing: its first layer was readable, and after the drop it is not.
+        let mut abandoned =
+            writer.put_progressive(key_of(40), vec![100, 100], None, None, PutOptions::default()).await.expect("start");
+        let (_, sent) = abandoned.send_part(value_of(40, 100)).await;
+        assert_eq!(sent, Ok(()));
+        let (_, read) = reader.get_range_into(key_of(40), 0, vec![0u8; 100]).await;
+        assert_eq!(read, Ok(100));
+        drop(abandoned);
+        let mut readable = true;
+        for _ in 0..100 {
+            if reader.get_range_into(key_of(40), 0, vec![0u8; 100]).await.1 == Err(ClientError::NotFound) {
+                readable = false;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!readable, "an abandoned progressive put stayed readable");
+        assert_eq!(reader.get_size(key_of(40)).await, Err(ClientError::NotFound));
+    });
+    node.shutdown().expect("shutdown");
+}
