@@ -63,6 +63,12 @@ row() { # name target flags...
     "$(printf '%s\n' "${p99s[@]}" | median | awk '{print $1/1000}')" "$(printf '%s\n' "${cpus[@]}" | median)" "$target"
 }
 
+echo "== This machine's stall floor (both cores watched at once, before the node starts): no p99 below it"
+taskset -c 0 "$BENCH" stalls --cpu 0 --runtime "${RUNTIME}s" > "$DIR/stalls0.txt" &
+taskset -c 1 "$BENCH" stalls --cpu 1 --runtime "${RUNTIME}s" > "$DIR/stalls1.txt"
+wait
+cat "$DIR/stalls0.txt" "$DIR/stalls1.txt"
+
 echo "== DRAM rows (write-back: no NVMe traffic on the put path)"
 start_node --dram 6GiB --write-policy write-back
 taskset -c 1 iperf3 -s -p 5299 -D >/dev/null

@@ -11,3 +11,4 @@ pub mod byte_size;
 pub mod kv_bench;
 pub mod node;
 pub mod pool;
+pub mod stall_bench;

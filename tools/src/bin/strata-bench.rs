@@ -1,6 +1,6 @@
 //! `strata-bench`: Strata's fio-style benchmark CLI. Block mode takes fio's options and job files
 //! (`strata-bench --name=x --filename=f --rw=randread ...` or `strata-bench job.fio`); subcommands: `alloc`
-//! (allocator workloads) and `kv` (drives a storage node).
+//! (allocator workloads), `kv` (drives a storage node) and `stalls` (how often this machine takes a core away).
 
 use std::io::{IsTerminal, Write};
 
@@ -49,6 +49,9 @@ enum Command {
     ///
     /// Keys and values derive from the key index and --seed, so --verify checks what any earlier run wrote.
     Kv(strata_tools::kv_bench::KvArgs),
+    /// Watch one CPU for stalls: a pinned thread reads the clock in a loop and counts the gaps longer than
+    /// --threshold (kernel threads, interrupts, other tenants of the host). The floor under any p99.
+    Stalls(strata_tools::stall_bench::StallArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -82,7 +85,7 @@ enum OutputFormat {
     Json,
 }
 
-const SUBCOMMANDS_AND_CLAP_FLAGS: [&str; 7] = ["alloc", "kv", "help", "-h", "--help", "-V", "--version"];
+const SUBCOMMANDS_AND_CLAP_FLAGS: [&str; 8] = ["alloc", "kv", "stalls", "help", "-h", "--help", "-V", "--version"];
 
 fn main() -> anyhow::Result<()> {
     let arguments: Vec<String> = std::env::args().skip(1).collect();
@@ -94,6 +97,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Alloc(args) => run_alloc(args),
         Command::Kv(args) => run_kv(args),
+        Command::Stalls(args) => run_stalls(&args),
     }
 }
 
@@ -118,6 +122,16 @@ fn run_kv(args: strata_tools::kv_bench::KvArgs) -> anyhow::Result<()> {
     }
     if report.errors > 0 || report.mismatches > 0 {
         std::process::exit(1);
+    }
+    Ok(())
+}
+
+fn run_stalls(args: &strata_tools::stall_bench::StallArgs) -> anyhow::Result<()> {
+    let report = strata_tools::stall_bench::run(args)?;
+    match args.output_format.as_str() {
+        "json" => println!("{}", serde_json::to_string(&report)?),
+        "normal" => print!("{}", strata_tools::stall_bench::format_report(&report)),
+        other => anyhow::bail!("--output-format {other:?}: expected normal or json"),
     }
     Ok(())
 }
