@@ -61,6 +61,10 @@ pub struct EngineConfig {
     /// Inject these faults (seeded; the seed is offset by the shard id) into every shard's handles on file
     /// namespaces. For tests of torn writes and device errors; never set by the node binary.
     pub faults: Option<strata_nvme::FaultConfig>,
+    /// A connection blocked on its peer in the middle of a frame (a put's value or a progressive put's
+    /// next part that stops arriving, a reply the client stops reading) for this long, with no byte moving
+    /// either way, is closed and what it held (a DRAM reservation, pinned reply buffers) is freed. Zero: never.
+    pub stall_timeout: Duration,
 }
 
 impl Default for EngineConfig {
@@ -90,6 +94,7 @@ impl Default for EngineConfig {
             spin_before_park: None,
             busy_poll: false,
             faults: None,
+            stall_timeout: Duration::from_secs(30),
         }
     }
 }

@@ -42,6 +42,8 @@ pub struct ShardMetrics {
     pub connections: AtomicU64,
     /// Connections closed for a protocol violation.
     pub protocol_errors: AtomicU64,
+    /// Connections closed because their peer stalled mid-frame (`stall_timeout`).
+    pub stalled_connections: AtomicU64,
     /// Connections refused at HELLO (wrong token).
     pub auth_failures: AtomicU64,
     /// Items that arrived at the wrong shard and were forwarded.
@@ -241,7 +243,7 @@ pub fn render(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
     let _ = writeln!(out, "strata_tier_capacity_bytes{{tier=\"nvme\"}} {}", sum(|s| &s.nvme_regions) * region_bytes);
     let _ = writeln!(out, "strata_tier_evictions_total{{tier=\"nvme\"}} {}", sum(|s| &s.nvme_evictions));
 
-    let counters: [(&str, &str, Field); 22] = [
+    let counters: [(&str, &str, Field); 23] = [
         ("strata_misses_total", "Lookups that found no object.", |s| &s.ops[Opcode::Get as usize - 1].misses),
         ("strata_promotions_total", "Objects promoted from NVMe to DRAM.", |s| &s.promotions),
         ("strata_dram_writebacks_total", "Objects written to NVMe when evicted from DRAM.", |s| &s.dram_writebacks),
@@ -261,6 +263,11 @@ pub fn render(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
             |s| &s.cascade_removals,
         ),
         ("strata_protocol_errors_total", "Connections closed for a protocol violation.", |s| &s.protocol_errors),
+        (
+            "strata_stalled_connections_total",
+            "Connections closed because their peer stalled in the middle of a frame.",
+            |s| &s.stalled_connections,
+        ),
         ("strata_auth_failures_total", "HELLOs refused for a wrong token.", |s| &s.auth_failures),
         ("strata_value_bytes_received_total", "Bytes of values received.", |s| &s.bytes_in),
         ("strata_value_bytes_sent_total", "Bytes of values sent.", |s| &s.bytes_out),

@@ -503,6 +503,7 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
                 }
             };
             drop(ready);
+            glommio::spawn_local(crate::server::sweep_stalled_connections(Rc::downgrade(&shard_state))).detach();
             let listener = crate::sys::adopt_listener(listener);
             loop {
                 match listener.accept().await {

@@ -10,9 +10,12 @@
 //! can no longer be trusted; an item over a bound that the stream can skip (an oversized value) gets its
 //! own status and the rest of the batch is served.
 
+use std::cell::Cell;
+use std::future::Future;
 use std::io;
-use std::rc::Rc;
-use std::time::Instant;
+use std::os::fd::RawFd;
+use std::rc::{Rc, Weak};
+use std::time::{Duration, Instant};
 
 use glommio::net::TcpStream;
 use strata_nvme::tcp::stream::{Socket, single_stream};
@@ -71,7 +74,91 @@ impl From<ProtoError> for ConnectionError {
     }
 }
 
+/// What the shard's stall sweeper sees of one connection. A connection holds resources only in the middle
+/// of a frame (a put's DRAM reservation, a reply's pinned buffers), so only then can a peer that stops
+/// sending or reading hurt the others; between frames an idle connection costs nothing and stays open.
+pub struct ConnectionWatch {
+    fd: RawFd,
+    /// A frame is being handled.
+    in_frame: Cell<bool>,
+    /// The handler is blocked on the socket (waiting for the peer's bytes or for room to send), as opposed to
+    /// waiting for the node's own work (a device read, another shard, a progressive put's next part).
+    on_socket: Cell<bool>,
+    /// The kernel's byte counters when the sweeper last saw them move, and when that was.
+    seen: Cell<(u64, u64)>,
+    still_since: Cell<Option<Instant>>,
+}
+
+impl ConnectionWatch {
+    /// The kernel's counts of bytes received from and acknowledged by the peer (TCP_INFO): progress at the
+    /// wire, whatever the handler's calls look like. `None` if the socket cannot say (then it is never judged).
+    fn wire_progress(&self) -> Option<(u64, u64)> {
+        // SAFETY: `info` is a plain struct the kernel fills up to `len` bytes; `fd` is this connection's open
+        // socket (the watch is dropped before the socket is closed, and the sweeper runs on the same thread).
+        #[allow(unsafe_code)]
+        unsafe {
+            let mut info: libc::tcp_info = std::mem::zeroed();
+            let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+            let result =
+                libc::getsockopt(self.fd, libc::IPPROTO_TCP, libc::TCP_INFO, (&raw mut info).cast(), &raw mut len);
+            (result == 0).then_some((info.tcpi_bytes_received, info.tcpi_bytes_acked))
+        }
+    }
+}
+
+/// Awaits a socket operation, marked for the sweeper as waiting on the peer.
+async fn on_socket<T>(watch: &ConnectionWatch, operation: impl Future<Output = T>) -> T {
+    watch.on_socket.set(true);
+    let result = operation.await;
+    watch.on_socket.set(false);
+    result
+}
+
+/// Closes the connections that sat blocked on their peer mid-frame for `stall_timeout` with no byte moving
+/// either way: shutting the socket down fails the handler's pending read or write, so the connection ends
+/// through its usual path and frees what it held. One task per shard, one system call per connection that
+/// is mid-frame per sweep; runs until the node stops.
+pub async fn sweep_stalled_connections(shard: Weak<Shard>) {
+    let Some(timeout) = shard.upgrade().map(|shard| shard.config.stall_timeout).filter(|timeout| !timeout.is_zero())
+    else {
+        return;
+    };
+    let period = (timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    loop {
+        glommio::timer::sleep(period).await;
+        let Some(shard) = shard.upgrade() else { return };
+        let now = Instant::now();
+        let mut stalled = 0;
+        shard.connection_watches.borrow_mut().retain(|watch| {
+            let Some(watch) = watch.upgrade() else { return false };
+            if !(watch.in_frame.get() && watch.on_socket.get()) {
+                watch.still_since.set(None);
+                return true;
+            }
+            let Some(progress) = watch.wire_progress() else { return true };
+            if watch.still_since.get().is_none() || progress != watch.seen.get() {
+                watch.seen.set(progress);
+                watch.still_since.set(Some(now));
+                return true;
+            }
+            if watch.still_since.get().is_some_and(|since| now.duration_since(since) >= timeout) {
+                // SAFETY: shutting down (not closing) this connection's open socket; its owner closes it.
+                #[allow(unsafe_code)]
+                unsafe {
+                    libc::shutdown(watch.fd, libc::SHUT_RDWR);
+                }
+                watch.still_since.set(None);
+                stalled += 1;
+            }
+            true
+        });
+        add(&shard.metrics.stalled_connections, stalled);
+    }
+}
+
 struct Connection {
+    /// Dropped before the socket is closed (fields drop in order), so the sweeper never sees a reused fd.
+    watch: Rc<ConnectionWatch>,
     stream: Socket,
     input: Box<[u8]>,
     start: usize,
@@ -95,7 +182,7 @@ impl Connection {
             self.start = 0;
         }
         while self.buffered() < len {
-            let read = self.stream.read(&mut self.input[self.end..]).await?;
+            let read = on_socket(&self.watch, self.stream.read(&mut self.input[self.end..])).await?;
             if read == 0 {
                 if self.buffered() == 0 {
                     return Ok(false);
@@ -116,7 +203,7 @@ impl Connection {
             return Ok(());
         }
         if rest.len() >= INPUT_BUFFER_BYTES / 2 {
-            return self.stream.read_exact(rest).await;
+            return on_socket(&self.watch, self.stream.read_exact(rest)).await;
         }
         if !self.fill(rest.len()).await? {
             return Err(io::ErrorKind::UnexpectedEof.into());
@@ -140,7 +227,7 @@ impl Connection {
         }
         while at < destination.len() {
             let end = destination.len().min(at + CRC_PIECE_BYTES);
-            let read = self.stream.read(&mut destination[at..end]).await?;
+            let read = on_socket(&self.watch, self.stream.read(&mut destination[at..end])).await?;
             if read == 0 {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }
@@ -164,7 +251,7 @@ impl Connection {
 
     async fn flush(&mut self) -> io::Result<()> {
         if !self.output.is_empty() {
-            self.stream.write_all(&self.output).await?;
+            on_socket(&self.watch, self.stream.write_all(&self.output)).await?;
             self.output.clear();
         }
         Ok(())
@@ -176,7 +263,16 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
     let _ = stream.set_nodelay(true);
     let Ok(stream) = single_stream(stream, shard.config.busy_poll) else { return };
     add(&shard.metrics.connections, 1);
+    let watch = Rc::new(ConnectionWatch {
+        fd: stream.raw_fd(),
+        in_frame: Cell::new(false),
+        on_socket: Cell::new(false),
+        seen: Cell::new((0, 0)),
+        still_since: Cell::new(None),
+    });
+    shard.connection_watches.borrow_mut().push(Rc::downgrade(&watch));
     let mut connection = Connection {
+        watch,
         stream,
         input: vec![0u8; INPUT_BUFFER_BYTES].into_boxed_slice(),
         start: 0,
@@ -195,7 +291,7 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
         connection.start += FRAME_HEADER_BYTES;
         let outcome = match decoded {
             Err(error) => Err((None, ConnectionError::from(error))),
-            Ok(header) => match handle_frame(&shard, &mut connection, header, &mut scope).await {
+            Ok(header) => match in_frame(&shard, &mut connection, header, &mut scope).await {
                 Ok(counts) => {
                     let latency = started.elapsed().as_nanos() as u64;
                     shard.metrics.frame(header.opcode, u64::from(header.count), counts.0, counts.1, latency);
@@ -217,12 +313,27 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
             };
             connection.output.clear();
             reply.encode_into(&mut connection.output);
+            // Watched too: a peer that reads nothing must not hold the connection open by its error frame.
+            connection.watch.in_frame.set(true);
             let _ = connection.flush().await;
         }
         break;
     }
     let _ = connection.stream.shutdown().await;
     shard.metrics.connections.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Handles one frame, watched by the stall sweeper while it does.
+async fn in_frame(
+    shard: &Rc<Shard>,
+    connection: &mut Connection,
+    header: FrameHeader,
+    scope: &mut Option<Scope>,
+) -> Result<(u64, u64), ConnectionError> {
+    connection.watch.in_frame.set(true);
+    let result = handle_frame(shard, connection, header, scope).await;
+    connection.watch.in_frame.set(false);
+    result
 }
 
 /// Handles one frame; returns (failed items, missed items).
@@ -383,7 +494,7 @@ async fn handle_subscribe(
         status: Status::Ok,
         body_len: 0,
     };
-    connection.stream.write_all(&ready.encode()).await?;
+    on_socket(&connection.watch, connection.stream.write_all(&ready.encode())).await?;
     let mut events = Vec::with_capacity(EVENT_FRAME_BYTES + 4096);
     loop {
         events.clear();
@@ -417,7 +528,8 @@ async fn handle_subscribe(
             body_len: events.len() as u64,
         }
         .encode();
-        connection.stream.write_all_vectored(&mut [io::IoSlice::new(&head), io::IoSlice::new(&events)]).await?;
+        let mut pieces = [io::IoSlice::new(&head), io::IoSlice::new(&events)];
+        on_socket(&connection.watch, connection.stream.write_all_vectored(&mut pieces)).await?;
         subscription.consumed(cursor);
         if count > 0 && events.len() < EVENT_FRAME_BYTES / 2 {
             // Not backlogged: gather the next frame too, rather than sending whatever arrived during this
@@ -763,7 +875,7 @@ async fn handle_get(
             pieces.extend(hit.slices().into_iter().filter(|slice| !slice.is_empty()).map(io::IoSlice::new));
         }
     }
-    let written = connection.stream.write_all_vectored(&mut pieces).await;
+    let written = on_socket(&connection.watch, connection.stream.write_all_vectored(&mut pieces)).await;
     drop(pieces);
     connection.output = output;
     connection.output.clear();

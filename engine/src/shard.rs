@@ -72,6 +72,8 @@ pub struct Shard {
     me: std::rc::Weak<Shard>,
     /// Progressive puts receiving their parts, by key: readable as far as they arrived.
     filling: RefCell<std::collections::HashMap<Vec<u8>, Rc<Fill>>>,
+    /// The open client connections, for the stall sweeper (`server::sweep_stalled_connections`).
+    pub connection_watches: RefCell<Vec<std::rc::Weak<crate::server::ConnectionWatch>>>,
 }
 
 /// A progressive put's object while its parts arrive: its DRAM reservation, how much of its value is in
@@ -348,6 +350,7 @@ impl Shard {
             pins: RefCell::new(PinBook { limit: pin_limit, ..PinBook::default() }),
             events,
             tenancy,
+            connection_watches: RefCell::new(Vec::new()),
             usage: RefCell::new(std::collections::HashMap::new()),
             links: RefCell::new(LinkBook::default()),
             cascades: RefCell::new(std::collections::VecDeque::new()),

@@ -161,3 +161,82 @@ fn a_node_with_a_token_refuses_clients_without_it() {
     assert_eq!(total(&node, |m| &m.auth_failures), 3);
     node.shutdown().expect("shutdown");
 }
+
+#[test]
+fn a_peer_that_stalls_mid_frame_is_closed_and_frees_what_it_held() {
+    stalled_peers_are_closed(false);
+}
+
+#[test]
+fn a_busy_polled_node_closes_stalled_peers_too() {
+    stalled_peers_are_closed(true);
+}
+
+fn stalled_peers_are_closed(busy_poll: bool) {
+    let mut node_config = config(&[0], 32 << 20);
+    node_config.stall_timeout = Duration::from_secs(1);
+    node_config.busy_poll = busy_poll;
+    let node = start(node_config);
+    let mut good = client(&node);
+
+    // A put announcing 24 MiB of the 32 MiB of DRAM, 1,000 bytes of its value, then nothing.
+    let mut stalled = raw(&node);
+    let value_len = 24u32 << 20;
+    let mut frame = Vec::new();
+    let key = b"stalled-put";
+    let body_len = (strata_proto::REQUEST_ITEM_BYTES + key.len()) as u64 + u64::from(value_len);
+    FrameHeader::request(Opcode::Put, 9, 1, body_len).encode_into(&mut frame);
+    RequestItemHeader { key_len: key.len() as u16, value_len, ..Default::default() }.encode_into(&mut frame);
+    frame.extend_from_slice(key);
+    frame.extend_from_slice(&[1u8; 1000]);
+    stalled.write_all(&frame).expect("send");
+    std::thread::sleep(Duration::from_millis(200));
+    // Its reservation holds the DRAM while it lasts: a 16 MiB put does not fit beside it.
+    let big = vec![5u8; 16 << 20];
+    assert_eq!(good.put(b"big", &big), Err(ClientError::NoSpace), "the stalled put's reservation holds 24 MiB");
+
+    // An idle connection between frames is left alone, however long; a slow but steady progressive put
+    // (a part every 300 ms under a 1 s timeout) is too.
+    let mut idle = client(&node);
+    let mut steady = client(&node);
+    let mut put = steady
+        .put_progressive(b"steady", &[1000, 1000, 1000, 1000], strata_client::Links::NONE, Default::default())
+        .expect("start");
+    for part in 0..4u8 {
+        std::thread::sleep(Duration::from_millis(300));
+        put.send_part(&[part; 1000]).expect("part");
+    }
+    put.finish().expect("a steady put is stored");
+
+    // The stalled put's connection was closed after its second of silence, and its reservation freed.
+    let mut rest = Vec::new();
+    let closed = stalled.read_to_end(&mut rest);
+    let closed_by_node = match &closed {
+        Ok(read) => *read == 0,
+        Err(error) => error.kind() == std::io::ErrorKind::ConnectionReset,
+    };
+    assert!(closed_by_node, "the node closed the stalled connection (not our read timeout): {closed:?}");
+    assert_eq!(total(&node, |m| &m.stalled_connections), 1);
+    good.put(b"big", &big).expect("the 16 MiB fit once the stalled reservation was freed");
+    assert_eq!(good.get(b"steady").expect("get").len(), 4000);
+
+    // A client that asks for 16 MiB and reads none of it: closed too, before the reply was delivered.
+    let mut deaf = raw(&node);
+    let mut frame = Vec::new();
+    FrameHeader::request(Opcode::Get, 10, 1, (strata_proto::REQUEST_ITEM_BYTES + 3) as u64).encode_into(&mut frame);
+    RequestItemHeader { key_len: 3, ..Default::default() }.encode_into(&mut frame);
+    frame.extend_from_slice(b"big");
+    deaf.write_all(&frame).expect("send");
+    let mut waited = Duration::ZERO;
+    while total(&node, |m| &m.stalled_connections) < 2 && waited < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+        waited += Duration::from_millis(50);
+    }
+    assert_eq!(total(&node, |m| &m.stalled_connections), 2, "a reader that reads nothing is closed");
+    let mut received = Vec::new();
+    let _ = deaf.read_to_end(&mut received);
+    assert!(received.len() < FRAME_HEADER_BYTES + (16 << 20), "{} bytes: the whole reply went out", received.len());
+
+    assert_eq!(idle.get(b"big").expect("the idle connection still works").len(), 16 << 20);
+    node.shutdown().expect("shutdown");
+}

@@ -105,6 +105,10 @@ pub struct NodeSettings {
     /// frame; a shard's core never sleeps while a client is connected.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub busy_poll: Option<bool>,
+    /// Close a connection whose peer stalls mid-frame this long (a value or a progressive put's next part
+    /// that stops arriving, a reply it stops reading), freeing what it held; 0s: never. [default: 30s]
+    #[arg(long)]
+    pub stall_timeout: Option<String>,
 }
 
 impl NodeSettings {
@@ -133,7 +137,8 @@ impl NodeSettings {
             low_watermark,
             spin_before_park,
             busy_poll,
-            promote_window
+            promote_window,
+            stall_timeout
         )
     }
 
@@ -245,6 +250,9 @@ impl NodeSettings {
         config.busy_poll = self.busy_poll.unwrap_or(false);
         if let Some(window) = &self.promote_window {
             config.promote_window = parse_duration(window)?;
+        }
+        if let Some(timeout) = &self.stall_timeout {
+            config.stall_timeout = parse_duration(timeout)?;
         }
         config.validate().map_err(anyhow::Error::msg)?;
         Ok(config)
