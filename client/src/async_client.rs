@@ -193,6 +193,20 @@ impl AsyncClient {
         self.call_with(buffer, move |client, buffer| client.get_range_into(&key, offset, buffer), || Err(gone())).await
     }
 
+    /// [`get_range_into`](Self::get_range_into) of a key that may not be stored yet: the node waits up to
+    /// `wait` for it (see [`Client::get_range_into_waiting`]).
+    pub async fn get_range_into_waiting(
+        &self,
+        key: Vec<u8>,
+        offset: u32,
+        buffer: Vec<u8>,
+        wait: std::time::Duration,
+    ) -> (Vec<u8>, Result<usize, ClientError>) {
+        let work =
+            move |client: &mut Client, buffer: &mut Vec<u8>| client.get_range_into_waiting(&key, offset, buffer, wait);
+        self.call_with(buffer, work, || Err(gone())).await
+    }
+
     /// Stores `value` under `key`, naming its parent and/or group (see [`Client::put_linked`]).
     pub async fn put_linked(
         &self,

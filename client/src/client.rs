@@ -5,9 +5,9 @@ use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use strata_proto::{
-    FRAME_HEADER_BYTES, FrameHeader, HELLO_REPLY_BYTES, HelloReply, HelloRequest, ITEM_LINKS, ITEM_PROGRESSIVE, Limits,
-    Links, Opcode, PART_HEADER_BYTES, PutOptions, REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES, RequestItemHeader,
-    ResponseItemHeader, Status, encode_part_header, shard_of,
+    FRAME_HEADER_BYTES, FrameHeader, HELLO_REPLY_BYTES, HelloReply, HelloRequest, ITEM_LINKS, ITEM_PROGRESSIVE,
+    ITEM_WAIT, Limits, Links, MAX_ITEM_WAIT_MS, Opcode, PART_HEADER_BYTES, PutOptions, REQUEST_ITEM_BYTES,
+    RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, Status, encode_part_header, shard_of,
 };
 
 use crate::error::ClientError;
@@ -169,6 +169,8 @@ struct Item<'a> {
     range: (u32, u32),
     /// A put's parent and group.
     links: Links<'a>,
+    /// get / get_range: how long the node waits for a key not stored yet, ms (0: not at all).
+    wait_ms: u32,
 }
 
 impl Item<'_> {
@@ -444,10 +446,52 @@ impl Client {
 
     /// Reads `buffer.len()` bytes at `offset` of `key`'s value into `buffer`.
     pub fn get_range_into(&mut self, key: &[u8], offset: u32, buffer: &mut [u8]) -> Result<usize, ClientError> {
+        self.get_range_into_waiting(key, offset, buffer, Duration::ZERO)
+    }
+
+    /// [`get_range_into`](Self::get_range_into) of a key that may not be stored yet: the node waits up to
+    /// `wait` (at most 60 s, in whole milliseconds) for a put of it to commit or a progressive put of it to
+    /// start (then for the range's bytes), and answers `NotFound` if none did. For a reader that knows a
+    /// writer is about to send the key, e.g. a decode instance loading the layers a prefill instance is
+    /// still computing, instead of retrying.
+    pub fn get_range_into_waiting(
+        &mut self,
+        key: &[u8],
+        offset: u32,
+        buffer: &mut [u8],
+        wait: Duration,
+    ) -> Result<usize, ClientError> {
         let len = u32::try_from(buffer.len()).map_err(|_| ClientError::TooLarge("range over 4 GiB".into()))?;
-        let items = [Item { key, value: &[], range: (offset, len), links: Links::NONE }];
+        let wait_ms = self.wait_millis(wait)?;
+        let items = [Item { key, value: &[], range: (offset, len), links: Links::NONE, wait_ms }];
         let mut buffers = [buffer];
         let replies = self.run(Opcode::GetRange, &items, PutOptions::default(), Sink::Buffers(&mut buffers));
+        one(replies).map(|reply| reply.data_len as usize)
+    }
+
+    /// A read's wait in the protocol's milliseconds (a positive wait under 1 ms counts as 1). It must end
+    /// before the connection's own timeout would give up on the reply.
+    fn wait_millis(&self, wait: Duration) -> Result<u32, ClientError> {
+        if wait.is_zero() {
+            return Ok(0);
+        }
+        let millis = wait.as_millis().max(1);
+        if millis > u128::from(MAX_ITEM_WAIT_MS) || wait >= self.options.timeout {
+            return Err(ClientError::Invalid(format!(
+                "a read waits less than the client's timeout ({:?}) and at most {MAX_ITEM_WAIT_MS} ms, not {wait:?}",
+                self.options.timeout
+            )));
+        }
+        Ok(millis as u32)
+    }
+
+    /// [`get_into`](Self::get_into) of a key that may not be stored yet, waiting for it as
+    /// [`get_range_into_waiting`](Self::get_range_into_waiting) does (a progressive put: until it ends).
+    pub fn get_into_waiting(&mut self, key: &[u8], buffer: &mut [u8], wait: Duration) -> Result<usize, ClientError> {
+        let wait_ms = self.wait_millis(wait)?;
+        let items = [Item { key, value: &[], range: (0, 0), links: Links::NONE, wait_ms }];
+        let mut buffers = [buffer];
+        let replies = self.run(Opcode::Get, &items, PutOptions::default(), Sink::Buffers(&mut buffers));
         one(replies).map(|reply| reply.data_len as usize)
     }
 
@@ -464,7 +508,7 @@ impl Client {
         }
         let items: Vec<Item<'_>> = ranges
             .iter()
-            .map(|&(key, offset, len)| Item { key, value: &[], range: (offset, len), links: Links::NONE })
+            .map(|&(key, offset, len)| Item { key, value: &[], range: (offset, len), links: Links::NONE, wait_ms: 0 })
             .collect();
         let mut buffers: Vec<&mut [u8]> = Vec::with_capacity(ranges.len());
         let mut rest = destination;
@@ -508,7 +552,7 @@ impl Client {
 
     /// The length of `key`'s value.
     pub fn get_size(&mut self, key: &[u8]) -> Result<u64, ClientError> {
-        let items = [Item { key, value: &[], range: (0, 0), links: Links::NONE }];
+        let items = [Item { key, value: &[], range: (0, 0), links: Links::NONE, wait_ms: 0 }];
         one(self.run(Opcode::Exists, &items, PutOptions::default(), Sink::None))
             .map(|reply| u64::from(reply.object_len))
     }
@@ -541,6 +585,7 @@ impl Client {
                 value: std::slice::from_ref(value),
                 range: (0, 0),
                 links: Links::NONE,
+                wait_ms: 0,
             })
             .collect();
         self.run(Opcode::Put, &items, options, Sink::None).into_iter().map(|result| result.map(|_| ())).collect()
@@ -552,8 +597,10 @@ impl Client {
         items: &[(&[u8], &[&[u8]])],
         options: PutOptions,
     ) -> Vec<Result<(), ClientError>> {
-        let items: Vec<Item<'_>> =
-            items.iter().map(|(key, parts)| Item { key, value: parts, range: (0, 0), links: Links::NONE }).collect();
+        let items: Vec<Item<'_>> = items
+            .iter()
+            .map(|(key, parts)| Item { key, value: parts, range: (0, 0), links: Links::NONE, wait_ms: 0 })
+            .collect();
         self.run(Opcode::Put, &items, options, Sink::None).into_iter().map(|result| result.map(|_| ())).collect()
     }
 
@@ -562,7 +609,7 @@ impl Client {
     pub fn batch_put_blocks(&mut self, blocks: &[BlockPut<'_>], options: PutOptions) -> Vec<Result<(), ClientError>> {
         let items: Vec<Item<'_>> = blocks
             .iter()
-            .map(|block| Item { key: block.key, value: block.parts, range: (0, 0), links: block.links })
+            .map(|block| Item { key: block.key, value: block.parts, range: (0, 0), links: block.links, wait_ms: 0 })
             .collect();
         self.run(Opcode::Put, &items, options, Sink::None).into_iter().map(|result| result.map(|_| ())).collect()
     }
@@ -592,7 +639,7 @@ impl Client {
         let mut items = Vec::with_capacity(chains.iter().map(|chain| chain.len()).sum());
         for (chain_index, chain) in chains.iter().enumerate() {
             for key in chain.iter() {
-                items.push(Item { key, value: &[], range: (chain_index as u32, 0), links: Links::NONE });
+                items.push(Item { key, value: &[], range: (chain_index as u32, 0), links: Links::NONE, wait_ms: 0 });
             }
         }
         let replies = self.run(Opcode::PrefixMatch, &items, PutOptions::default(), Sink::None);
@@ -669,7 +716,7 @@ impl Client {
     }
 
     fn broadcast_removal(&mut self, pattern: &[u8], flags: u32) -> Result<u64, ClientError> {
-        let items = [Item { key: pattern, value: &[], range: (flags, 0), links: Links::NONE }];
+        let items = [Item { key: pattern, value: &[], range: (flags, 0), links: Links::NONE, wait_ms: 0 }];
         let shards = self.hello.shard_count as usize;
         let mut sent = Vec::with_capacity(shards);
         for shard in 0..shards {
@@ -931,7 +978,7 @@ impl Client {
 }
 
 fn key_items<'a>(keys: &[&'a [u8]]) -> Vec<Item<'a>> {
-    keys.iter().map(|key| Item { key, value: &[], range: (0, 0), links: Links::NONE }).collect()
+    keys.iter().map(|key| Item { key, value: &[], range: (0, 0), links: Links::NONE, wait_ms: 0 }).collect()
 }
 
 fn one<T>(mut results: Vec<Result<T, ClientError>>) -> Result<T, ClientError> {
@@ -968,12 +1015,19 @@ fn send_frame(
                 value_crc: item.value.iter().fold(0, |crc, part| crc32c::crc32c_append(crc, part)),
                 offset: put_offset,
             },
+            // A waiting read carries its wait where a put carries its crc.
             Opcode::GetRange => RequestItemHeader {
                 key_len: item.key.len() as u16,
-                flags: 0,
+                flags: if item.wait_ms == 0 { 0 } else { ITEM_WAIT },
                 value_len: item.range.1,
-                value_crc: 0,
+                value_crc: item.wait_ms,
                 offset: item.range.0,
+            },
+            Opcode::Get => RequestItemHeader {
+                key_len: item.key.len() as u16,
+                flags: if item.wait_ms == 0 { 0 } else { ITEM_WAIT },
+                value_crc: item.wait_ms,
+                ..Default::default()
             },
             Opcode::PrefixMatch => {
                 RequestItemHeader { key_len: item.key.len() as u16, offset: item.range.0, ..Default::default() }

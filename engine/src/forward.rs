@@ -41,7 +41,7 @@ pub enum ForwardOp {
         group: Option<Vec<u8>>,
     },
     /// Read the value, or a range of it.
-    Get(Option<(u32, u32)>),
+    Get(Option<(u32, u32)>, std::time::Duration),
     /// Is it stored; with `lease`, hold it for a read lease (a prefix match: the caller loads it next).
     Exists {
         /// Grant a read lease.
@@ -330,7 +330,7 @@ async fn serve(shard: &Rc<Shard>, request: Forward) -> ForwardReply {
             };
             reply.status = status;
         }
-        ForwardOp::Get(range) => match shard.get(key, range).await {
+        ForwardOp::Get(range, wait) => match shard.get(key, range, wait).await {
             Ok(hit) => {
                 reply.data = hit.slices().concat();
                 reply.data_crc = hit.data_crc;

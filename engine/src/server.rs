@@ -820,9 +820,9 @@ async fn handle_get(
         let key = scope.scoped(user_key);
         let range = (header.opcode == Opcode::GetRange).then_some((item.offset, item.value_len));
         let result = match other_owner(shard, user_key) {
-            None => shard.get(&key, range).await,
+            None => shard.get(&key, range, item.wait()).await,
             Some(owner) => {
-                let reply = forward(shard, owner, &key, ForwardOp::Get(range)).await;
+                let reply = forward(shard, owner, &key, ForwardOp::Get(range, item.wait())).await;
                 if reply.status == Status::Ok {
                     Ok(ReadHit {
                         data_crc: reply.data_crc,

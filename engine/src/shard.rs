@@ -72,6 +72,9 @@ pub struct Shard {
     me: std::rc::Weak<Shard>,
     /// Progressive puts receiving their parts, by key: readable as far as they arrived.
     filling: RefCell<std::collections::HashMap<Vec<u8>, Rc<Fill>>>,
+    /// Readers waiting for keys not stored yet (reads with `ITEM_WAIT`), by key; woken when a put of the key
+    /// commits or a progressive put of it starts.
+    awaited: RefCell<std::collections::HashMap<Vec<u8>, Rc<Arrival>>>,
     /// The open client connections, for the stall sweeper (`server::sweep_stalled_connections`).
     pub connection_watches: RefCell<Vec<std::rc::Weak<crate::server::ConnectionWatch>>>,
 }
@@ -105,6 +108,13 @@ impl Fill {
             }
         })
     }
+}
+
+/// Readers waiting for one key to arrive.
+#[derive(Default)]
+struct Arrival {
+    arrived: Cell<bool>,
+    wakers: RefCell<Vec<std::task::Waker>>,
 }
 
 /// The receiving end of a progressive put: says how far the value arrived, and takes the object out of the
@@ -267,6 +277,8 @@ impl PutReservation {
             wakers: RefCell::new(Vec::new()),
         });
         filling.insert(key.to_vec(), Rc::clone(&fill));
+        drop(filling);
+        self.shard.key_arrived(key);
         Some(FillGuard { shard: Rc::clone(&self.shard), key: key.to_vec(), fill })
     }
 }
@@ -351,6 +363,7 @@ impl Shard {
             events,
             tenancy,
             connection_watches: RefCell::new(Vec::new()),
+            awaited: RefCell::new(std::collections::HashMap::new()),
             usage: RefCell::new(std::collections::HashMap::new()),
             links: RefCell::new(LinkBook::default()),
             cascades: RefCell::new(std::collections::VecDeque::new()),
@@ -826,6 +839,7 @@ impl Shard {
                 self.publish_links();
             }
             self.events.borrow_mut().stored(key, links.parent, value_len, Tier::Dram);
+            self.key_arrived(key);
             if pin_flags != 0 {
                 self.account(key, Use::Pinned, new_bytes, true);
                 let mut pins = self.pins.borrow_mut();
@@ -1321,11 +1335,20 @@ impl Shard {
 
     // ---- reads ---------------------------------------------------------------------------------------
 
-    /// Reads `key`'s value, or `range` (offset, length) of it.
-    pub async fn get(self: &Rc<Self>, key: &[u8], range: Option<(u32, u32)>) -> Result<ReadHit, Status> {
+    /// Reads `key`'s value, or `range` (offset, length) of it. A key neither stored nor being put
+    /// progressively is waited for up to `wait` (zero: answered NOT_FOUND at once).
+    pub async fn get(
+        self: &Rc<Self>,
+        key: &[u8],
+        range: Option<(u32, u32)>,
+        wait: Duration,
+    ) -> Result<ReadHit, Status> {
         let hash = index_hash(key);
         let mut waited_for_fill = false;
-        for _attempt in 0..3 {
+        let mut waited_for_arrival = wait.is_zero();
+        // Bounded: a wait for the key, a wait for its progressive put, and a retry for a record that moved
+        // while it was read, each at most once or twice.
+        for _attempt in 0..4 {
             let now = self.now_tick();
             let nvme = {
                 let mut index = self.index.borrow_mut();
@@ -1385,6 +1408,13 @@ impl Shard {
                         }
                         // The put ended: look again (it committed, or the key is not there).
                         continue;
+                    }
+                    None if !waited_for_arrival => {
+                        waited_for_arrival = true;
+                        if self.wait_for_arrival(key, wait).await {
+                            continue;
+                        }
+                        return Err(Status::NotFound);
                     }
                     _ => return Err(Status::NotFound),
                 }
@@ -1528,6 +1558,46 @@ impl Shard {
         self.account(key, Use::Dram, len, true);
         add(&self.metrics.promotions, 1);
         self.events.borrow_mut().tier_changed(key, Tier::Nvme, Tier::Dram);
+    }
+
+    /// Wakes the readers waiting for `key` (a put of it committed, or a progressive put of it started).
+    fn key_arrived(&self, key: &[u8]) {
+        if self.awaited.borrow().is_empty() {
+            return;
+        }
+        let Some(arrival) = self.awaited.borrow_mut().remove(key) else { return };
+        arrival.arrived.set(true);
+        for waker in arrival.wakers.take() {
+            waker.wake();
+        }
+    }
+
+    /// Waits up to `wait` for `key` to arrive; whether it did.
+    async fn wait_for_arrival(&self, key: &[u8], wait: Duration) -> bool {
+        let arrival = Rc::clone(self.awaited.borrow_mut().entry(key.to_vec()).or_default());
+        let arrived = futures_lite::future::or(
+            std::future::poll_fn(|context| {
+                if arrival.arrived.get() {
+                    std::task::Poll::Ready(true)
+                } else {
+                    arrival.wakers.borrow_mut().push(context.waker().clone());
+                    std::task::Poll::Pending
+                }
+            }),
+            async {
+                glommio::timer::sleep(wait).await;
+                false
+            },
+        )
+        .await;
+        if !arrived {
+            // The last reader to give up takes the entry out, so waits that end leave nothing behind.
+            let mut awaited = self.awaited.borrow_mut();
+            if awaited.get(key).is_some_and(|entry| Rc::ptr_eq(entry, &arrival) && Rc::strong_count(&arrival) == 2) {
+                awaited.remove(key);
+            }
+        }
+        arrived
     }
 
     /// Reads `range` of a progressive put's object once those bytes are in (a whole-value read waits for the

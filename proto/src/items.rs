@@ -148,6 +148,13 @@ pub const ITEM_PIN_SOFT: u16 = 1 << 4;
 pub const ITEM_LINKS: u16 = 1 << 5;
 /// Put item flag: the value comes as parts (`[len u32][crc u32][bytes]` each), readable as they arrive.
 pub const ITEM_PROGRESSIVE: u16 = 1 << 6;
+/// Get / get-range item flag: a key that is not stored yet is waited for — until a put of it commits or a
+/// progressive put of it starts — for at most `value_crc` milliseconds (a read item carries no crc), at most
+/// [`MAX_ITEM_WAIT_MS`]; then NOT_FOUND. For a reader that knows a writer is about to put the key (a decode
+/// instance loading layers a prefill instance is still sending).
+pub const ITEM_WAIT: u16 = 1 << 7;
+/// The longest wait an item may ask for, ms.
+pub const MAX_ITEM_WAIT_MS: u32 = 60_000;
 /// Bytes of a progressive put's part header.
 pub const PART_HEADER_BYTES: usize = 8;
 const PUT_ITEM_FLAGS: u16 = 3 | ITEM_UPSERT | ITEM_PIN_HARD | ITEM_PIN_SOFT | ITEM_LINKS | ITEM_PROGRESSIVE;
@@ -332,6 +339,14 @@ impl RequestItemHeader {
         self.flags & ITEM_PROGRESSIVE != 0
     }
 
+    /// How long a read waits for a key not stored yet ([`ITEM_WAIT`]); zero without the flag.
+    pub fn wait(&self) -> std::time::Duration {
+        if self.flags & ITEM_WAIT == 0 {
+            return std::time::Duration::ZERO;
+        }
+        std::time::Duration::from_millis(u64::from(self.value_crc))
+    }
+
     /// Appends the 16 bytes.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.key_len.to_le_bytes());
@@ -361,6 +376,7 @@ impl RequestItemHeader {
         let known = match opcode {
             Opcode::Put => PUT_ITEM_FLAGS,
             Opcode::RemoveMatching | Opcode::Subscribe => ITEM_MATCH_ALL,
+            Opcode::Get | Opcode::GetRange => ITEM_WAIT,
             _ => 0,
         };
         if header.flags & !known != 0 {
@@ -374,6 +390,9 @@ impl RequestItemHeader {
         }
         if opcode == Opcode::Put && header.flags & ITEM_PIN_SOFT == 0 && header.offset != 0 {
             return Err(ProtoError::Field("offset of a put that is not soft-pinned"));
+        }
+        if header.flags & ITEM_WAIT != 0 && header.value_crc > MAX_ITEM_WAIT_MS {
+            return Err(ProtoError::Field("a read's wait (at most 60,000 ms)"));
         }
         if opcode != Opcode::Put && opcode != Opcode::GetRange && header.value_len != 0 {
             return Err(ProtoError::Field("value length of an item that carries no value"));
@@ -657,6 +676,27 @@ mod tests {
         let header = FrameHeader::request(Opcode::Put, 9, 1, body_len).encode();
         frame[..FRAME_HEADER_BYTES].copy_from_slice(&header);
         assert!(matches!(decode_request_frame(&frame, &Limits::default()), Err(ProtoError::BodyMismatch { .. })));
+    }
+
+    #[test]
+    fn only_reads_may_wait_and_only_so_long() {
+        let limits = Limits::default();
+        let encoded = |flags: u16, value_crc: u32| {
+            let mut bytes = Vec::new();
+            RequestItemHeader { key_len: 3, flags, value_crc, ..Default::default() }.encode_into(&mut bytes);
+            bytes
+        };
+        for opcode in [Opcode::Get, Opcode::GetRange] {
+            let item = RequestItemHeader::decode(&encoded(ITEM_WAIT, 1500), opcode, &limits).unwrap();
+            assert_eq!(item.wait(), std::time::Duration::from_millis(1500));
+            let item = RequestItemHeader::decode(&encoded(0, 0), opcode, &limits).unwrap();
+            assert_eq!(item.wait(), std::time::Duration::ZERO);
+            let too_long = RequestItemHeader::decode(&encoded(ITEM_WAIT, MAX_ITEM_WAIT_MS + 1), opcode, &limits);
+            assert!(matches!(too_long, Err(ProtoError::Field(_))), "{too_long:?}");
+        }
+        for opcode in [Opcode::Exists, Opcode::Remove, Opcode::PrefixMatch] {
+            assert!(RequestItemHeader::decode(&encoded(ITEM_WAIT, 10), opcode, &limits).is_err(), "{opcode:?}");
+        }
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub use frame::{
 pub use hash::{fnv1a_64, shard_of};
 pub use items::{
     HELLO_REPLY_BYTES, HelloReply, HelloRequest, ITEM_LINKS, ITEM_MATCH_ALL, ITEM_PIN_HARD, ITEM_PIN_SOFT,
-    ITEM_PROGRESSIVE, ITEM_UPSERT, LINKS_HEADER_BYTES, Limits, Links, PART_HEADER_BYTES, Pin, PutOptions,
-    REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, WritePolicy, decode_part_header,
-    encode_part_header,
+    ITEM_PROGRESSIVE, ITEM_UPSERT, ITEM_WAIT, LINKS_HEADER_BYTES, Limits, Links, MAX_ITEM_WAIT_MS, PART_HEADER_BYTES,
+    Pin, PutOptions, REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, WritePolicy,
+    decode_part_header, encode_part_header,
 };

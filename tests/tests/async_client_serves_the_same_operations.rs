@@ -133,7 +133,8 @@ fn async_layers_gathers_and_progressive_puts_match_the_blocking_client() {
         assert_eq!(put.part_count(), 2);
         let (first, sent) = put.send_part(value_of(30, 600)).await;
         assert_eq!((first.len(), sent), (600, Ok(())));
-        let (layer, read) = reader.get_range_into(key_of(30), 0, vec![0u8; 600]).await;
+        // (The put's header may still be on its way on the writer's connection: the reader waits for it.)
+        let (layer, read) = reader.get_range_into_waiting(key_of(30), 0, vec![0u8; 600], Duration::from_secs(5)).await;
         assert_eq!((layer, read), (value_of(30, 600), Ok(600)), "the first layer before the second was sent");
         let (_, wrong) = put.send_part(vec![0u8; 10]).await;
         assert!(matches!(wrong, Err(ClientError::Invalid(_))), "{wrong:?}");
@@ -161,7 +162,7 @@ fn async_layers_gathers_and_progressive_puts_match_the_blocking_client() {
             writer.put_progressive(key_of(40), vec![100, 100], None, None, PutOptions::default()).await.expect("start");
         let (_, sent) = abandoned.send_part(value_of(40, 100)).await;
         assert_eq!(sent, Ok(()));
-        let (_, read) = reader.get_range_into(key_of(40), 0, vec![0u8; 100]).await;
+        let (_, read) = reader.get_range_into_waiting(key_of(40), 0, vec![0u8; 100], Duration::from_secs(5)).await;
         assert_eq!(read, Ok(100));
         drop(abandoned);
         let mut readable = true;

@@ -20,18 +20,10 @@ use strata_proto::{
 const LAYER: usize = 64 << 10;
 const LAYERS: usize = 8;
 
-/// Reads a range of `key`, asking again while the node has not yet seen the put at all (its item header
-/// may still be in flight on the writer's connection when the reader asks): up to 5 s.
+/// Reads a range of `key`, waiting (up to 5 s) for the put if the node has not seen it yet: its item header
+/// may still be in flight on the writer's connection when the reader asks.
 fn read_range(reader: &mut strata_client::Client, key: &[u8], offset: u32, buffer: &mut [u8]) -> usize {
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        match reader.get_range_into(key, offset, buffer) {
-            Err(ClientError::NotFound) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            read => return read.expect("range read"),
-        }
-    }
+    reader.get_range_into_waiting(key, offset, buffer, Duration::from_secs(5)).expect("range read")
 }
 
 #[test]
@@ -168,4 +160,67 @@ fn a_damaged_part_is_never_stored_and_a_misrouted_put_is_forwarded_whole() {
     // A put of a stored key is refused and its parts skipped, the stream still in step.
     assert_eq!(raw_progressive_put(&mut stream, &local, &parts, None), Status::Exists);
     assert_eq!(raw_progressive_put(&mut stream, b"raw/after", &parts[..1], None), Status::Ok);
+}
+
+#[test]
+fn a_reader_can_wait_for_a_key_that_is_not_there_yet() {
+    let node = start(config(&[0, 1], 64 << 20));
+    let addr = node.local_addr();
+    let layer0 = value_of(30, LAYER);
+    let layer1 = value_of(31, LAYER);
+
+    // The reader asks before the writer has started: it is answered with the first layer as soon as that
+    // arrived, while the writer holds the second layer back until the reader reports.
+    let (read_sender, read_done) = mpsc::channel();
+    let (asking_sender, asking) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut reader = strata_client::Client::connect(addr, Default::default()).expect("connect");
+        let mut buffer = vec![0u8; LAYER];
+        asking_sender.send(()).expect("send");
+        let read = reader.get_range_into_waiting(b"later", 0, &mut buffer, Duration::from_secs(10));
+        read_sender.send((read, buffer)).expect("send");
+    });
+    asking.recv().expect("the reader is asking");
+    std::thread::sleep(Duration::from_millis(200));
+    let mut writer = client(&node);
+    let mut put =
+        writer.put_progressive(b"later", &[LAYER as u32; 2], Links::NONE, PutOptions::default()).expect("start");
+    put.send_part(&layer0).expect("layer 0");
+    let (read, buffer) = read_done.recv_timeout(Duration::from_secs(10)).expect("the reader was answered");
+    assert_eq!(read, Ok(LAYER));
+    assert_eq!(buffer, layer0, "the first layer, before the second was sent");
+    put.send_part(&layer1).expect("layer 1");
+    put.finish().expect("finish");
+    reader.join().expect("reader");
+
+    // A whole get waits for a plain put that comes later.
+    let (whole_sender, whole) = mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let mut reader = strata_client::Client::connect(addr, Default::default()).expect("connect");
+        let mut buffer = vec![0u8; 1000];
+        let read = reader.get_into_waiting(b"plain-later", &mut buffer, Duration::from_secs(10));
+        whole_sender.send((read, buffer)).expect("send");
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    writer.put(b"plain-later", &value_of(32, 1000)).expect("put");
+    let (read, buffer) = whole.recv_timeout(Duration::from_secs(10)).expect("answered");
+    assert_eq!((read, buffer), (Ok(1000), value_of(32, 1000)));
+    waiter.join().expect("waiter");
+
+    // A key that never comes: NOT_FOUND once the wait is over, not before and not much after.
+    let mut reader = client(&node);
+    let started = std::time::Instant::now();
+    let mut buffer = vec![0u8; 10];
+    assert_eq!(
+        reader.get_range_into_waiting(b"never", 0, &mut buffer, Duration::from_millis(300)),
+        Err(ClientError::NotFound)
+    );
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(290) && waited < Duration::from_secs(5), "waited {waited:?}");
+    // Without a wait, at once; and a wait the client's own timeout would cut is refused before sending.
+    assert_eq!(reader.get_range_into(b"never", 0, &mut buffer), Err(ClientError::NotFound));
+    let refused = reader.get_range_into_waiting(b"never", 0, &mut buffer, Duration::from_secs(45));
+    assert!(matches!(refused, Err(ClientError::Invalid(_))), "{refused:?}");
+    assert_eq!(reader.get(b"later").expect("the connection still works").len(), 2 * LAYER);
+    node.shutdown().expect("shutdown");
 }

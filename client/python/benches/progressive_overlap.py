@@ -68,11 +68,9 @@ def one_block(prefill, decode, layers, layer_size, layer_us, progressive, pool_a
     def decode_side():
         if progressive:
             for layer in range(layers):
-                read = decode.get_range_into(key, layer * layer_size, pool_address + layer * layer_size, layer_size)
-                deadline = time.monotonic() + 5
-                while layer == 0 and read == strata.OBJECT_NOT_FOUND and time.monotonic() < deadline:
-                    # The put's item header has not reached the node yet: ask again.
-                    read = decode.get_range_into(key, 0, pool_address, layer_size)
+                # The put's item header may not have reached the node yet: the node waits for it (5 s).
+                at = pool_address + layer * layer_size
+                read = decode.get_range_into(key, layer * layer_size, at, layer_size, wait=5)
                 if read != layer_size:
                     failures.append(f"layer {layer}: {strata.error_name(read)}")
         else:

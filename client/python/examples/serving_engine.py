@@ -165,11 +165,8 @@ def layerwise_transfer(address):
     for layer in range(LAYERS):
         part = kv[layer * LAYER_BYTES : (layer + 1) * LAYER_BYTES]
         assert put.send(part) == 0
-        read = decode.get_range_into(key, layer * LAYER_BYTES, layer_buffer.ctypes.data, LAYER_BYTES)
-        deadline = time.monotonic() + 5
-        while layer == 0 and read == strata.OBJECT_NOT_FOUND and time.monotonic() < deadline:
-            # The put's first bytes are still on their way to the node: it does not know the block yet.
-            read = decode.get_range_into(key, 0, layer_buffer.ctypes.data, LAYER_BYTES)
+        # The put's first bytes may still be on their way to the node: wait (up to 5 s) rather than retry.
+        read = decode.get_range_into(key, layer * LAYER_BYTES, layer_buffer.ctypes.data, LAYER_BYTES, wait=5)
         assert read == LAYER_BYTES, strata.error_name(read)
         assert np.array_equal(layer_buffer, part)
         if layer < LAYERS - 1:

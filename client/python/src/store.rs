@@ -29,6 +29,12 @@ pub struct StrataStore {
     registry: Arc<Registry>,
 }
 
+/// A read's `wait=` in seconds, as a duration: finite and not negative.
+fn wait_of(seconds: f64) -> PyResult<std::time::Duration> {
+    std::time::Duration::try_from_secs_f64(seconds)
+        .map_err(|_| PyValueError::new_err(format!("wait={seconds}: a number of seconds, 0 or more")))
+}
+
 fn key_of(key: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
     key_slice(key).map(<[u8]>::to_vec)
 }
@@ -308,17 +314,30 @@ impl StrataStore {
     }
 
     /// Reads `key`'s value into the registered buffer at `buffer_ptr` (`size` bytes); returns the bytes
-    /// read or a negative code.
-    fn get_into(&self, py: Python<'_>, key: &Bound<'_, PyAny>, buffer_ptr: usize, size: usize) -> PyResult<i64> {
+    /// read or a negative code. `wait` (seconds): a key not stored yet is waited for that long (a put of
+    /// it committing), then OBJECT_NOT_FOUND.
+    #[pyo3(signature = (key, buffer_ptr, size, wait = 0.0))]
+    fn get_into(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        buffer_ptr: usize,
+        size: usize,
+        wait: f64,
+    ) -> PyResult<i64> {
         let key = key_of(key)?;
+        let wait = wait_of(wait)?;
         let Some(buffer) = self.registry.write(buffer_ptr, size) else { return Ok(codes::INVALID_PARAMS) };
         Ok(self
-            .with_client(py, |client| codes::of_len(&client.get_into(&key, buffer)))
+            .with_client(py, |client| codes::of_len(&client.get_into_waiting(&key, buffer, wait)))
             .unwrap_or(codes::INVALID_PARAMS))
     }
 
     /// Reads `size` bytes at `offset` of `key`'s value (one layer, say) into the registered buffer at
-    /// `buffer_ptr`; returns the bytes read or a negative code.
+    /// `buffer_ptr`; returns the bytes read or a negative code. `wait` (seconds): a key not stored yet is
+    /// waited for that long (a put of it committing, or a progressive put of it starting and this range
+    /// arriving), so a decode instance can ask for a layer a prefill instance has not sent yet.
+    #[pyo3(signature = (key, offset, buffer_ptr, size, wait = 0.0))]
     fn get_range_into(
         &self,
         py: Python<'_>,
@@ -326,10 +345,13 @@ impl StrataStore {
         offset: u32,
         buffer_ptr: usize,
         size: usize,
+        wait: f64,
     ) -> PyResult<i64> {
         let key = key_of(key)?;
+        let wait = wait_of(wait)?;
         let Some(buffer) = self.registry.write(buffer_ptr, size) else { return Ok(codes::INVALID_PARAMS) };
-        let read = self.with_client(py, |client| codes::of_len(&client.get_range_into(&key, offset, buffer)));
+        let read =
+            self.with_client(py, |client| codes::of_len(&client.get_range_into_waiting(&key, offset, buffer, wait)));
         Ok(read.unwrap_or(codes::INVALID_PARAMS))
     }
 

@@ -398,8 +398,8 @@ def test_a_progressive_put_is_readable_layer_by_layer_before_it_completes(store)
     assert put.send_from(address, layer) == 0
     assert put.parts_sent() == 2
     out, out_address = registered(store, layer)
-    # The put's first bytes may still be on their way to the node: a read before them is NOT_FOUND.
-    assert wait_until(lambda: store.get_range_into(key, 0, out_address, layer) == layer)
+    # The put's first bytes may still be on their way to the node: the read waits for them (up to 5 s).
+    assert store.get_range_into(key, 0, out_address, layer, wait=5) == layer
     assert out.tobytes() == layers[0]
     assert store.get_range_into(key, layer, out_address, layer) == layer
     assert out.tobytes() == layers[1]
@@ -415,3 +415,35 @@ def test_a_progressive_put_is_readable_layer_by_layer_before_it_completes(store)
     assert again.send(b"x") == 0 and again.finish() == strata.OBJECT_ALREADY_EXISTS
     # Before setup, or with an empty part, the put holds the error.
     assert store.put_progressive(unique(), [4, 0]).send(b"abcd") == strata.INVALID_PARAMS
+
+
+def test_a_reader_can_wait_for_a_layer_that_is_not_sent_yet(node, store):
+    key, layer = unique("later"), 4096
+    layers = [pattern(200 + i, layer) for i in range(2)]
+    reader = StrataStore()
+    assert reader.setup(node.address) == 0
+    out, out_address = registered(reader, layer)
+    outcome = []
+    asking = threading.Event()
+
+    def read():
+        asking.set()
+        outcome.append(reader.get_range_into(key, 0, out_address, layer, wait=10))
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    assert asking.wait(5)
+    time.sleep(0.2)
+    put = store.put_progressive(key, [layer] * 2)
+    assert put.send(layers[0]) == 0
+    thread.join(10)
+    assert outcome == [layer], "answered with the first layer before the second was sent"
+    assert out.tobytes() == layers[0]
+    assert put.send(layers[1]) == 0 and put.finish() == 0
+    # A key that never comes: OBJECT_NOT_FOUND after the wait; a negative wait is a ValueError.
+    started = time.monotonic()
+    assert reader.get_into(unique("never"), out_address, layer, wait=0.3) == strata.OBJECT_NOT_FOUND
+    assert time.monotonic() - started >= 0.29
+    with pytest.raises(ValueError):
+        reader.get_range_into(key, 0, out_address, layer, wait=-1)
+    reader.close()
