@@ -6,14 +6,13 @@
 //! events from the batch at hand.
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
 use std::io::Read;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use strata_proto::{EVENT_HEADER_BYTES, Event, FrameHeader, ITEM_MATCH_ALL, Opcode, RequestItemHeader, Status};
+use strata_proto::{Event, EventRef, FrameHeader, ITEM_MATCH_ALL, Opcode, RequestItemHeader, Status};
 
 use crate::client::{ClientOptions, ShardConnection};
 use crate::error::ClientError;
@@ -34,13 +33,62 @@ pub struct ShardEvent {
     pub event: Event,
 }
 
-type Batch = Vec<Result<ShardEvent, ClientError>>;
+/// One frame of one shard's events as the node sent it, checked whole by the reader thread: iterate it
+/// with keys borrowed from it ([`EventBatch::iter`]), or take owned events one by one from the stream.
+#[derive(Debug)]
+pub struct EventBatch {
+    shard: u32,
+    body: Vec<u8>,
+    /// Where the events not yet consumed start, and how many there are.
+    at: usize,
+    left: usize,
+}
+
+impl EventBatch {
+    /// The shard its events happened on.
+    pub fn shard(&self) -> u32 {
+        self.shard
+    }
+
+    /// Events in it.
+    pub fn len(&self) -> usize {
+        self.left
+    }
+
+    /// Whether it holds no event.
+    pub fn is_empty(&self) -> bool {
+        self.left == 0
+    }
+
+    /// Its events, `(sequence, event)`, keys borrowed from the batch: no allocation per event, for a
+    /// consumer that only looks (a router hashing keys into its own table).
+    pub fn iter(&self) -> impl Iterator<Item = (u64, EventRef<'_>)> + '_ {
+        let mut at = self.at;
+        (0..self.left).map_while(move |_| {
+            // Checked by the reader thread when the frame arrived, so this cannot fail.
+            let (event, sequence, len) = EventRef::decode(&self.body[at..]).ok()?;
+            at += len;
+            Some((sequence, event))
+        })
+    }
+
+    /// Takes its next event, owned.
+    fn pop(&mut self) -> Option<ShardEvent> {
+        if self.left == 0 {
+            return None;
+        }
+        let (event, sequence, len) = EventRef::decode(&self.body[self.at..]).ok()?;
+        self.at += len;
+        self.left -= 1;
+        Some(ShardEvent { shard: self.shard, sequence, event: event.to_event() })
+    }
+}
 
 /// A live subscription; dropping it closes the connections. `Send`, not `Sync`: one consumer.
 pub struct EventStream {
-    events: Receiver<Batch>,
+    batches: Receiver<Result<EventBatch, ClientError>>,
     /// What is left of the batch being consumed.
-    pending: RefCell<VecDeque<Result<ShardEvent, ClientError>>>,
+    pending: RefCell<Option<EventBatch>>,
     sockets: Vec<TcpStream>,
     readers: Vec<JoinHandle<()>>,
 }
@@ -51,9 +99,8 @@ impl EventStream {
         options: &ClientOptions,
         prefix: Option<&[u8]>,
     ) -> Result<Self, ClientError> {
-        let (sender, events) = sync_channel(QUEUE_FRAMES);
-        let mut stream =
-            Self { events, pending: RefCell::new(VecDeque::new()), sockets: Vec::new(), readers: Vec::new() };
+        let (sender, batches) = sync_channel(QUEUE_FRAMES);
+        let mut stream = Self { batches, pending: RefCell::new(None), sockets: Vec::new(), readers: Vec::new() };
         for (shard, &addr) in addrs.iter().enumerate() {
             let (mut connection, _hello) = ShardConnection::open(addr, options)?;
             let (key, flags) = match prefix {
@@ -90,18 +137,45 @@ impl EventStream {
     /// (the connection failed): subscribe again, and resync.
     pub fn next_timeout(&self, timeout: Duration) -> Option<Result<ShardEvent, ClientError>> {
         let mut pending = self.pending.borrow_mut();
-        if pending.is_empty() {
+        loop {
+            if let Some(event) = pending.as_mut().and_then(EventBatch::pop) {
+                return Some(Ok(event));
+            }
             // A timeout and a closed stream both mean "nothing now".
-            pending.extend(self.events.recv_timeout(timeout).ok()?);
+            match self.batches.recv_timeout(timeout).ok()? {
+                Ok(batch) => *pending = Some(batch),
+                Err(error) => return Some(Err(error)),
+            }
         }
-        pending.pop_front()
+    }
+
+    /// The next batch of events (the rest of the one being consumed, if any), waiting at most `timeout`;
+    /// `None` if none came. Its events borrow their keys from it ([`EventBatch::iter`]): a consumer that
+    /// only looks at events pays no allocation per event. An `Err` as for [`next_timeout`](Self::next_timeout).
+    pub fn next_batch_timeout(&self, timeout: Duration) -> Option<Result<EventBatch, ClientError>> {
+        if let Some(batch) = self.pending.borrow_mut().take().filter(|batch| !batch.is_empty()) {
+            return Some(Ok(batch));
+        }
+        self.batches.recv_timeout(timeout).ok()
     }
 
     /// Every event queued now, without waiting.
     pub fn drain(&self) -> Vec<Result<ShardEvent, ClientError>> {
-        let mut events: Vec<_> = self.pending.borrow_mut().drain(..).collect();
-        events.extend(self.events.try_iter().flatten());
-        events
+        let mut events = Vec::new();
+        let mut pending = self.pending.borrow_mut().take();
+        loop {
+            if let Some(batch) = pending.as_mut() {
+                events.extend(std::iter::from_fn(|| batch.pop()).map(Ok));
+            }
+            match self.batches.try_recv() {
+                Ok(Ok(batch)) => pending = Some(batch),
+                Ok(Err(error)) => {
+                    events.push(Err(error));
+                    pending = None;
+                }
+                Err(_) => return events,
+            }
+        }
     }
 }
 
@@ -111,10 +185,10 @@ impl Drop for EventStream {
             let _ = socket.shutdown(Shutdown::Both);
         }
         // Unblock readers waiting on a full queue.
-        while self.events.try_recv().is_ok() {}
+        while self.batches.try_recv().is_ok() {}
         for reader in self.readers.drain(..) {
             while !reader.is_finished() {
-                while self.events.try_recv().is_ok() {}
+                while self.batches.try_recv().is_ok() {}
                 std::thread::sleep(Duration::from_millis(1));
             }
             let _ = reader.join();
@@ -122,9 +196,8 @@ impl Drop for EventStream {
     }
 }
 
-fn read_events(mut connection: ShardConnection, shard: u32, sender: SyncSender<Batch>) {
+fn read_events(mut connection: ShardConnection, shard: u32, sender: SyncSender<Result<EventBatch, ClientError>>) {
     let outcome = (|| -> Result<(), ClientError> {
-        let mut body = Vec::new();
         loop {
             let header = connection.read_header(Opcode::Subscribe, 1)?;
             if header.status != Status::Ok {
@@ -133,27 +206,27 @@ fn read_events(mut connection: ShardConnection, shard: u32, sender: SyncSender<B
             if header.body_len > MAX_FRAME_BYTES {
                 return Err(ClientError::Protocol(format!("event frame of {} bytes", header.body_len)));
             }
-            body.resize(header.body_len as usize, 0);
+            let mut body = vec![0u8; header.body_len as usize];
             connection.reader.read_exact(&mut body).map_err(|error| ClientError::from_io(&error))?;
+            // Checked whole here (without allocating), so consumers can iterate it without errors. The count
+            // is the node's word: an event takes at least its header, so the body bounds it.
             let mut at = 0;
-            // The count is the node's word: an event takes at least its header, so the body bounds it.
-            let mut batch = Vec::with_capacity((header.count as usize).min(body.len() / EVENT_HEADER_BYTES));
             for _ in 0..header.count {
-                let (event, sequence, len) =
-                    Event::decode(&body[at..]).map_err(|error| ClientError::Protocol(error.to_string()))?;
+                let (_, _, len) =
+                    EventRef::decode(&body[at..]).map_err(|error| ClientError::Protocol(error.to_string()))?;
                 at += len;
-                batch.push(Ok(ShardEvent { shard, sequence, event }));
             }
             if at != body.len() {
                 return Err(ClientError::Protocol("events do not fill their frame".into()));
             }
-            if !batch.is_empty() && sender.send(batch).is_err() {
+            let batch = EventBatch { shard, body, at: 0, left: header.count as usize };
+            if !batch.is_empty() && sender.send(Ok(batch)).is_err() {
                 return Ok(());
             }
         }
     })();
     if let Err(error) = outcome {
         // The stream was closed by its owner (drop) or failed; report only the latter, without blocking.
-        let _ = sender.try_send(vec![Err(error)]);
+        let _ = sender.try_send(Err(error));
     }
 }

@@ -25,5 +25,5 @@ mod events;
 pub use crate::async_client::{AsyncClient, AsyncProgressivePut, OwnedBlock};
 pub use crate::client::{BlockPut, Client, ClientOptions, KeyRange, ProgressivePut};
 pub use crate::error::ClientError;
-pub use crate::events::{EventStream, ShardEvent};
-pub use strata_proto::{Event, Links, Pin, PutOptions, RemovalReason, Tier, WritePolicy};
+pub use crate::events::{EventBatch, EventStream, ShardEvent};
+pub use strata_proto::{Event, EventRef, Links, Pin, PutOptions, RemovalReason, Tier, WritePolicy};

@@ -462,7 +462,7 @@ async fn remove_matching(shard: &Rc<Shard>, flags: u16, pattern: &[u8], scope: &
 /// Bytes of events per frame sent to a subscriber (at most; one event may take it past).
 const EVENT_FRAME_BYTES: usize = 256 << 10;
 /// How long a woken subscriber waits for more events before it sends what it has.
-const EVENT_GATHER: std::time::Duration = std::time::Duration::from_micros(500);
+const EVENT_GATHER: std::time::Duration = std::time::Duration::from_millis(2);
 /// A subscriber with nothing to receive gets an empty frame this often, so a vanished one is noticed.
 const EVENT_HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(1);
 

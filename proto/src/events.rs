@@ -121,6 +121,53 @@ impl Event {
 
     /// Decodes one event from the front of `bytes`; returns it, its sequence number and its length.
     pub fn decode(bytes: &[u8]) -> Result<(Event, u64, usize), ProtoError> {
+        let (event, sequence, len) = EventRef::decode(bytes)?;
+        Ok((event.to_event(), sequence, len))
+    }
+}
+
+/// An [`Event`] whose keys are borrowed from the frame it came in: what a consumer that only looks at an
+/// event (a router hashing its keys into its own table) decodes, at no allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventRef<'a> {
+    /// See [`Event::BlockStored`].
+    BlockStored {
+        /// Its key.
+        key: &'a [u8],
+        /// The key it names as its parent, if any.
+        parent: Option<&'a [u8]>,
+        /// Bytes of value.
+        size: u32,
+        /// The tier it landed in.
+        tier: Tier,
+    },
+    /// See [`Event::BlockRemoved`].
+    BlockRemoved {
+        /// Its key.
+        key: &'a [u8],
+        /// Why.
+        reason: RemovalReason,
+    },
+    /// See [`Event::TierChanged`].
+    TierChanged {
+        /// Its key.
+        key: &'a [u8],
+        /// The tier it was served from.
+        from: Tier,
+        /// The tier it is served from now.
+        to: Tier,
+    },
+    /// See [`Event::Lagged`].
+    Lagged {
+        /// Events missed.
+        missed: u32,
+    },
+}
+
+impl<'a> EventRef<'a> {
+    /// Decodes one event from the front of `bytes`, borrowing its keys; returns it, its sequence number and
+    /// its length.
+    pub fn decode(bytes: &'a [u8]) -> Result<(EventRef<'a>, u64, usize), ProtoError> {
         if bytes.len() < EVENT_HEADER_BYTES {
             return Err(ProtoError::Truncated { needed: EVENT_HEADER_BYTES, available: bytes.len() });
         }
@@ -130,23 +177,33 @@ impl Event {
         if bytes.len() < total {
             return Err(ProtoError::Truncated { needed: total, available: bytes.len() });
         }
-        let key = bytes[EVENT_HEADER_BYTES..EVENT_HEADER_BYTES + key_len].to_vec();
+        let key = &bytes[EVENT_HEADER_BYTES..EVENT_HEADER_BYTES + key_len];
         let parent = &bytes[EVENT_HEADER_BYTES + key_len..total];
         let tier = |at: usize| Tier::from_u8(bytes[at]).ok_or(ProtoError::Field("event tier"));
         let size = u32_at(bytes, 4);
         let event = match bytes[0] {
-            1 => {
-                Event::BlockStored { key, parent: (!parent.is_empty()).then(|| parent.to_vec()), size, tier: tier(2)? }
-            }
-            2 => Event::BlockRemoved {
+            1 => EventRef::BlockStored { key, parent: (!parent.is_empty()).then_some(parent), size, tier: tier(2)? },
+            2 => EventRef::BlockRemoved {
                 key,
                 reason: RemovalReason::from_u8(bytes[3]).ok_or(ProtoError::Field("event removal reason"))?,
             },
-            3 => Event::TierChanged { key, from: tier(1)?, to: tier(2)? },
-            4 => Event::Lagged { missed: size },
+            3 => EventRef::TierChanged { key, from: tier(1)?, to: tier(2)? },
+            4 => EventRef::Lagged { missed: size },
             _ => return Err(ProtoError::Field("event kind")),
         };
         Ok((event, u64_at(bytes, 16), total))
+    }
+
+    /// The owned event.
+    pub fn to_event(&self) -> Event {
+        match *self {
+            EventRef::BlockStored { key, parent, size, tier } => {
+                Event::BlockStored { key: key.to_vec(), parent: parent.map(<[u8]>::to_vec), size, tier }
+            }
+            EventRef::BlockRemoved { key, reason } => Event::BlockRemoved { key: key.to_vec(), reason },
+            EventRef::TierChanged { key, from, to } => Event::TierChanged { key: key.to_vec(), from, to },
+            EventRef::Lagged { missed } => Event::Lagged { missed },
+        }
     }
 }
 

@@ -132,3 +132,39 @@ fn a_subscriber_that_falls_behind_is_told_how_much_it_missed() {
     drop(stream);
     node.shutdown().expect("shutdown");
 }
+
+#[test]
+fn batches_borrow_their_keys_and_say_what_owned_events_say() {
+    let node = start(config(&[0], 32 << 20));
+    let mut client = client(&node);
+    let owned = client.subscribe_events(None).expect("subscribe");
+    let borrowed = client.subscribe_events(None).expect("subscribe");
+    client.put_linked(b"child", b"v", strata_client::Links::parent(b"root"), Default::default()).expect("put");
+    for index in 0..20u64 {
+        client.put(&key_of(index), &value_of(index, 100)).expect("put");
+    }
+    client.remove(&key_of(5)).expect("remove");
+    let expected = collect(&owned, |events| events.len() >= 22);
+    assert_eq!(expected.len(), 22);
+
+    // The same events through batches: one owned event first, then the rest of its batch and the ones after.
+    let mut seen: Vec<ShardEvent> =
+        vec![borrowed.next_timeout(Duration::from_secs(5)).expect("an event").expect("event")];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while seen.len() < expected.len() && Instant::now() < deadline {
+        let Some(batch) = borrowed.next_batch_timeout(Duration::from_millis(50)) else { continue };
+        let batch = batch.expect("batch");
+        assert!(!batch.is_empty() && batch.shard() == 0);
+        let before = seen.len();
+        for (sequence, event) in batch.iter() {
+            if let strata_client::EventRef::BlockStored { key: b"child", parent, .. } = event {
+                assert_eq!(parent, Some(&b"root"[..]), "the parent borrowed from the frame");
+            }
+            seen.push(ShardEvent { shard: batch.shard(), sequence, event: event.to_event() });
+        }
+        assert_eq!(seen.len() - before, batch.len());
+    }
+    assert_eq!(seen, expected, "batches and owned events tell the same story, in the same order");
+    assert!(borrowed.next_batch_timeout(Duration::from_millis(100)).is_none(), "nothing more");
+    node.shutdown().expect("shutdown");
+}

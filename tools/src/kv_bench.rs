@@ -364,12 +364,15 @@ pub fn run(args: &KvArgs, show_progress: bool) -> anyhow::Result<KvReport> {
                 let (mut received, mut missed) = (0u64, 0u64);
                 let mut quiet_since: Option<Instant> = None;
                 while quiet_since.is_none_or(|since| since.elapsed() < Duration::from_millis(200)) {
-                    match events.next_timeout(Duration::from_millis(20)) {
-                        Some(Ok(event)) => {
+                    // Batches, keys borrowed: a router's cost of looking at each event, not of copying it.
+                    match events.next_batch_timeout(Duration::from_millis(20)) {
+                        Some(Ok(batch)) => {
                             quiet_since = None;
-                            match event.event {
-                                strata_client::Event::Lagged { missed: count } => missed += u64::from(count),
-                                _ => received += 1,
+                            for (_sequence, event) in batch.iter() {
+                                match event {
+                                    strata_client::EventRef::Lagged { missed: count } => missed += u64::from(count),
+                                    _ => received += 1,
+                                }
                             }
                         }
                         Some(Err(_)) => break,
