@@ -270,7 +270,10 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
         seen: Cell::new((0, 0)),
         still_since: Cell::new(None),
     });
-    shard.connection_watches.borrow_mut().push(Rc::downgrade(&watch));
+    // Registered only when a sweeper runs to prune the list (a `Weak` keeps its allocation alive).
+    if !shard.config.stall_timeout.is_zero() {
+        shard.connection_watches.borrow_mut().push(Rc::downgrade(&watch));
+    }
     let mut connection = Connection {
         watch,
         stream,
