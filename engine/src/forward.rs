@@ -80,13 +80,26 @@ impl ForwardReply {
     }
 }
 
-/// What a cascade names: a parent (its children leave) or a group (its members leave).
+/// What a cascade names: a parent (its children leave) or a group (its members leave); or a change of
+/// whether the sender holds a hard-pinned member of a group (which keeps the group on every shard).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CascadeKind {
     /// Objects naming this parent.
     Parent,
     /// Members of this group.
     Group,
+    /// The sender now holds a hard-pinned member of this group (it held none).
+    GroupPinned,
+    /// The sender no longer holds a hard-pinned member of this group.
+    GroupUnpinned,
+}
+
+impl CascadeKind {
+    /// Whether it tells of a pin rather than a departure: every peer needs it, linked objects or not (a
+    /// member of the group may arrive there later).
+    pub fn is_pin_change(self) -> bool {
+        matches!(self, CascadeKind::GroupPinned | CascadeKind::GroupUnpinned)
+    }
 }
 
 /// "The object or group named `name` left this node": what shards tell each other.
@@ -277,11 +290,12 @@ impl Forwarder {
         self.link_counts.as_ref().is_some_and(|counts| self.links.keys().any(|&peer| counts.of(peer) > 0))
     }
 
-    /// Tells every peer that holds linked objects about `batch`.
+    /// Tells every peer that holds linked objects about `batch` (every peer, if it tells of a pin change).
     pub async fn send_cascades(&self, batch: &[Cascade]) {
         let Some(counts) = &self.link_counts else { return };
+        let everyone = batch.iter().any(|cascade| cascade.kind.is_pin_change());
         for (&peer, link) in &self.links {
-            if counts.of(peer) > 0 {
+            if everyone || counts.of(peer) > 0 {
                 // A peer that is shutting down has nothing left to cascade into.
                 let _ = link.cascades.send(batch.to_vec()).await;
             }

@@ -208,6 +208,11 @@ impl LinkBook {
         !self.first_child.is_empty()
     }
 
+    /// The groups with a member here.
+    pub fn groups(&self) -> Vec<u64> {
+        self.first_member.keys().copied().collect()
+    }
+
     /// Whether any object here is in a group.
     pub fn has_members(&self) -> bool {
         !self.first_member.is_empty()

@@ -490,6 +490,7 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
                 let _ = shard_state.forwarder.set(forwarder);
                 // Recovery restored links before the mesh existed: the peers learn of them now.
                 shard_state.publish_links();
+                shard_state.announce_hard_pinned_groups();
                 Ok((shard_state, report, pages, region_count))
             };
             let shard_state = match started.await {

@@ -72,6 +72,11 @@ pub struct Shard {
     me: std::rc::Weak<Shard>,
     /// Progressive puts receiving their parts, by key: readable as far as they arrived.
     filling: RefCell<std::collections::HashMap<Vec<u8>, Rc<Fill>>>,
+    /// Hard-pinned members of each group, here (group hash → count).
+    hard_pinned_groups: RefCell<std::collections::HashMap<u64, u32>>,
+    /// Groups with a hard-pinned member on a peer (group hash → peers that said so): their members here
+    /// are not evicted either, so the group stays whole.
+    hard_pinned_elsewhere: RefCell<std::collections::HashMap<u64, u32>>,
     /// Readers waiting for keys not stored yet (reads with `ITEM_WAIT`), by key; woken when a put of the key
     /// commits or a progressive put of it starts.
     awaited: RefCell<std::collections::HashMap<Vec<u8>, Rc<Arrival>>>,
@@ -364,6 +369,8 @@ impl Shard {
             tenancy,
             connection_watches: RefCell::new(Vec::new()),
             awaited: RefCell::new(std::collections::HashMap::new()),
+            hard_pinned_groups: RefCell::new(std::collections::HashMap::new()),
+            hard_pinned_elsewhere: RefCell::new(std::collections::HashMap::new()),
             usage: RefCell::new(std::collections::HashMap::new()),
             links: RefCell::new(LinkBook::default()),
             cascades: RefCell::new(std::collections::VecDeque::new()),
@@ -394,6 +401,9 @@ impl Shard {
         } else {
             NO_LINK
         };
+        if entry.flags & FLAG_PINNED != 0 && group != NO_LINK {
+            self.hard_pin_group(group, false);
+        }
         // Only a serving shard cascades: during recovery a tombstone replays a removal whose cascade was
         // logged too, and a later record may legitimately name the removed parent again.
         let Some(forwarder) = self.forwarder.get() else { return entry };
@@ -431,14 +441,70 @@ impl Shard {
         }
     }
 
-    /// Departures announced by a peer.
+    /// Departures (and hard pins of group members) announced by a peer.
     pub fn accept_cascades(&self, batch: &[Cascade]) {
-        if self.links.borrow().is_empty() {
-            return;
-        }
+        let has_links = !self.links.borrow().is_empty();
         for &cascade in batch {
-            self.queue_cascade(cascade, false);
+            match cascade.kind {
+                CascadeKind::GroupPinned => {
+                    *self.hard_pinned_elsewhere.borrow_mut().entry(cascade.name).or_default() += 1;
+                }
+                CascadeKind::GroupUnpinned => {
+                    let mut elsewhere = self.hard_pinned_elsewhere.borrow_mut();
+                    if let Some(peers) = elsewhere.get_mut(&cascade.name) {
+                        *peers -= 1;
+                        if *peers == 0 {
+                            elsewhere.remove(&cascade.name);
+                        }
+                    }
+                }
+                CascadeKind::Parent | CascadeKind::Group if has_links => self.queue_cascade(cascade, false),
+                CascadeKind::Parent | CascadeKind::Group => {}
+            }
         }
+    }
+
+    /// A hard-pinned member of `group` arrived here (`pinned`) or left: the peers hear when the shard starts
+    /// or stops holding one, so that none of them evicts a member of a group pinned here.
+    fn hard_pin_group(&self, group: u64, pinned: bool) {
+        let changed = {
+            let mut groups = self.hard_pinned_groups.borrow_mut();
+            let count = groups.entry(group).or_default();
+            let before = *count;
+            *count = if pinned { before + 1 } else { before.saturating_sub(1) };
+            let changed = (before == 0) != (*count == 0);
+            if *count == 0 {
+                groups.remove(&group);
+            }
+            changed
+        };
+        // Before serving (recovery) the peers are told once, by `announce_hard_pinned_groups`.
+        if changed && self.forwarder.get().is_some() {
+            let kind = if pinned { CascadeKind::GroupPinned } else { CascadeKind::GroupUnpinned };
+            self.queue_cascade(Cascade { name: group, kind }, true);
+        }
+    }
+
+    /// After recovery: counts the restored hard-pinned members of each group and tells the peers of the
+    /// groups pinned here.
+    pub(crate) fn announce_hard_pinned_groups(&self) {
+        let counts: std::collections::HashMap<u64, u32> = {
+            let book = self.links.borrow();
+            let index = self.index.borrow();
+            book.groups()
+                .into_iter()
+                .filter_map(|group| {
+                    let pinned =
+                        book.members_of(group).into_iter().filter(|&id| index.get(id).flags & FLAG_PINNED != 0).count()
+                            as u32;
+                    (pinned > 0).then_some((group, pinned))
+                })
+                .collect()
+        };
+        for &group in counts.keys() {
+            self.queue_cascade(Cascade { name: group, kind: CascadeKind::GroupPinned }, true);
+        }
+        *self.hard_pinned_groups.borrow_mut() = counts;
     }
 
     /// The cascade task: for each queued departure, removes this shard's objects that name it (children of
@@ -464,17 +530,21 @@ impl Shard {
             if tell_peers {
                 for_peers.push(cascade);
             }
+            if cascade.kind.is_pin_change() {
+                // Nothing leaves: it only had to reach the peers.
+                continue;
+            }
             let ids = {
                 let links = self.links.borrow();
                 match cascade.kind {
                     CascadeKind::Parent => links.children_of(cascade.name),
-                    CascadeKind::Group => links.members_of(cascade.name),
+                    _ => links.members_of(cascade.name),
                 }
             };
             for id in ids {
                 let names_it = |links: ObjectLinks| match cascade.kind {
                     CascadeKind::Parent => links.parent == cascade.name,
-                    CascadeKind::Group => links.group == cascade.name,
+                    _ => links.group == cascade.name,
                 };
                 // Checked again after every await: the object may have left or been relinked meanwhile.
                 let Some(entry) = self.linked_entry(id, names_it) else { continue };
@@ -520,13 +590,17 @@ impl Shard {
         if index.get(id).flags & FLAG_LINKED == 0 {
             return false;
         }
-        let members = {
+        let (group, members) = {
             let book = self.links.borrow();
             match book.of(id) {
-                Some(links) if links.group != NO_LINK => book.members_of(links.group),
+                Some(links) if links.group != NO_LINK => (links.group, book.members_of(links.group)),
                 _ => return false,
             }
         };
+        if self.hard_pinned_elsewhere.borrow().contains_key(&group) {
+            // A peer holds a hard-pinned member: this one leaving would take the group apart.
+            return true;
+        }
         members.into_iter().filter(|&member| member != id).any(|member| {
             let entry = *index.get(member);
             entry.flags & FLAG_PINNED != 0
@@ -790,6 +864,7 @@ impl Shard {
                 }
             }
             let Some(slot) = reservation.slot.take() else { return Err(Status::Invalid) };
+            let old_hard_pin = existing.is_some_and(|id| index.get(id).flags & FLAG_PINNED != 0);
             let mut dram = self.dram.borrow_mut();
             let id = match existing {
                 Some(id) => {
@@ -831,6 +906,14 @@ impl Shard {
             dram.publish(slot, id);
             self.account(key, Use::Dram, new_bytes, true);
             let was_linked = index.get(id).flags & FLAG_LINKED != 0;
+            let old_group =
+                if was_linked { self.links.borrow().of(id).map_or(NO_LINK, |links| links.group) } else { NO_LINK };
+            if old_hard_pin && old_group != NO_LINK {
+                self.hard_pin_group(old_group, false);
+            }
+            if pin_flags & FLAG_PINNED != 0 && object_links.group != NO_LINK {
+                self.hard_pin_group(object_links.group, true);
+            }
             if was_linked || !object_links.is_none() {
                 self.links.borrow_mut().link(id, object_links);
                 let entry = index.get_mut(id);

@@ -161,6 +161,83 @@ fn a_group_leaves_as_a_whole_and_a_pinned_member_keeps_it() {
 }
 
 #[test]
+fn a_hard_pinned_member_keeps_its_group_on_every_shard() {
+    let node = start(config(&[0, 1], 8 << 20));
+    let mut client = client(&node);
+    let on_shard = |prefix: &str, shard: u32| -> Vec<u8> {
+        (0..1000u64)
+            .map(|index| format!("{prefix}/{index}").into_bytes())
+            .find(|key| shard_of(key, 2) == shard)
+            .expect("a key on the shard")
+    };
+    // The pinned member on shard 0, the loose one on shard 1.
+    let (pinned, loose) = (on_shard("kv-pinned", 0), on_shard("kv-loose", 1));
+    client.put_linked(&loose, &value_of(1, 64 << 10), Links::group(b"block-9"), PutOptions::default()).expect("put");
+    let hard = PutOptions { pin: Pin::Hard, ..PutOptions::default() };
+    client.put_linked(&pinned, &value_of(2, 64 << 10), Links::group(b"block-9"), hard).expect("put");
+    // Shard 1 hears of the pin through the mesh: give the message a moment before the pressure starts.
+    std::thread::sleep(Duration::from_millis(100));
+    let fill_shard_1 = |client: &mut Client, first: u64| {
+        let keys: Vec<Vec<u8>> =
+            (first..first + 2000).map(key_of).filter(|key| shard_of(key, 2) == 1).take(200).collect();
+        for (at, key) in keys.iter().enumerate() {
+            client.put(key, &value_of(at as u64, 64 << 10)).expect("put");
+        }
+        keys
+    };
+    let filler = fill_shard_1(&mut client, 0);
+    assert!(!client.exists(&filler[0]).expect("exists"), "12.5 MiB over shard 1's 4 MiB evicted its oldest");
+    assert!(client.exists(&loose).expect("exists"), "shard 1 kept the member whose group is pinned on shard 0");
+    assert!(client.exists(&pinned).expect("exists"));
+
+    // The pinned member is removed: the group leaves whole, and shard 1 hears the pin is gone, so a new
+    // member of the group there is evicted like anything else.
+    client.remove(&pinned).expect("remove");
+    assert!(eventually(|| !client.exists(&loose).expect("exists")), "the group left with its pinned member");
+    let newcomer = on_shard("kv-newcomer", 1);
+    client.put_linked(&newcomer, &value_of(3, 64 << 10), Links::group(b"block-9"), PutOptions::default()).expect("put");
+    fill_shard_1(&mut client, 10_000);
+    assert!(!client.exists(&newcomer).expect("exists"), "no pin left anywhere: the member was evicted");
+    node.shutdown().expect("shutdown");
+}
+
+#[test]
+fn a_restored_hard_pin_keeps_its_group_on_every_shard() {
+    let scratch = Scratch::new("pinned-group-restart");
+    let path = scratch.file("ns0.img");
+    // 4 MiB of DRAM and 12 MiB of NVMe per shard: a shard's departures come from its NVMe reclaim.
+    let node_config = || with_file(config(&[0, 1], 8 << 20), &path, 24 << 20);
+    let on_shard = |prefix: &str, shard: u32| -> Vec<u8> {
+        (0..1000u64)
+            .map(|index| format!("{prefix}/{index}").into_bytes())
+            .find(|key| shard_of(key, 2) == shard)
+            .expect("a key on the shard")
+    };
+    let (pinned, loose) = (on_shard("kv-pinned", 0), on_shard("kv-loose", 1));
+    let node = start(node_config());
+    let mut client = common::client(&node);
+    let durable = PutOptions { policy: Some(strata_client::WritePolicy::Durable), ..PutOptions::default() };
+    client.put_linked(&loose, &value_of(1, 64 << 10), Links::group(b"block-3"), durable).expect("put");
+    let hard = PutOptions { pin: Pin::Hard, ..durable };
+    client.put_linked(&pinned, &value_of(2, 64 << 10), Links::group(b"block-3"), hard).expect("put");
+    node.shutdown().expect("shutdown");
+
+    // After the restart, shard 0 tells shard 1 of the pin it restored; 40 MiB through shard 1 (over its
+    // 16 MiB of DRAM and NVMe) reclaim every region, and the loose member is carried along each time.
+    let node = start(node_config());
+    let mut client = common::client(&node);
+    std::thread::sleep(Duration::from_millis(100));
+    let filler: Vec<Vec<u8>> = (0..5000u64).map(key_of).filter(|key| shard_of(key, 2) == 1).take(640).collect();
+    for (at, key) in filler.iter().enumerate() {
+        client.put(key, &value_of(at as u64, 64 << 10)).expect("put");
+    }
+    assert!(!client.exists(&filler[0]).expect("exists"), "shard 1's oldest blocks left the node");
+    assert_eq!(client.get(&loose).expect("the member of a pinned group stayed"), value_of(1, 64 << 10));
+    assert_eq!(client.get(&pinned).expect("the pinned member"), value_of(2, 64 << 10));
+    node.shutdown().expect("shutdown");
+}
+
+#[test]
 fn links_survive_a_restart_and_cascade_after_it() {
     let scratch = Scratch::new("links-restart");
     let path = scratch.file("ns0.img");
