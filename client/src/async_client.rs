@@ -363,10 +363,21 @@ impl AsyncClient {
         ranges: Vec<(Vec<u8>, u32, u32)>,
         destination: Vec<u8>,
     ) -> (Vec<u8>, Vec<Result<usize, ClientError>>) {
+        self.gather_into_waiting(ranges, destination, std::time::Duration::ZERO).await
+    }
+
+    /// [`gather_into`](Self::gather_into) from keys that may not be stored yet, each waited for up to `wait`
+    /// (see [`Client::gather_into_waiting`]).
+    pub async fn gather_into_waiting(
+        &self,
+        ranges: Vec<(Vec<u8>, u32, u32)>,
+        destination: Vec<u8>,
+        wait: std::time::Duration,
+    ) -> (Vec<u8>, Vec<Result<usize, ClientError>>) {
         let count = ranges.len();
         let work = move |client: &mut Client, destination: &mut Vec<u8>| {
             let refs: Vec<KeyRange<'_>> = ranges.iter().map(|(key, offset, len)| (&key[..], *offset, *len)).collect();
-            client.gather_into(&refs, destination)
+            client.gather_into_waiting(&refs, destination, wait)
         };
         self.call_with(destination, work, || vec![Err(gone()); count]).await
     }

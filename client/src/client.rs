@@ -501,6 +501,22 @@ impl Client {
     /// range (its length), so a failed range leaves its bytes of `destination` unspecified and the caller
     /// recomputes exactly that piece.
     pub fn gather_into(&mut self, ranges: &[KeyRange<'_>], destination: &mut [u8]) -> Vec<Result<usize, ClientError>> {
+        self.gather_into_waiting(ranges, destination, Duration::ZERO)
+    }
+
+    /// [`gather_into`](Self::gather_into) from keys that may not be stored yet: each range waits up to
+    /// `wait` for its key (see [`get_range_into_waiting`](Self::get_range_into_waiting)), and a shard waits
+    /// for all of its ranges together, so the gather takes as long as the slowest key, not the sum.
+    pub fn gather_into_waiting(
+        &mut self,
+        ranges: &[KeyRange<'_>],
+        destination: &mut [u8],
+        wait: Duration,
+    ) -> Vec<Result<usize, ClientError>> {
+        let wait_ms = match self.wait_millis(wait) {
+            Ok(wait_ms) => wait_ms,
+            Err(error) => return ranges.iter().map(|_| Err(error.clone())).collect(),
+        };
         let total: u64 = ranges.iter().map(|range| u64::from(range.2)).sum();
         if total > destination.len() as u64 {
             let error = ClientError::BufferTooSmall { needed: total as usize, available: destination.len() };
@@ -508,7 +524,7 @@ impl Client {
         }
         let items: Vec<Item<'_>> = ranges
             .iter()
-            .map(|&(key, offset, len)| Item { key, value: &[], range: (offset, len), links: Links::NONE, wait_ms: 0 })
+            .map(|&(key, offset, len)| Item { key, value: &[], range: (offset, len), links: Links::NONE, wait_ms })
             .collect();
         let mut buffers: Vec<&mut [u8]> = Vec::with_capacity(ranges.len());
         let mut rest = destination;

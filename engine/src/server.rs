@@ -14,6 +14,7 @@ use std::cell::Cell;
 use std::future::Future;
 use std::io;
 use std::os::fd::RawFd;
+use std::pin::Pin;
 use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
 
@@ -809,6 +810,51 @@ async fn receive_parts(
     Ok(intact.then_some(crc))
 }
 
+/// Reads one item of a GET / GET_RANGE frame, here or at the key's owner.
+async fn read_item(
+    shard: &Rc<Shard>,
+    scope: &Scope,
+    user_key: &[u8],
+    range: Option<(u32, u32)>,
+    wait: Duration,
+) -> Result<ReadHit, Status> {
+    let key = scope.scoped(user_key);
+    match other_owner(shard, user_key) {
+        None => shard.get(&key, range, wait).await,
+        Some(owner) => {
+            let reply = forward(shard, owner, &key, ForwardOp::Get(range, wait)).await;
+            if reply.status == Status::Ok {
+                Ok(ReadHit {
+                    data_crc: reply.data_crc,
+                    object_len: reply.object_len,
+                    data: ReadData::Owned(reply.data),
+                })
+            } else {
+                Err(reply.status)
+            }
+        }
+    }
+}
+
+/// Runs `futures` together; their outputs in the order given.
+async fn join_in_order<'a, T>(mut futures: Vec<Pin<Box<dyn Future<Output = T> + 'a>>>) -> Vec<T> {
+    let mut outputs: Vec<Option<T>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|context| {
+        let mut pending = false;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(context) {
+                    std::task::Poll::Ready(value) => *output = Some(value),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending { std::task::Poll::Pending } else { std::task::Poll::Ready(()) }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}
+
 async fn handle_get(
     shard: &Rc<Shard>,
     connection: &mut Connection,
@@ -817,28 +863,23 @@ async fn handle_get(
     items: &[(RequestItemHeader, usize, usize)],
     scope: &Scope,
 ) -> Result<(u64, u64), ConnectionError> {
-    let mut results: Vec<Result<ReadHit, Status>> = Vec::with_capacity(items.len());
-    for (item, key_at, key_len) in items {
+    let read = |(item, key_at, key_len): &(RequestItemHeader, usize, usize)| {
         let user_key = &body[*key_at..*key_at + *key_len];
-        let key = scope.scoped(user_key);
         let range = (header.opcode == Opcode::GetRange).then_some((item.offset, item.value_len));
-        let result = match other_owner(shard, user_key) {
-            None => shard.get(&key, range, item.wait()).await,
-            Some(owner) => {
-                let reply = forward(shard, owner, &key, ForwardOp::Get(range, item.wait())).await;
-                if reply.status == Status::Ok {
-                    Ok(ReadHit {
-                        data_crc: reply.data_crc,
-                        object_len: reply.object_len,
-                        data: ReadData::Owned(reply.data),
-                    })
-                } else {
-                    Err(reply.status)
-                }
-            }
-        };
-        results.push(result);
-    }
+        read_item(shard, scope, user_key, range, item.wait())
+    };
+    let results: Vec<Result<ReadHit, Status>> = if items.iter().any(|(item, ..)| !item.wait().is_zero()) {
+        // Items that may wait for their keys wait together: a batch of layers of several requests whose
+        // prefills are still sending takes as long as the slowest, not the sum.
+        join_in_order(items.iter().map(|item| Box::pin(read(item)) as Pin<Box<dyn Future<Output = _> + '_>>).collect())
+            .await
+    } else {
+        let mut results = Vec::with_capacity(items.len());
+        for item in items {
+            results.push(read(item).await);
+        }
+        results
+    };
     let body_len: u64 = results
         .iter()
         .map(|result| RESPONSE_ITEM_BYTES as u64 + result.as_ref().map_or(0, |hit| hit.len() as u64))

@@ -224,3 +224,37 @@ fn a_reader_can_wait_for_a_key_that_is_not_there_yet() {
     assert_eq!(reader.get(b"later").expect("the connection still works").len(), 2 * LAYER);
     node.shutdown().expect("shutdown");
 }
+
+#[test]
+fn waiting_ranges_of_one_frame_wait_together() {
+    let node = start(config(&[0], 32 << 20));
+    let addr = node.local_addr();
+    let mut reader = client(&node);
+    // Two ranges on one shard whose keys never come: 500 ms each, waited together, not one after the other.
+    let mut destination = vec![0u8; 20];
+    let started = std::time::Instant::now();
+    let results = reader.gather_into_waiting(
+        &[(b"absent-a", 0, 10), (b"absent-b", 0, 10)],
+        &mut destination,
+        Duration::from_millis(500),
+    );
+    let waited = started.elapsed();
+    assert_eq!(results, vec![Err(ClientError::NotFound), Err(ClientError::NotFound)]);
+    assert!(waited >= Duration::from_millis(490) && waited < Duration::from_millis(900), "waited {waited:?}");
+
+    // One of them comes 200 ms in: its bytes are gathered, the other times out.
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        let mut writer = strata_client::Client::connect(addr, Default::default()).expect("connect");
+        writer.put(b"late-b", &value_of(8, 10)).expect("put");
+    });
+    let results = reader.gather_into_waiting(
+        &[(b"absent-c", 0, 10), (b"late-b", 0, 10)],
+        &mut destination,
+        Duration::from_secs(1),
+    );
+    writer.join().expect("writer");
+    assert_eq!(results, vec![Err(ClientError::NotFound), Ok(10)]);
+    assert_eq!(&destination[10..], &value_of(8, 10)[..]);
+    node.shutdown().expect("shutdown");
+}
