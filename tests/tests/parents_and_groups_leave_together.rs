@@ -22,6 +22,14 @@ fn eventually(mut done: impl FnMut() -> bool) -> bool {
     done()
 }
 
+/// The first key `prefix/N` that lands on `shard` of a two-shard node.
+fn key_on_shard(prefix: &str, shard: u32) -> Vec<u8> {
+    (0..1000u64)
+        .map(|index| format!("{prefix}/{index}").into_bytes())
+        .find(|key| shard_of(key, 2) == shard)
+        .expect("a key on the shard")
+}
+
 fn present(client: &mut Client, keys: &[Vec<u8>]) -> Vec<bool> {
     let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
     client.batch_exists(&keys).into_iter().map(|result| result.expect("exists")).collect()
@@ -164,14 +172,8 @@ fn a_group_leaves_as_a_whole_and_a_pinned_member_keeps_it() {
 fn a_hard_pinned_member_keeps_its_group_on_every_shard() {
     let node = start(config(&[0, 1], 8 << 20));
     let mut client = client(&node);
-    let on_shard = |prefix: &str, shard: u32| -> Vec<u8> {
-        (0..1000u64)
-            .map(|index| format!("{prefix}/{index}").into_bytes())
-            .find(|key| shard_of(key, 2) == shard)
-            .expect("a key on the shard")
-    };
     // The pinned member on shard 0, the loose one on shard 1.
-    let (pinned, loose) = (on_shard("kv-pinned", 0), on_shard("kv-loose", 1));
+    let (pinned, loose) = (key_on_shard("kv-pinned", 0), key_on_shard("kv-loose", 1));
     client.put_linked(&loose, &value_of(1, 64 << 10), Links::group(b"block-9"), PutOptions::default()).expect("put");
     let hard = PutOptions { pin: Pin::Hard, ..PutOptions::default() };
     client.put_linked(&pinned, &value_of(2, 64 << 10), Links::group(b"block-9"), hard).expect("put");
@@ -194,7 +196,7 @@ fn a_hard_pinned_member_keeps_its_group_on_every_shard() {
     // member of the group there is evicted like anything else.
     client.remove(&pinned).expect("remove");
     assert!(eventually(|| !client.exists(&loose).expect("exists")), "the group left with its pinned member");
-    let newcomer = on_shard("kv-newcomer", 1);
+    let newcomer = key_on_shard("kv-newcomer", 1);
     client.put_linked(&newcomer, &value_of(3, 64 << 10), Links::group(b"block-9"), PutOptions::default()).expect("put");
     fill_shard_1(&mut client, 10_000);
     assert!(!client.exists(&newcomer).expect("exists"), "no pin left anywhere: the member was evicted");
@@ -207,13 +209,7 @@ fn a_restored_hard_pin_keeps_its_group_on_every_shard() {
     let path = scratch.file("ns0.img");
     // 4 MiB of DRAM and 12 MiB of NVMe per shard: a shard's departures come from its NVMe reclaim.
     let node_config = || with_file(config(&[0, 1], 8 << 20), &path, 24 << 20);
-    let on_shard = |prefix: &str, shard: u32| -> Vec<u8> {
-        (0..1000u64)
-            .map(|index| format!("{prefix}/{index}").into_bytes())
-            .find(|key| shard_of(key, 2) == shard)
-            .expect("a key on the shard")
-    };
-    let (pinned, loose) = (on_shard("kv-pinned", 0), on_shard("kv-loose", 1));
+    let (pinned, loose) = (key_on_shard("kv-pinned", 0), key_on_shard("kv-loose", 1));
     let node = start(node_config());
     let mut client = common::client(&node);
     let durable = PutOptions { policy: Some(strata_client::WritePolicy::Durable), ..PutOptions::default() };
