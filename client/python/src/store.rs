@@ -628,13 +628,17 @@ impl StrataStore {
 
     /// Gathers `(key, offset, length)` ranges back to back into the registered buffer at `buffer_ptr`
     /// (`size` bytes), in the order given: the TP-asymmetric read. A code (bytes, or negative) per range.
+    /// `wait` (seconds): keys not stored yet are waited for that long, all together.
+    #[pyo3(signature = (ranges, buffer_ptr, size, wait = 0.0))]
     fn gather_into(
         &self,
         py: Python<'_>,
         ranges: &Bound<'_, PyList>,
         buffer_ptr: usize,
         size: usize,
+        wait: f64,
     ) -> PyResult<Vec<i64>> {
+        let wait = wait_of(wait)?;
         let parsed: Vec<(Vec<u8>, u32, u32)> = ranges
             .iter()
             .map(|range| {
@@ -647,7 +651,7 @@ impl StrataStore {
         };
         let key_ranges: Vec<(&[u8], u32, u32)> =
             parsed.iter().map(|(key, offset, len)| (&key[..], *offset, *len)).collect();
-        let results = self.with_client(py, |client| client.gather_into(&key_ranges, destination));
+        let results = self.with_client(py, |client| client.gather_into_waiting(&key_ranges, destination, wait));
         Ok(per_key_lens(results, parsed.len()))
     }
 

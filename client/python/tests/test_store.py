@@ -217,7 +217,7 @@ def test_prefix_match_counts_leading_stored_keys(store):
     assert store.batch_prefix_match([chain, chain[:10], [unique("none")]]) == [60, 10, 0]
 
 
-def test_gather_and_scatter_for_tensor_parallel_layouts(store):
+def test_gather_and_scatter_for_tensor_parallel_layouts(node, store):
     # Tp = 4 prefill ranks, each storing [K | V] of one KV head; a Td = 2 decode rank gathers two heads.
     slice_bytes = 1024
     keys = [unique(f"tp4-{rank}") for rank in range(4)]
@@ -233,6 +233,17 @@ def test_gather_and_scatter_for_tensor_parallel_layouts(store):
     ranges[1] = (unique("missing"), 0, slice_bytes)
     assert store.gather_into(ranges, target_base, target.nbytes)[1] == strata.OBJECT_NOT_FOUND
     assert store.gather_into(ranges, target_base, 10) == [strata.INVALID_PARAMS] * 4
+    # With a wait, a range whose key is still to come is answered when it comes.
+    late = unique("late-rank")
+    ranges[1] = (late, 0, slice_bytes)
+    other = StrataStore()
+    assert other.setup(node.address) == 0
+    writer = threading.Timer(0.2, lambda: other.put(late, heads[3]))
+    writer.start()
+    assert store.gather_into(ranges, target_base, target.nbytes, wait=5)[1] == slice_bytes
+    writer.join()
+    other.close()
+    assert target.tobytes()[slice_bytes : 2 * slice_bytes] == heads[3][:slice_bytes]
 
 
 def test_pins_are_accepted_and_bounded(store):
