@@ -190,7 +190,7 @@ impl AsyncClient {
         offset: u32,
         buffer: Vec<u8>,
     ) -> (Vec<u8>, Result<usize, ClientError>) {
-        self.call_with(buffer, move |client, buffer| client.get_range_into(&key, offset, buffer), || Err(gone())).await
+        self.get_range_into_waiting(key, offset, buffer, std::time::Duration::ZERO).await
     }
 
     /// [`get_range_into`](Self::get_range_into) of a key that may not be stored yet: the node waits up to

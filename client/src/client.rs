@@ -440,8 +440,7 @@ impl Client {
 
     /// Reads `key`'s value into `buffer`, straight from the socket; returns its length.
     pub fn get_into(&mut self, key: &[u8], buffer: &mut [u8]) -> Result<usize, ClientError> {
-        let mut buffers = [buffer];
-        one(self.batch_get_into(&[key], &mut buffers))
+        self.get_into_waiting(key, buffer, Duration::ZERO)
     }
 
     /// Reads `buffer.len()` bytes at `offset` of `key`'s value into `buffer`.

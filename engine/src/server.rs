@@ -137,19 +137,22 @@ pub async fn sweep_stalled_connections(shard: Weak<Shard>) {
                 return true;
             }
             let Some(progress) = watch.wire_progress() else { return true };
-            if watch.still_since.get().is_none() || progress != watch.seen.get() {
-                watch.seen.set(progress);
-                watch.still_since.set(Some(now));
-                return true;
-            }
-            if watch.still_since.get().is_some_and(|since| now.duration_since(since) >= timeout) {
-                // SAFETY: shutting down (not closing) this connection's open socket; its owner closes it.
-                #[allow(unsafe_code)]
-                unsafe {
-                    libc::shutdown(watch.fd, libc::SHUT_RDWR);
+            match watch.still_since.get() {
+                Some(since) if progress == watch.seen.get() => {
+                    if now.duration_since(since) >= timeout {
+                        // SAFETY: shutting down (not closing) this connection's open socket; its owner closes it.
+                        #[allow(unsafe_code)]
+                        unsafe {
+                            libc::shutdown(watch.fd, libc::SHUT_RDWR);
+                        }
+                        watch.still_since.set(None);
+                        stalled += 1;
+                    }
                 }
-                watch.still_since.set(None);
-                stalled += 1;
+                _ => {
+                    watch.seen.set(progress);
+                    watch.still_since.set(Some(now));
+                }
             }
             true
         });
