@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The storage node's benchmark rows, side by side with their ceilings in the same run: strata-node pinned to
-# CPU 1, strata-bench kv (and iperf3's client, fio) pinned to CPU 0. Installs iperf3 and fio if missing.
+# CPU 1, strata-bench kv (and iperf3's client) pinned to CPU 0; fio reads the node's file from CPU 1, where
+# the node reads it (and where this VM delivers the disk's interrupts), while the node idles between rows.
+# Installs iperf3 and fio if missing.
 #   RUNTIME=5 REPS=3 DIR=target/bench-kv scripts/bench-kv.sh
 # Every row runs REPS times (iperf3 alternating with Strata for the 4 MiB rows); the table shows medians, and
 # the node's CPU time per key from its metrics (strata_process_cpu_seconds_total).
@@ -100,7 +102,7 @@ taskset -c 0 "$BENCH" kv --server "127.0.0.1:$PORT" --metrics off --op put --val
 for qd in 1 4; do
   fio_bw=() kv_bw=()
   for _ in $(seq "$REPS"); do
-    fio_bw+=("$(taskset -c 0 fio --name=r --filename="$DIR/ns0.img" --rw=randread --bs=64k --iodepth="$qd" --direct=1 \
+    fio_bw+=("$(taskset -c 1 fio --name=r --filename="$DIR/ns0.img" --rw=randread --bs=64k --iodepth="$qd" --direct=1 \
       --ioengine=io_uring --size=2g --offset=1m --runtime="$RUNTIME" --time_based --output-format=json | field "['jobs'][0]['read']['bw_bytes']")")
     kv_bw+=("$(kv --op get --value-size 64k --keys 32768 --connections "$qd" --no-preload | field "['bytes_per_sec']")")
   done

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Strata's NVMe-oF/TCP host against Strata's target on loopback, each pinned to one core (target: CPU 1,
 # strata-bench: CPU 0), for the rows of the NVMe-oF issue; then the file-namespace rows against
-# strata-bench --ioengine=uring on the same file locally. Every row runs REPS times; the table shows the
-# median, and the target's CPU time per I/O (from /proc, user + system).
-#   RUNTIME=5 REPS=3 MODES="reactor poll" FILE_ROWS=1 CONGESTION=reno scripts/bench-nvmf.sh
+# strata-bench --ioengine=uring (and ring) on the same file locally, run on the target's CPU so that both
+# sides reach the disk from the same place. Every row runs REPS times; the table shows the median, and the
+# target's CPU time per I/O (from /proc, user + system).
+#   RUNTIME=5 REPS=3 MODES="reactor poll" FILE_ROWS=1 FILE_MODES="reactor poll" CONGESTION=reno scripts/bench-nvmf.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNTIME=${RUNTIME:-5}
 REPS=${REPS:-3}
 MODES=${MODES:-"reactor poll"}
 FILE_ROWS=${FILE_ROWS:-1}
+FILE_MODES=${FILE_MODES:-"reactor poll"}
 FILE=${FILE:-target/bench-vs-fio.img}
 PORT=${PORT:-4460}
 NQN=nqn.2026-12.io.strata:bench
@@ -22,7 +24,8 @@ stop_target() {
   if [ -n "$target_pid" ]; then kill "$target_pid" 2>/dev/null || true; wait "$target_pid" 2>/dev/null || true; fi
   target_pid=
 }
-trap stop_target EXIT
+MEDIANS=$(mktemp)
+trap 'stop_target; rm -f "$MEDIANS"' EXIT
 
 start_target() { # NAMESPACE BUSY_POLL
   stop_target
@@ -37,14 +40,14 @@ start_target() { # NAMESPACE BUSY_POLL
 
 target_ticks() { awk '{print $14 + $15}' "/proc/$target_pid/stat"; }
 
-# One run: prints "iops bw_bytes mean_clat_us target_ticks".
+# One run: prints "iops bw_bytes mean_clat_us target_ticks". JOB_CPU: where the job runs (default 0: the
+# target owns CPU 1, and a job that shared it measured the scheduler, not the code).
 run_once() { # FILENAME ENGINE OPTIONS...
   local filename=$1 engine=$2; shift 2
   local before after json
   before=$( [ -n "$target_pid" ] && target_ticks || echo 0)
-  # --cpus_allowed=0: the target owns CPU 1 (a job that shared it measured the scheduler, not the code).
   json=$($BENCH --name=row "--filename=$filename" "--ioengine=$engine" --direct=1 --time_based "--runtime=$RUNTIME" \
-    --cpus_allowed=0 --output-format=json "$@")
+    "--cpus_allowed=${JOB_CPU:-0}" --output-format=json "$@")
   after=$( [ -n "$target_pid" ] && target_ticks || echo 0)
   python3 -c '
 import json, sys
@@ -53,11 +56,11 @@ side = job["read"] if job["read"]["io_bytes"] else job["write"]
 print(side["iops"], side["bw_bytes"], side["clat_ns"]["mean"] / 1000, int(sys.argv[2]))' "$json" $((after - before))
 }
 
-row() { # LABEL FILENAME ENGINE OPTIONS...
+row() { # LABEL FILENAME ENGINE OPTIONS...; the median IOPS also goes to $MEDIANS as "LABEL<tab>IOPS"
   local label=$1; shift
   local results=()
   for _ in $(seq "$REPS"); do results+=("$(run_once "$@")"); done
-  printf '%s\n' "${results[@]}" | python3 -c '
+  printf '%s\n' "${results[@]}" | MEDIANS=$MEDIANS python3 -c '
 import sys, statistics
 label, runtime, tick = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 rows = [list(map(float, line.split())) for line in sys.stdin if line.strip()]
@@ -65,7 +68,10 @@ rows.sort(key=lambda r: r[0])
 iops, bw, lat, ticks = rows[len(rows) // 2]
 cpu_us = ticks / tick / (iops * runtime) * 1e6 if ticks else float("nan")
 spread = "/".join(f"{r[0] / 1000:.0f}k" for r in rows)
-print(f"| {label} | {iops / 1000:.1f}k | {bw / 1e9:.2f} GB/s | {lat:.1f} | {cpu_us:.2f} | {spread} |")' "$label" "$RUNTIME" "$TICK"
+print(f"| {label} | {iops / 1000:.1f}k | {bw / 1e9:.2f} GB/s | {lat:.1f} | {cpu_us:.2f} | {spread} |")
+import os
+with open(os.environ["MEDIANS"], "a") as medians:
+    medians.write(f"{label}\t{iops}\n")' "$label" "$RUNTIME" "$TICK"
 }
 
 F="trtype=tcp,traddr=127.0.0.1,trsvcid=$PORT,subnqn=$NQN,ns=1"
@@ -88,14 +94,34 @@ stop_target
 echo
 echo "| row (file namespace, $FILE) | IOPS | bandwidth | mean clat µs | target CPU µs/IO | IOPS of each run |"
 echo "|---|---|---|---|---|---|"
+labels=()
 for spec in "4k randread QD32|--rw=randread --bs=4k --iodepth=32" "4k randread QD1|--rw=randread --bs=4k --iodepth=1" \
   "4k randwrite QD32|--rw=randwrite --bs=4k --iodepth=32" "1m read QD8|--rw=read --bs=1m --iodepth=8" \
   "1m write QD8|--rw=write --bs=1m --iodepth=8"; do
   label=${spec%%|*}; options=${spec#*|}
+  labels+=("$label")
+  # Local jobs run on CPU 1, where the target will run (and where this VM delivers the disk's interrupts).
   # shellcheck disable=SC2086
-  row "local uring $label" "$FILE" uring $options --size=4g
-  start_target "file:$FILE" 0
+  JOB_CPU=1 row "local uring $label" "$FILE" uring $options --size=4g
   # shellcheck disable=SC2086
-  row "nvmf $label" "$F" nvmf $options --size=4g
-  stop_target
+  JOB_CPU=1 row "local ring $label" "$FILE" ring $options --size=4g
+  for mode in $FILE_MODES; do
+    if [ "$mode" = poll ]; then busy=1s; spin=--spin_before_park=1s; else busy=0; spin=--spin_before_park=0; fi
+    start_target "file:$FILE" "$busy"
+    # shellcheck disable=SC2086
+    row "nvmf $mode $label" "$F" nvmf $options --size=4g $spin
+    stop_target
+  done
 done
+echo
+echo "Ratios of median IOPS, nvmf / local (target >= 0.9 x uring):"
+python3 - "$MEDIANS" "$FILE_MODES" "${labels[@]}" <<'PY'
+import sys
+medians = dict(line.rstrip("\n").split("\t") for line in open(sys.argv[1]))
+modes, labels = sys.argv[2].split(), sys.argv[3:]
+for label in labels:
+    uring, ring = float(medians[f"local uring {label}"]), float(medians[f"local ring {label}"])
+    for mode in modes:
+        nvmf = float(medians[f"nvmf {mode} {label}"])
+        print(f"  {label:<18} nvmf {mode:<8} {nvmf / uring:5.2f} x local uring  {nvmf / ring:5.2f} x local ring")
+PY

@@ -8,6 +8,7 @@
 #   RUNTIME=15 PAIRS=3 SIZE=4g            environment overrides
 #   ROWS=qd1                               only the rows whose name matches this (grep -E) pattern
 #   STRATA_EXTRA=--spin_before_park=50us   options for strata-bench only (Strata's own settings)
+#   FIO_EXTRA=--iodepth_batch_submit=32    options for fio only (e.g. its batching, off by default)
 #   MIN_PROBE_IOPS=20000                   refuse to run below this 4 KiB QD 32 probe (a throttled disk)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,7 +61,7 @@ for row in "${rows[@]}"; do
     for pair in $(seq 1 "$pairs"); do
         echo "row $name, pair $pair/$pairs" >&2
         # shellcheck disable=SC2086
-        fio --name="$name" $options $common --ioengine=io_uring >"$results/$name.fio.$pair.json"
+        fio --name="$name" $options $common --ioengine=io_uring ${FIO_EXTRA:-} >"$results/$name.fio.$pair.json"
         # shellcheck disable=SC2086
         "$bench" --name="$name" $options $common --ioengine=uring ${STRATA_EXTRA:-} >"$results/$name.strata.$pair.json"
     done

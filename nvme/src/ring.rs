@@ -3,10 +3,22 @@
 //! Why a second io_uring backend: glommio's reactor pays a heavy price every time its executor parks (a
 //! `membarrier`, timer re-arming, linking its three rings, several `io_uring_enter`s), which costs 20% of
 //! the IOPS fio reaches at queue depth 32 and 30% at depth 1 on this machine (docs/BENCHMARKS.md). This
-//! backend does what fio's engine does instead: each I/O is submitted as it is issued, and a reaper task
-//! collects completions; when nothing has completed it *blocks the executor* in `io_uring_enter` until
-//! one does. That is right for an executor dedicated to I/O (a bench job, an I/O core) and wrong for one
-//! that also serves the network, whose events would wait behind the block: use `uring` there.
+//! backend does what fio's engine does instead: a reaper task collects completions, and when nothing has
+//! completed it *blocks the executor* in `io_uring_enter` until one does.
+//!
+//! Submission is batched per pass of the executor: an operation only queues its entry and wakes the
+//! reaper, which submits every queued entry in one `io_uring_enter` before it looks for completions. After
+//! a reap of *k* completions, the *k* woken tasks queue their next operations and one system call submits
+//! them all, where fio's default (`iodepth_batch_submit=1`) makes *k*; on a VM each such call traps to the
+//! host (14-30 µs here), so at queue depth 32 this is most of the CPU an I/O costs. At depth 1 there is one
+//! entry, submitted on its own before the wait, and stamped between the two, as fio stamps it. That is right for an executor dedicated to I/O (a bench job, an I/O core) and wrong for one
+//! that also serves the network, whose events would wait behind the block.
+//!
+//! An executor that busy-polls its sockets (the target's and the node's `--busy-poll`) opens the ring
+//! *polled* instead ([`RingDevice::open_polled`]): the reaper never blocks; while I/O is in flight it peeks
+//! the completion queue (a read of shared memory, no system call) between the executor's other tasks, as
+//! SPDK polls its NVMe queues beside its sockets. Through glommio's `DmaFile` such an executor sees a
+//! completion only when its reactor turns, which a core that never idles does only on a timer.
 //!
 //! Safety of buffers: while an operation is in flight its buffer is owned by the ring's slot table, not by
 //! the future that issued it, so a future that is dropped never frees memory the kernel is writing into;
@@ -32,6 +44,15 @@ use crate::uring::{UringOptions, prepare_file};
 
 const MAX_TRANSFER_BYTES: u64 = 8 << 20;
 
+/// What the reaper does when I/O is in flight and nothing has completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReaperWait {
+    /// Block the executor in `io_uring_enter` until a completion arrives (an executor dedicated to I/O).
+    Block,
+    /// Yield to the executor's other tasks and look again (an executor that busy-polls).
+    Poll,
+}
+
 #[derive(Default)]
 struct Slot {
     result: Option<i32>,
@@ -40,7 +61,7 @@ struct Slot {
     buffer: Option<IoBuffer>,
     /// The future that issued the operation was dropped: the reaper frees the slot on completion.
     abandoned: bool,
-    /// When `io_uring_enter` returned having taken the entry.
+    /// When `io_uring_enter` returned having taken the entry (set by the reaper's submission).
     submitted: Option<Instant>,
     /// When `reap` saw the completion (one clock read per reap, as fio reads one per batch of events).
     completed: Option<Instant>,
@@ -52,8 +73,12 @@ struct RingState {
     file: File,
     slots: Vec<Slot>,
     free_slots: Vec<u32>,
+    /// Operations queued or submitted whose completion has not been reaped.
     in_flight: u32,
+    /// Slots whose entries are queued in the submission ring but not yet submitted.
+    unsubmitted: Vec<u32>,
     reaper_running: bool,
+    reaper_wait: ReaperWait,
     /// The reaper, waiting for the first submission after the ring went idle.
     idle_reaper: Option<Waker>,
     /// Tasks waiting for a free slot.
@@ -63,6 +88,23 @@ struct RingState {
 }
 
 impl RingState {
+    /// Submits every queued entry in one system call and stamps their slots. A failed submission leaves
+    /// the entries queued, for the next pass (or the blocking wait, which submits too).
+    fn submit_queued(&mut self) {
+        if self.unsubmitted.is_empty() || self.ring.submit().is_err() {
+            return;
+        }
+        self.stamp_submitted();
+    }
+
+    /// Marks every queued entry submitted now.
+    fn stamp_submitted(&mut self) {
+        let now = Instant::now();
+        for slot in self.unsubmitted.drain(..) {
+            self.slots[slot as usize].submitted = Some(now);
+        }
+    }
+
     /// Moves every available completion to its slot and wakes its task. Returns how many there were.
     fn reap(&mut self) -> usize {
         let mut completions = std::mem::take(&mut self.completions);
@@ -141,8 +183,19 @@ fn logical_block_bytes(path: &Path) -> u64 {
 }
 
 impl RingDevice {
-    /// Opens `path` with O_DIRECT on a ring of `queue_depth_max` entries (operations beyond it wait).
+    /// Opens `path` with O_DIRECT on a ring of `queue_depth_max` entries (operations beyond it wait); the
+    /// reaper blocks the executor while it waits for completions.
     pub fn open(path: &Path, options: &UringOptions, queue_depth_max: u32) -> BlockResult<Self> {
+        Self::open_with(path, options, queue_depth_max, ReaperWait::Block)
+    }
+
+    /// As [`RingDevice::open`], for an executor that busy-polls: the reaper peeks the completion queue
+    /// between the executor's other tasks and never blocks.
+    pub fn open_polled(path: &Path, options: &UringOptions, queue_depth_max: u32) -> BlockResult<Self> {
+        Self::open_with(path, options, queue_depth_max, ReaperWait::Poll)
+    }
+
+    fn open_with(path: &Path, options: &UringOptions, queue_depth_max: u32, wait: ReaperWait) -> BlockResult<Self> {
         let name = path.display().to_string();
         let open_error = |kind| BlockError::new(BlockOp::Open, &name, 0, kind);
         let capacity_bytes = prepare_file(path, options).map_err(|error| open_error(BlockErrorKind::Io(error)))?;
@@ -168,7 +221,9 @@ impl RingDevice {
             slots: (0..depth).map(|_| Slot::default()).collect(),
             free_slots: (0..depth).rev().collect(),
             in_flight: 0,
+            unsubmitted: Vec::with_capacity(depth as usize),
             reaper_running: false,
+            reaper_wait: wait,
             idle_reaper: None,
             slot_waiters: Vec::new(),
             completions: Vec::with_capacity(depth as usize),
@@ -234,8 +289,8 @@ impl RingDevice {
                 state.release_slot(slot);
                 return (buffer, -libc::EBUSY, IoTiming { submitted: called, completed: Instant::now() });
             }
-            let _ = state.ring.submit();
-            state.slots[slot as usize].submitted = Some(Instant::now());
+            // The reaper submits it, with whatever else this pass of the executor queues.
+            state.unsubmitted.push(slot);
             state.in_flight += 1;
             if let Some(reaper) = state.idle_reaper.take() {
                 reaper.wake();
@@ -276,6 +331,7 @@ impl RingDevice {
                 let Some(shared) = state.upgrade() else {
                     return;
                 };
+                shared.borrow_mut().submit_queued();
                 let reaped = shared.borrow_mut().reap();
                 if reaped > 0 {
                     drop(shared);
@@ -296,8 +352,22 @@ impl RingDevice {
                     .await;
                     continue;
                 }
-                // Nothing completed and I/O is in flight: block in the kernel until something does.
-                let _ = shared.borrow().ring.submit_and_wait(1);
+                // Nothing completed and I/O is in flight.
+                let wait = shared.borrow().reaper_wait;
+                match wait {
+                    // Block in the kernel until something does.
+                    ReaperWait::Block => {
+                        let mut state = shared.borrow_mut();
+                        // Entries a failed submission left queued go in with the wait.
+                        state.stamp_submitted();
+                        let _ = state.ring.submit_and_wait(1);
+                    }
+                    // Let the executor's other tasks (its polled sockets) run, then look again.
+                    ReaperWait::Poll => {
+                        drop(shared);
+                        crate::tcp::stream::idle_poll().await;
+                    }
+                }
             }
         })
         .detach();

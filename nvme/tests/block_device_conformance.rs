@@ -162,6 +162,66 @@ fn ring_device_conforms() {
 }
 
 #[test]
+fn polled_ring_device_conforms() {
+    run(|| async {
+        let path = scratch_file("ring-polled");
+        let device =
+            RingDevice::open_polled(&path, &UringOptions { size_bytes: Some(CAPACITY), read_only: false }, 8).unwrap();
+        conformance(&device).await;
+        drop(device);
+        std::fs::remove_file(path).unwrap();
+    });
+}
+
+/// How many times a task that only yields ran while 64 reads, one at a time, were in flight on `device`.
+async fn ticks_during_reads(device: std::rc::Rc<RingDevice>) -> u64 {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    write_bytes(&*device, 0, &pattern(3, 64 * 4096)).await;
+    let reading = Rc::new(Cell::new(false));
+    let done = Rc::new(Cell::new(false));
+    let ticks = Rc::new(Cell::new(0u64));
+    let ticker = {
+        let (reading, done, ticks) = (reading.clone(), done.clone(), ticks.clone());
+        glommio::spawn_local(async move {
+            while !done.get() {
+                if reading.get() {
+                    ticks.set(ticks.get() + 1);
+                }
+                glommio::executor().yield_now().await;
+            }
+        })
+    };
+    for block in 0..64u64 {
+        reading.set(true);
+        let bytes = read_bytes(&*device, block * 4096, 4096).await;
+        reading.set(false);
+        assert_eq!(bytes, pattern(3, 64 * 4096)[block as usize * 4096..(block as usize + 1) * 4096]);
+    }
+    done.set(true);
+    ticker.await;
+    ticks.get()
+}
+
+#[test]
+fn polled_ring_lets_the_executor_run_other_tasks_while_io_is_in_flight() {
+    // A blocking ring holds the executor in the kernel for each read, so the ticker runs about once per read
+    // (before the reaper blocks); a polled ring yields between looks, so the ticker runs throughout every read
+    // (a direct read of the disk takes tens of microseconds, a turn of the ticker well under one).
+    run(|| async {
+        let options = UringOptions { size_bytes: Some(CAPACITY), read_only: false };
+        let path = scratch_file("ring-blocking-ticks");
+        let blocking = ticks_during_reads(std::rc::Rc::new(RingDevice::open(&path, &options, 4).unwrap())).await;
+        std::fs::remove_file(&path).unwrap();
+        let path = scratch_file("ring-polled-ticks");
+        let polled = ticks_during_reads(std::rc::Rc::new(RingDevice::open_polled(&path, &options, 4).unwrap())).await;
+        std::fs::remove_file(&path).unwrap();
+        assert!(blocking <= 3 * 64, "the blocking ring let the ticker run {blocking} times during 64 reads");
+        assert!(polled >= 4 * 64, "the polled ring let the ticker run only {polled} times during 64 reads");
+    });
+}
+
+#[test]
 fn ring_device_bounds_concurrency_by_its_depth_and_survives_dropped_futures() {
     run(|| async {
         let path = scratch_file("ring-depth");
@@ -348,11 +408,16 @@ fn the_queue_depth_bound_holds_under_concurrency() {
 }
 
 /// The `nvmf` host against our target on loopback: every block operation crosses a real NVMe/TCP byte
-/// stream (in-capsule writes up to 16 KiB, R2T-driven ones above, C2HData reads).
-fn nvmf_conforms(namespace: NamespaceConfig, digests: Digests) {
+/// stream (in-capsule writes up to 16 KiB, R2T-driven ones above, C2HData reads). `target_busy_poll`:
+/// the target polls its sockets, and its files through polled rings.
+fn nvmf_conforms(namespace: NamespaceConfig, digests: Digests, target_busy_poll: std::time::Duration) {
     let nqn = "nqn.2026-12.io.strata:conformance";
     let subsystem = SubsystemConfig { nqn: nqn.into(), namespaces: vec![namespace], allowed_hosts: Vec::new() };
-    let target = target::start(TargetConfig::new("127.0.0.1:0".parse().unwrap(), vec![subsystem])).unwrap();
+    let config = TargetConfig {
+        busy_poll: target_busy_poll,
+        ..TargetConfig::new("127.0.0.1:0".parse().unwrap(), vec![subsystem])
+    };
+    let target = target::start(config).unwrap();
     let address = NvmfAddress { addr: target.local_addr(), subnqn: nqn.into(), nsid: 1 };
     run(move || async move {
         let options = HostOptions { digests, ..HostOptions::default() };
@@ -367,14 +432,14 @@ fn nvmf_conforms(namespace: NamespaceConfig, digests: Digests) {
 fn nvmf_device_on_a_memory_namespace_conforms() {
     for block_bytes in [512, 4096] {
         let namespace = NamespaceConfig { backend: NamespaceBackend::Memory { bytes: CAPACITY }, block_bytes };
-        nvmf_conforms(namespace, Digests::default());
+        nvmf_conforms(namespace, Digests::default(), std::time::Duration::ZERO);
     }
 }
 
 #[test]
 fn nvmf_device_with_header_and_data_digests_conforms() {
     let namespace = NamespaceConfig { backend: NamespaceBackend::Memory { bytes: CAPACITY }, block_bytes: 4096 };
-    nvmf_conforms(namespace, Digests { header: true, data: true });
+    nvmf_conforms(namespace, Digests { header: true, data: true }, std::time::Duration::ZERO);
 }
 
 #[test]
@@ -384,6 +449,17 @@ fn nvmf_device_on_a_file_namespace_conforms() {
         backend: NamespaceBackend::File { path: path.clone(), bytes: Some(CAPACITY) },
         block_bytes: 4096,
     };
-    nvmf_conforms(namespace, Digests { header: true, data: false });
+    nvmf_conforms(namespace, Digests { header: true, data: false }, std::time::Duration::ZERO);
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
+fn nvmf_device_on_a_busy_polled_target_with_a_file_namespace_conforms() {
+    let path = scratch_file("nvmf-file-polled");
+    let namespace = NamespaceConfig {
+        backend: NamespaceBackend::File { path: path.clone(), bytes: Some(CAPACITY) },
+        block_bytes: 4096,
+    };
+    nvmf_conforms(namespace, Digests::default(), std::time::Duration::from_secs(1));
     std::fs::remove_file(path).unwrap();
 }

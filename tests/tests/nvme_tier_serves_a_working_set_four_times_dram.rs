@@ -1,6 +1,7 @@
 //! Objects evicted from DRAM are written to the NVMe tier and served from it, bit-exact; objects hit twice
 //! are promoted back to DRAM. A working set four times the DRAM tier is served with zero mismatches, under
-//! write-back (written on eviction) and write-through (written at once).
+//! write-back (written on eviction) and write-through (written at once), and by a busy-polled node, whose
+//! shards drive their files on polled rings instead of glommio's reactor.
 
 mod common;
 
@@ -9,11 +10,12 @@ use strata_proto::WritePolicy;
 
 const VALUE_BYTES: usize = 64 << 10;
 
-fn serve_four_times_dram(policy: WritePolicy) {
-    let scratch = Scratch::new(&format!("four-times-{}", policy.name()));
+fn serve_four_times_dram(policy: WritePolicy, busy_poll: bool) {
+    let scratch = Scratch::new(&format!("four-times-{}-{busy_poll}", policy.name()));
     let dram = 16u64 << 20;
     let mut node_config = with_file(config(&[0], dram), &scratch.file("ns0.img"), 256 << 20);
     node_config.write_policy = policy;
+    node_config.busy_poll = busy_poll;
     let node = start(node_config);
     let mut client = client(&node);
     let keys = (4 * dram as usize / VALUE_BYTES) as u64;
@@ -53,19 +55,35 @@ fn serve_four_times_dram(policy: WritePolicy) {
 
 #[test]
 fn write_back_serves_four_times_dram_from_nvme() {
-    serve_four_times_dram(WritePolicy::WriteBack);
+    serve_four_times_dram(WritePolicy::WriteBack, false);
 }
 
 #[test]
 fn write_through_serves_four_times_dram_from_nvme() {
-    serve_four_times_dram(WritePolicy::WriteThrough);
+    serve_four_times_dram(WritePolicy::WriteThrough, false);
+}
+
+#[test]
+fn a_busy_polled_node_serves_four_times_dram_from_nvme_through_polled_rings() {
+    serve_four_times_dram(WritePolicy::WriteThrough, true);
 }
 
 #[test]
 fn region_reclaim_keeps_serving_correct_bytes_when_the_tier_wraps() {
+    tier_wraps(false);
+}
+
+#[test]
+fn region_reclaim_on_polled_rings_keeps_serving_correct_bytes_when_the_tier_wraps() {
+    tier_wraps(true);
+}
+
+fn tier_wraps(busy_poll: bool) {
     // 24 MiB of NVMe regions for 64 MiB of puts: regions are reclaimed; what is left is correct.
-    let scratch = Scratch::new("tier-wraps");
-    let node = start(with_file(config(&[0], 8 << 20), &scratch.file("ns0.img"), 25 << 20));
+    let scratch = Scratch::new(&format!("tier-wraps-{busy_poll}"));
+    let mut node_config = with_file(config(&[0], 8 << 20), &scratch.file("ns0.img"), 25 << 20);
+    node_config.busy_poll = busy_poll;
+    let node = start(node_config);
     let mut client = client(&node);
     let keys = (64 << 20) / VALUE_BYTES as u64;
     for index in 0..keys {

@@ -146,8 +146,7 @@ pub struct JobOptions {
     pub spin_before_park: Duration,
     /// Strata's own: TCP congestion control of the nvmf engine's sockets (`None`: the system's default).
     pub tcp_congestion: Option<String>,
-    /// `cpus_allowed`: the CPUs the job's executors may run on, ascending (`None`: every online CPU, one per
-    /// job in turn).
+    /// `cpus_allowed`: the CPUs the job's executors may run on, ascending (`None`: not pinned, as in fio).
     pub cpus_allowed: Option<Vec<usize>>,
     /// `cpus_allowed_policy`.
     pub cpus_allowed_policy: CpusAllowedPolicy,
