@@ -3,7 +3,7 @@
 # CPU 1, strata-bench kv (and iperf3's client) pinned to CPU 0; fio reads the node's file from CPU 1, where
 # the node reads it (and where this VM delivers the disk's interrupts), while the node idles between rows.
 # Installs iperf3 and fio if missing.
-#   RUNTIME=5 REPS=3 DIR=target/bench-kv scripts/bench-kv.sh
+#   RUNTIME=5 REPS=3 DIR=target/bench-kv SECTIONS="stalls dram nvme" scripts/bench-kv.sh
 # Every row runs REPS times (iperf3 alternating with Strata for the 4 MiB rows); the table shows medians, and
 # the node's CPU time per key from its metrics (strata_process_cpu_seconds_total).
 set -euo pipefail
@@ -14,6 +14,8 @@ DIR=${DIR:-target/bench-kv}
 PORT=${PORT:-7650}
 METRICS=${METRICS:-127.0.0.1:9650}
 SPIN=${SPIN:-200us}
+SECTIONS=${SECTIONS:-"stalls dram nvme"}
+wants() { [[ " $SECTIONS " == *" $1 "* ]]; }
 for tool in iperf3 fio; do
   command -v "$tool" >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$tool"; }
 done
@@ -65,12 +67,15 @@ row() { # name target flags...
     "$(printf '%s\n' "${p99s[@]}" | median | awk '{print $1/1000}')" "$(printf '%s\n' "${cpus[@]}" | median)" "$target"
 }
 
+if wants stalls; then
 echo "== This machine's stall floor (both cores watched at once, before the node starts): no p99 below it"
 taskset -c 0 "$BENCH" stalls --cpu 0 --runtime "${RUNTIME}s" > "$DIR/stalls0.txt" &
 taskset -c 1 "$BENCH" stalls --cpu 1 --runtime "${RUNTIME}s" > "$DIR/stalls1.txt"
 wait
 cat "$DIR/stalls0.txt" "$DIR/stalls1.txt"
+fi
 
+if wants dram; then
 echo "== DRAM rows (write-back: no NVMe traffic on the put path)"
 start_node --dram 6GiB --write-policy write-back
 taskset -c 1 iperf3 -s -p 5299 -D >/dev/null
@@ -94,7 +99,9 @@ peak=$(kv --op get --value-size 64k --keys 16384 --no-preload | field "['calls_p
 row "64 KiB get, 1 connection, peak" "peak" --op get --value-size 64k --keys 16384 --no-preload
 row "64 KiB get, 1 connection, at half of peak" "p99 <= 300 us" --op get --value-size 64k --keys 16384 --no-preload \
   --rate "$(echo "$peak" | awk '{print $1/2}')"
+fi
 
+wants nvme || exit 0
 echo "== NVMe rows (64 MiB of DRAM, 2 GiB working set, no promotion: every get is an NVMe read)"
 start_node --dram 64MiB --write-policy write-through --promote-window 0s
 taskset -c 0 "$BENCH" kv --server "127.0.0.1:$PORT" --metrics off --op put --value-size 64k --keys 32768 \

@@ -32,7 +32,7 @@ start_target() { # NAMESPACE BUSY_POLL
   local extra=()
   [ -n "${CONGESTION:-}" ] && extra=(--tcp-congestion "$CONGESTION")
   target/release/strata-pool target --listen "127.0.0.1:$PORT" --subsystem "$NQN" --namespace "$1" --cpus 1 \
-    --busy-poll "$2" "${extra[@]}" 2>/dev/null &
+    --busy-poll "$2" "${extra[@]}" 2>>"${TARGET_LOG:-/dev/null}" &
   target_pid=$!
   for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && return; sleep 0.1; done
   echo "target did not start" >&2; exit 1

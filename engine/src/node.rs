@@ -14,7 +14,7 @@ use glommio::{LocalExecutorBuilder, Placement};
 use strata_nvme::superblock::{
     NamespaceRole, PoolSuperblock, SuperblockError, read_at, read_superblock, uuid_text, write_block0, write_padded,
 };
-use strata_nvme::{AnyDevice, BlockDevice, DeviceSpec, FileIo, HostOptions, MemoryDevice};
+use strata_nvme::{AnyDevice, BlockDevice, DeviceSpec, HostOptions, MemoryDevice};
 
 use crate::config::EngineConfig;
 use crate::dram::DramTier;
@@ -65,8 +65,6 @@ pub struct NodeSummary {
     pub pages: PageKind,
     /// NVMe namespaces and their capacities.
     pub namespaces: Vec<(String, u64)>,
-    /// How the shards drive the namespaces that are files or block devices.
-    pub file_io: FileIo,
     /// Regions per shard and region size.
     pub regions_per_shard: Vec<usize>,
     /// Region size.
@@ -105,13 +103,6 @@ impl std::fmt::Display for NodeSummary {
         }
         for (name, capacity) in &self.namespaces {
             writeln!(f, "  NVMe tier: {name}, {} MiB", capacity >> 20)?;
-        }
-        if !self.namespaces.is_empty() {
-            let file_io = match self.file_io {
-                FileIo::Reactor => "through glommio's reactor",
-                FileIo::Polled => "on polled io_uring rings (busy polling)",
-            };
-            writeln!(f, "  local files and devices: O_DIRECT, {file_io}")?;
         }
         if !self.namespaces.is_empty() {
             let recovered: u64 = self.recovery.iter().map(|report| report.records).sum();
@@ -204,8 +195,8 @@ enum NamespaceHandle {
 }
 
 /// Opens a handle; `sized`: create or extend files to their size (done once, when preparing the tier;
-/// shards then open the files as they are); `file_io`: how this executor waits for a file's I/O.
-async fn open_handle(handle: &NamespaceHandle, sized: bool, file_io: FileIo) -> Result<AnyDevice, String> {
+/// shards then open the files as they are).
+async fn open_handle(handle: &NamespaceHandle, sized: bool) -> Result<AnyDevice, String> {
     match handle {
         NamespaceHandle::Memory(device) => Ok(AnyDevice::Memory(device.clone())),
         NamespaceHandle::Spec(spec) => {
@@ -213,15 +204,9 @@ async fn open_handle(handle: &NamespaceHandle, sized: bool, file_io: FileIo) -> 
                 DeviceSpec::File { path, .. } if !sized => DeviceSpec::File { path: path.clone(), size_bytes: None },
                 other => other.clone(),
             };
-            AnyDevice::open_with(&spec, &HostOptions::default(), file_io).await.map_err(|error| error.to_string())
+            AnyDevice::open(&spec, &HostOptions::default()).await.map_err(|error| error.to_string())
         }
     }
-}
-
-/// How a shard drives its files: a busy-polled shard's reactor turns only now and then, so its files are
-/// polled rings (see `FileIo::Polled`); the fault wrapper of tests wraps the reactor's backend.
-fn file_io_of(config: &EngineConfig) -> FileIo {
-    if config.busy_poll && config.faults.is_none() { FileIo::Polled } else { FileIo::Reactor }
 }
 
 fn spec_name(spec: &DeviceSpec) -> String {
@@ -258,7 +243,7 @@ async fn prepare_tier(
     };
     for (index, handle) in handles.iter().enumerate() {
         let name = &names[index];
-        let device = open_handle(handle, true, FileIo::Reactor).await.map_err(|error| format!("{name}: {error}"))?;
+        let device = open_handle(handle, true).await.map_err(|error| format!("{name}: {error}"))?;
         let geometry = device.geometry();
         let block = geometry.logical_block_bytes as usize;
         let io = |error: strata_nvme::BlockError| format!("{name}: {error}");
@@ -447,9 +432,8 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
             let base_port = listen.port();
             let started = async {
                 let mut devices = Vec::new();
-                let file_io = file_io_of(&config);
                 for handle in handles.iter() {
-                    let device = open_handle(handle, false, file_io).await?;
+                    let device = open_handle(handle, false).await?;
                     let device = match (device, &config.faults) {
                         (AnyDevice::File(file), Some(faults)) => {
                             let faults =
@@ -585,7 +569,6 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
             dram_bytes_per_shard: dram_per_shard,
             pages,
             namespaces: names.iter().cloned().zip(tier.iter().map(|(_, capacity)| *capacity)).collect(),
-            file_io: file_io_of(&config),
             regions_per_shard,
             region_bytes: config.region_bytes,
             recovery,

@@ -7,24 +7,7 @@ use crate::device::{BlockDevice, Geometry, IoTiming};
 use crate::error::BlockResult;
 use crate::host::NvmfDevice;
 use crate::memory::MemoryDevice;
-use crate::ring::RingDevice;
 use crate::uring::UringDevice;
-
-/// Operations a polled file's ring holds in flight before further ones wait for a slot: more than any one
-/// executor's connections keep in flight on this machine's disk, which saturates near QD 32.
-const POLLED_RING_DEPTH: u32 = 256;
-
-/// How the executor that opens a file waits for its I/O.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum FileIo {
-    /// glommio's `DmaFile`: completions arrive through the executor's reactor, which sleeps when idle.
-    #[default]
-    Reactor,
-    /// Strata's own ring, its completion queue polled between the executor's tasks
-    /// ([`RingDevice::open_polled`]): for an executor that busy-polls its sockets, whose reactor turns
-    /// only on a timer.
-    Polled,
-}
 
 /// A device of any backend, on this executor.
 pub enum AnyDevice {
@@ -32,8 +15,6 @@ pub enum AnyDevice {
     Memory(MemoryDevice),
     /// This executor's O_DIRECT handle on a file or block device.
     File(UringDevice),
-    /// The same, on a polled ring of this executor's ([`FileIo::Polled`]).
-    PolledFile(RingDevice),
     /// A namespace of a remote NVMe-oF controller (one I/O queue on this executor).
     Nvmf(Box<NvmfDevice>),
     /// A file with seeded faults injected (tests of what the layers above do with torn writes and errors).
@@ -45,7 +26,6 @@ macro_rules! dispatch {
         match $self {
             AnyDevice::Memory($device) => $call,
             AnyDevice::File($device) => $call,
-            AnyDevice::PolledFile($device) => $call,
             AnyDevice::Nvmf($device) => $call,
             AnyDevice::FaultyFile($device) => $call,
         }
@@ -160,34 +140,13 @@ impl AnyDevice {
     /// Opens `spec` on the current executor: a file through io_uring, an NVMe-oF namespace with one I/O
     /// queue for this executor (`host` says how to connect), or a new RAM namespace.
     pub async fn open(spec: &DeviceSpec, host: &crate::host::HostOptions) -> Result<Self, OpenError> {
-        Self::open_with(spec, host, FileIo::Reactor).await
-    }
-
-    /// As [`AnyDevice::open`], a file driven as `file_io` says.
-    pub async fn open_with(
-        spec: &DeviceSpec,
-        host: &crate::host::HostOptions,
-        file_io: FileIo,
-    ) -> Result<Self, OpenError> {
         Ok(match spec {
             DeviceSpec::Memory { capacity_bytes } => AnyDevice::Memory(MemoryDevice::new(*capacity_bytes, 4096)),
             DeviceSpec::File { path, size_bytes } => {
                 let options = crate::uring::UringOptions { size_bytes: *size_bytes, read_only: false };
-                Self::open_file(path, &options, file_io).await?
+                AnyDevice::File(UringDevice::open(path, &options).await?)
             }
             DeviceSpec::Nvmf(address) => AnyDevice::Nvmf(Box::new(NvmfDevice::connect(address, host, 1).await?)),
-        })
-    }
-
-    /// Opens a file or block device on the current executor, driven as `file_io` says.
-    pub async fn open_file(
-        path: &std::path::Path,
-        options: &crate::uring::UringOptions,
-        file_io: FileIo,
-    ) -> BlockResult<Self> {
-        Ok(match file_io {
-            FileIo::Reactor => AnyDevice::File(UringDevice::open(path, options).await?),
-            FileIo::Polled => AnyDevice::PolledFile(RingDevice::open_polled(path, options, POLLED_RING_DEPTH)?),
         })
     }
 }

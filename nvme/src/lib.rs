@@ -31,7 +31,7 @@ pub mod target;
 pub mod tcp;
 mod uring;
 
-pub use crate::any_device::{AnyDevice, DeviceSpec, FileIo, OpenError};
+pub use crate::any_device::{AnyDevice, DeviceSpec, OpenError};
 pub use crate::buffer::IoBuffer;
 pub use crate::device::{BlockDevice, Geometry, IoTiming};
 pub use crate::error::{BlockError, BlockErrorKind, BlockOp, BlockResult};

@@ -12,13 +12,7 @@
 //! them all, where fio's default (`iodepth_batch_submit=1`) makes *k*; on a VM each such call traps to the
 //! host (14-30 µs here), so at queue depth 32 this is most of the CPU an I/O costs. At depth 1 there is one
 //! entry, submitted on its own before the wait, and stamped between the two, as fio stamps it. That is right for an executor dedicated to I/O (a bench job, an I/O core) and wrong for one
-//! that also serves the network, whose events would wait behind the block.
-//!
-//! An executor that busy-polls its sockets (the target's and the node's `--busy-poll`) opens the ring
-//! *polled* instead ([`RingDevice::open_polled`]): the reaper never blocks; while I/O is in flight it peeks
-//! the completion queue (a read of shared memory, no system call) between the executor's other tasks, as
-//! SPDK polls its NVMe queues beside its sockets. Through glommio's `DmaFile` such an executor sees a
-//! completion only when its reactor turns, which a core that never idles does only on a timer.
+//! that also serves the network, whose events would wait behind the block: use `uring` there.
 //!
 //! Safety of buffers: while an operation is in flight its buffer is owned by the ring's slot table, not by
 //! the future that issued it, so a future that is dropped never frees memory the kernel is writing into;
@@ -43,15 +37,6 @@ use crate::error::{BlockError, BlockErrorKind, BlockOp, BlockResult};
 use crate::uring::{UringOptions, prepare_file};
 
 const MAX_TRANSFER_BYTES: u64 = 8 << 20;
-
-/// What the reaper does when I/O is in flight and nothing has completed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ReaperWait {
-    /// Block the executor in `io_uring_enter` until a completion arrives (an executor dedicated to I/O).
-    Block,
-    /// Yield to the executor's other tasks and look again (an executor that busy-polls).
-    Poll,
-}
 
 #[derive(Default)]
 struct Slot {
@@ -78,7 +63,6 @@ struct RingState {
     /// Slots whose entries are queued in the submission ring but not yet submitted.
     unsubmitted: Vec<u32>,
     reaper_running: bool,
-    reaper_wait: ReaperWait,
     /// The reaper, waiting for the first submission after the ring went idle.
     idle_reaper: Option<Waker>,
     /// Tasks waiting for a free slot.
@@ -183,19 +167,8 @@ fn logical_block_bytes(path: &Path) -> u64 {
 }
 
 impl RingDevice {
-    /// Opens `path` with O_DIRECT on a ring of `queue_depth_max` entries (operations beyond it wait); the
-    /// reaper blocks the executor while it waits for completions.
+    /// Opens `path` with O_DIRECT on a ring of `queue_depth_max` entries (operations beyond it wait).
     pub fn open(path: &Path, options: &UringOptions, queue_depth_max: u32) -> BlockResult<Self> {
-        Self::open_with(path, options, queue_depth_max, ReaperWait::Block)
-    }
-
-    /// As [`RingDevice::open`], for an executor that busy-polls: the reaper peeks the completion queue
-    /// between the executor's other tasks and never blocks.
-    pub fn open_polled(path: &Path, options: &UringOptions, queue_depth_max: u32) -> BlockResult<Self> {
-        Self::open_with(path, options, queue_depth_max, ReaperWait::Poll)
-    }
-
-    fn open_with(path: &Path, options: &UringOptions, queue_depth_max: u32, wait: ReaperWait) -> BlockResult<Self> {
         let name = path.display().to_string();
         let open_error = |kind| BlockError::new(BlockOp::Open, &name, 0, kind);
         let capacity_bytes = prepare_file(path, options).map_err(|error| open_error(BlockErrorKind::Io(error)))?;
@@ -223,7 +196,6 @@ impl RingDevice {
             in_flight: 0,
             unsubmitted: Vec::with_capacity(depth as usize),
             reaper_running: false,
-            reaper_wait: wait,
             idle_reaper: None,
             slot_waiters: Vec::new(),
             completions: Vec::with_capacity(depth as usize),
@@ -352,22 +324,11 @@ impl RingDevice {
                     .await;
                     continue;
                 }
-                // Nothing completed and I/O is in flight.
-                let wait = shared.borrow().reaper_wait;
-                match wait {
-                    // Block in the kernel until something does.
-                    ReaperWait::Block => {
-                        let mut state = shared.borrow_mut();
-                        // Entries a failed submission left queued go in with the wait.
-                        state.stamp_submitted();
-                        let _ = state.ring.submit_and_wait(1);
-                    }
-                    // Let the executor's other tasks (its polled sockets) run, then look again.
-                    ReaperWait::Poll => {
-                        drop(shared);
-                        crate::tcp::stream::idle_poll().await;
-                    }
-                }
+                // Nothing completed and I/O is in flight: block in the kernel until something does (entries a
+                // failed submission left queued go in with the wait).
+                let mut state = shared.borrow_mut();
+                state.stamp_submitted();
+                let _ = state.ring.submit_and_wait(1);
             }
         })
         .detach();

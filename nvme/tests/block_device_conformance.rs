@@ -162,66 +162,6 @@ fn ring_device_conforms() {
 }
 
 #[test]
-fn polled_ring_device_conforms() {
-    run(|| async {
-        let path = scratch_file("ring-polled");
-        let device =
-            RingDevice::open_polled(&path, &UringOptions { size_bytes: Some(CAPACITY), read_only: false }, 8).unwrap();
-        conformance(&device).await;
-        drop(device);
-        std::fs::remove_file(path).unwrap();
-    });
-}
-
-/// How many times a task that only yields ran while 64 reads, one at a time, were in flight on `device`.
-async fn ticks_during_reads(device: std::rc::Rc<RingDevice>) -> u64 {
-    use std::cell::Cell;
-    use std::rc::Rc;
-    write_bytes(&*device, 0, &pattern(3, 64 * 4096)).await;
-    let reading = Rc::new(Cell::new(false));
-    let done = Rc::new(Cell::new(false));
-    let ticks = Rc::new(Cell::new(0u64));
-    let ticker = {
-        let (reading, done, ticks) = (reading.clone(), done.clone(), ticks.clone());
-        glommio::spawn_local(async move {
-            while !done.get() {
-                if reading.get() {
-                    ticks.set(ticks.get() + 1);
-                }
-                glommio::executor().yield_now().await;
-            }
-        })
-    };
-    for block in 0..64u64 {
-        reading.set(true);
-        let bytes = read_bytes(&*device, block * 4096, 4096).await;
-        reading.set(false);
-        assert_eq!(bytes, pattern(3, 64 * 4096)[block as usize * 4096..(block as usize + 1) * 4096]);
-    }
-    done.set(true);
-    ticker.await;
-    ticks.get()
-}
-
-#[test]
-fn polled_ring_lets_the_executor_run_other_tasks_while_io_is_in_flight() {
-    // A blocking ring holds the executor in the kernel for each read, so the ticker runs about once per read
-    // (before the reaper blocks); a polled ring yields between looks, so the ticker runs throughout every read
-    // (a direct read of the disk takes tens of microseconds, a turn of the ticker well under one).
-    run(|| async {
-        let options = UringOptions { size_bytes: Some(CAPACITY), read_only: false };
-        let path = scratch_file("ring-blocking-ticks");
-        let blocking = ticks_during_reads(std::rc::Rc::new(RingDevice::open(&path, &options, 4).unwrap())).await;
-        std::fs::remove_file(&path).unwrap();
-        let path = scratch_file("ring-polled-ticks");
-        let polled = ticks_during_reads(std::rc::Rc::new(RingDevice::open_polled(&path, &options, 4).unwrap())).await;
-        std::fs::remove_file(&path).unwrap();
-        assert!(blocking <= 3 * 64, "the blocking ring let the ticker run {blocking} times during 64 reads");
-        assert!(polled >= 4 * 64, "the polled ring let the ticker run only {polled} times during 64 reads");
-    });
-}
-
-#[test]
 fn ring_device_bounds_concurrency_by_its_depth_and_survives_dropped_futures() {
     run(|| async {
         let path = scratch_file("ring-depth");

@@ -1,7 +1,7 @@
 //! Objects evicted from DRAM are written to the NVMe tier and served from it, bit-exact; objects hit twice
 //! are promoted back to DRAM. A working set four times the DRAM tier is served with zero mismatches, under
-//! write-back (written on eviction) and write-through (written at once), and by a busy-polled node, whose
-//! shards drive their files on polled rings instead of glommio's reactor.
+//! write-back (written on eviction) and write-through (written at once), and by a busy-polled node (whose
+//! disk completions arrive through glommio's reactor, which its polling sockets must let turn).
 
 mod common;
 
@@ -64,7 +64,7 @@ fn write_through_serves_four_times_dram_from_nvme() {
 }
 
 #[test]
-fn a_busy_polled_node_serves_four_times_dram_from_nvme_through_polled_rings() {
+fn a_busy_polled_node_serves_four_times_dram_from_nvme() {
     serve_four_times_dram(WritePolicy::WriteThrough, true);
 }
 
@@ -74,7 +74,7 @@ fn region_reclaim_keeps_serving_correct_bytes_when_the_tier_wraps() {
 }
 
 #[test]
-fn region_reclaim_on_polled_rings_keeps_serving_correct_bytes_when_the_tier_wraps() {
+fn region_reclaim_on_a_busy_polled_node_keeps_serving_correct_bytes_when_the_tier_wraps() {
     tier_wraps(true);
 }
 

@@ -33,16 +33,15 @@ pub(crate) struct ExecutorContext {
     pub(crate) devices: Vec<Vec<Rc<AnyDevice>>>,
     /// The address the target listens on (for the discovery log).
     pub(crate) listen: SocketAddr,
-    /// Recycled buffers for the namespaces that move heap memory (RAM, polled files) and control data.
+    /// Recycled buffers for RAM namespaces and control data.
     pub(crate) buffers: BufferPool,
 }
 
 impl ExecutorContext {
-    /// A data buffer for `device`: the device's own (glommio's registered memory for reactor-driven files)
-    /// or a recycled one.
+    /// A data buffer for `device`: the device's own (registered memory for files) or a recycled one.
     pub(crate) fn buffer_for(&self, device: &AnyDevice, len: usize) -> IoBuffer {
         match device {
-            AnyDevice::Memory(_) | AnyDevice::PolledFile(_) => self.buffers.take(len),
+            AnyDevice::Memory(_) => self.buffers.take(len),
             other => other.alloc_buffer(len),
         }
     }

@@ -26,12 +26,12 @@ use glommio::{LocalExecutorBuilder, Placement};
 pub use self::config::{NamespaceBackend, NamespaceConfig, SubsystemConfig, TargetConfig};
 use self::connection::ExecutorContext;
 use self::registry::{NamespaceInfo, Shared, SubsystemInfo, shutdown_socket};
-use crate::any_device::{AnyDevice, FileIo};
+use crate::any_device::AnyDevice;
 use crate::device::BlockDevice;
 use crate::error::BlockError;
 use crate::memory::MemoryDevice;
 use crate::spec::{DISCOVERY_NQN, NQN_MAX_BYTES};
-use crate::uring::UringOptions;
+use crate::uring::{UringDevice, UringOptions};
 
 /// Registered I/O memory per target executor (glommio falls back to ordinary memory beyond it).
 const IO_MEMORY_BYTES: usize = 16 << 20;
@@ -190,13 +190,7 @@ enum Backend {
     File { path: std::path::PathBuf, bytes: u64 },
 }
 
-/// Opens this executor's handles on every namespace. A busy-polling executor drives its files on polled
-/// rings: its reactor turns only on a timer, so completions that glommio reaps would wait for it.
-async fn open_devices(
-    backends: &[Vec<Backend>],
-    shared: &Shared,
-    file_io: FileIo,
-) -> Result<Vec<Vec<Rc<AnyDevice>>>, TargetError> {
+async fn open_devices(backends: &[Vec<Backend>], shared: &Shared) -> Result<Vec<Vec<Rc<AnyDevice>>>, TargetError> {
     let mut devices = vec![Vec::new()];
     for (index, subsystem) in backends.iter().enumerate() {
         let mut opened = Vec::new();
@@ -205,12 +199,10 @@ async fn open_devices(
                 Backend::Memory(device) => AnyDevice::Memory(device.clone()),
                 Backend::File { path, bytes } => {
                     let options = UringOptions { size_bytes: Some(*bytes), read_only: false };
-                    let device = AnyDevice::open_file(path, &options, file_io).await.map_err(|source| {
-                        TargetError::Namespace {
-                            nqn: shared.subsystems[index + 1].nqn.clone(),
-                            nsid: ns_index as u32 + 1,
-                            source,
-                        }
+                    let device = UringDevice::open(path, &options).await.map_err(|source| TargetError::Namespace {
+                        nqn: shared.subsystems[index + 1].nqn.clone(),
+                        nsid: ns_index as u32 + 1,
+                        source,
                     })?;
                     let info = &shared.subsystems[index + 1].namespaces[ns_index];
                     let device_block = device.geometry().logical_block_bytes;
@@ -223,7 +215,7 @@ async fn open_devices(
                             path.display()
                         )));
                     }
-                    device
+                    AnyDevice::File(device)
                 }
             };
             opened.push(Rc::new(device));
@@ -286,8 +278,7 @@ pub fn start(config: TargetConfig) -> Result<TargetHandle, TargetError> {
             .io_memory(IO_MEMORY_BYTES)
             .spin_before_park(config.busy_poll)
             .spawn(move || async move {
-                let file_io = if config.busy_poll.is_zero() { FileIo::Reactor } else { FileIo::Polled };
-                let devices = match open_devices(&backends, &shared, file_io).await {
+                let devices = match open_devices(&backends, &shared).await {
                     Ok(devices) => devices,
                     Err(error) => return drop(ready.send(Err(error))),
                 };

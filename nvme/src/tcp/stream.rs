@@ -55,14 +55,20 @@ impl Socket {
     pub async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
             Socket::Reactor(stream) => stream.read(buf).await,
-            Socket::Polled(stream) => loop {
-                match (&*stream).read(buf) {
-                    Ok(read) => return Ok(read),
-                    Err(error) if error.kind() == io::ErrorKind::WouldBlock => idle_poll().await,
-                    Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                    Err(error) => return Err(error),
+            Socket::Polled(stream) => {
+                let mut misses = 0u32;
+                loop {
+                    match (&*stream).read(buf) {
+                        Ok(read) => return Ok(read),
+                        Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                            misses += 1;
+                            idle_poll(misses).await;
+                        }
+                        Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                        Err(error) => return Err(error),
+                    }
                 }
-            },
+            }
         }
     }
 
@@ -127,12 +133,16 @@ impl Socket {
 /// the socket's buffer is full.
 async fn write_all_polled(stream: &std::net::TcpStream, mut bufs: &mut [io::IoSlice<'_>]) -> io::Result<()> {
     const IOV_MAX: usize = 1024;
+    let mut misses = 0u32;
     while !bufs.is_empty() {
         let batch = bufs.len().min(IOV_MAX);
         match (&*stream).write_vectored(&bufs[..batch]) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(written) => io::IoSlice::advance_slices(&mut bufs, written),
-            Err(error) if error.kind() == io::ErrorKind::WouldBlock => idle_poll().await,
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                misses += 1;
+                idle_poll(misses).await;
+            }
             Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
             Err(error) => return Err(error),
         }
@@ -143,51 +153,38 @@ async fn write_all_polled(stream: &std::net::TcpStream, mut bufs: &mut [io::IoSl
 /// Polls between this many misses give the core to the kernel once (`sched_yield`).
 const MISSES_PER_KERNEL_YIELD: u32 = 64;
 
-/// What a polling task does when it has nothing (a polled socket with no bytes, a polled ring with no
-/// completion): let the executor's other tasks run, and every [`MISSES_PER_KERNEL_YIELD`] misses let the
-/// kernel's own threads on this core run too. Without the latter, work the kernel defers to `ksoftirqd`
-/// (TCP pacing under BBR, for one) waits for the scheduler to preempt the spinning thread, several
-/// milliseconds, and every I/O in flight stalls with it.
+/// What a polled socket does when it has nothing: let the executor's other tasks run, and every
+/// [`MISSES_PER_KERNEL_YIELD`] misses let the kernel's own threads on this core run too. Without the
+/// latter, work the kernel defers to `ksoftirqd` (TCP pacing under BBR, for one) waits for the scheduler
+/// to preempt the spinning thread, several milliseconds, and every I/O in flight stalls with it.
 ///
-/// glommio's reactor (timers, a listener's accept, I/O through glommio) turns only once no task is
-/// runnable or its preempt timer fires (100 ms), and a task that only yields is always runnable. So the
-/// misses of *every* polling task of the executor are counted together since the reactor last turned; once
-/// they reach [`MISSES_PER_REACTOR_POLL`] (while block I/O through the reactor is in flight, [`ReactorIo`])
-/// or [`MISSES_PER_BACKGROUND_POLL`] (otherwise), each polling task that misses sleeps on a 1 µs timer
-/// instead of yielding. They all sleep within one pass of the executor, the executor idles, the reactor
-/// turns, and the first to wake starts the count again. Counted per task, the sleeps did not line up: one
-/// task slept until every other one happened to reach its own count, which a busy-polled node paid as an
-/// 80–100 ms wait for a new connection's accept.
-pub(crate) async fn idle_poll() {
-    let misses = MISSES_SINCE_REACTOR_TURN.with(|count| {
-        let misses = count.get().saturating_add(1);
-        count.set(misses);
-        misses
-    });
+/// While this executor has block I/O in flight through glommio's reactor ([`ReactorIo`]), every
+/// [`MISSES_PER_REACTOR_POLL`] misses the task sleeps on a 1 µs timer instead of yielding: glommio reaps
+/// I/O completions only once no task is runnable or the preempt timer fires (100 ms), and a polled socket
+/// that only ever yields would keep its task runnable. Without I/O in flight it only yields, which keeps a
+/// socket's latency at a few microseconds — except every [`MISSES_PER_BACKGROUND_POLL`] misses, so that the
+/// reactor's other work (a listener's accept above all) waits about a millisecond, not the 100 ms preempt
+/// timer: a busy-polled node took 80–100 ms to serve a client's new connection.
+async fn idle_poll(misses: u32) {
     if misses.is_multiple_of(MISSES_PER_KERNEL_YIELD) {
         std::thread::yield_now();
     }
-    let due = if REACTOR_IO_IN_FLIGHT.with(std::cell::Cell::get) > 0 {
-        MISSES_PER_REACTOR_POLL
-    } else {
-        MISSES_PER_BACKGROUND_POLL
-    };
-    if misses >= due {
+    let reactor_due =
+        REACTOR_IO_IN_FLIGHT.with(std::cell::Cell::get) > 0 || misses.is_multiple_of(MISSES_PER_BACKGROUND_POLL);
+    if misses.is_multiple_of(MISSES_PER_REACTOR_POLL) && reactor_due {
         glommio::timer::sleep(std::time::Duration::from_micros(1)).await;
-        MISSES_SINCE_REACTOR_TURN.with(|count| count.set(0));
     } else {
         futures_lite::future::yield_now().await;
     }
 }
 
-/// Misses (of every polling task) between reactor turns while block I/O through the reactor is in flight.
+/// Polls between timer sleeps that let glommio's reactor reap completions.
 const MISSES_PER_REACTOR_POLL: u32 = 8;
-/// Misses between reactor turns otherwise: about a millisecond of polling.
+/// Polls between reactor turns when no block I/O is in flight (a multiple of the above).
 const MISSES_PER_BACKGROUND_POLL: u32 = 1024;
 
 thread_local! {
     static REACTOR_IO_IN_FLIGHT: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-    static MISSES_SINCE_REACTOR_TURN: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
 /// Marks a block I/O in flight on this executor's glommio reactor for as long as it lives.

@@ -65,8 +65,8 @@ impl ReadWrite {
 pub enum IoEngine {
     /// Strata's io_uring backend (glommio `DmaFile`). fio's `io_uring` maps here.
     Uring,
-    /// Strata's own io_uring per job (`RingDevice`): submits each I/O at once, blocks the job's executor
-    /// while waiting, as fio's engine does.
+    /// Strata's own io_uring per job (`RingDevice`): submits what each pass of the executor queued in one
+    /// system call, and blocks the job's executor while waiting, as fio's engine does.
     Ring,
     /// Strata's NVMe-oF/TCP host (`NvmfDevice`); the filename is
     /// `trtype=tcp,traddr=ADDR,trsvcid=PORT,subnqn=NQN,ns=N`.
