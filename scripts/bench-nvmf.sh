@@ -29,6 +29,10 @@ trap 'stop_target; rm -f "$MEDIANS"' EXIT
 
 start_target() { # NAMESPACE BUSY_POLL
   stop_target
+  # A new port for each target: the listener (SO_REUSEPORT) of one just killed can linger in the kernel while
+  # its io_uring is torn down, and a connection steered to it is refused.
+  PORT=$((PORT + 1))
+  F="trtype=tcp,traddr=127.0.0.1,trsvcid=$PORT,subnqn=$NQN,ns=1"
   local extra=()
   [ -n "${CONGESTION:-}" ] && extra=(--tcp-congestion "$CONGESTION")
   target/release/strata-pool target --listen "127.0.0.1:$PORT" --subsystem "$NQN" --namespace "$1" --cpus 1 \
@@ -44,7 +48,11 @@ target_ticks() { awk '{print $14 + $15}' "/proc/$target_pid/stat"; }
 # target owns CPU 1, and a job that shared it measured the scheduler, not the code).
 run_once() { # FILENAME ENGINE OPTIONS...
   local filename=$1 engine=$2; shift 2
-  local before after json
+  local before after json status
+  if [ -n "$target_pid" ] && ! kill -0 "$target_pid" 2>/dev/null; then
+    wait "$target_pid"; status=$?
+    echo "the target (pid $target_pid) exited with status $status before this row" >&2; exit 1
+  fi
   before=$( [ -n "$target_pid" ] && target_ticks || echo 0)
   json=$($BENCH --name=row "--filename=$filename" "--ioengine=$engine" --direct=1 --time_based "--runtime=$RUNTIME" \
     "--cpus_allowed=${JOB_CPU:-0}" --output-format=json "$@")
@@ -74,7 +82,6 @@ with open(os.environ["MEDIANS"], "a") as medians:
     medians.write(f"{label}\t{iops}\n")' "$label" "$RUNTIME" "$TICK"
 }
 
-F="trtype=tcp,traddr=127.0.0.1,trsvcid=$PORT,subnqn=$NQN,ns=1"
 echo "| row (memory namespace) | IOPS | bandwidth | mean clat µs | target CPU µs/IO | IOPS of each run |"
 echo "|---|---|---|---|---|---|"
 for mode in $MODES; do
