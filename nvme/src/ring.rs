@@ -4,15 +4,16 @@
 //! `membarrier`, timer re-arming, linking its three rings, several `io_uring_enter`s), which costs 20% of
 //! the IOPS fio reaches at queue depth 32 and 30% at depth 1 on this machine (docs/BENCHMARKS.md). This
 //! backend does what fio's engine does instead: a reaper task collects completions, and when nothing has
-//! completed it *blocks the executor* in `io_uring_enter` until one does.
+//! completed it *blocks the executor* in `io_uring_enter` until one does. That is right for an executor
+//! dedicated to I/O (a bench job, an I/O core) and wrong for one that also serves the network, whose events
+//! would wait behind the block: use `uring` there.
 //!
 //! Submission is batched per pass of the executor: an operation only queues its entry and wakes the
 //! reaper, which submits every queued entry in one `io_uring_enter` before it looks for completions. After
 //! a reap of *k* completions, the *k* woken tasks queue their next operations and one system call submits
 //! them all, where fio's default (`iodepth_batch_submit=1`) makes *k*; on a VM each such call traps to the
-//! host (14-30 µs here), so at queue depth 32 this is most of the CPU an I/O costs. At depth 1 there is one
-//! entry, submitted on its own before the wait, and stamped between the two, as fio stamps it. That is right for an executor dedicated to I/O (a bench job, an I/O core) and wrong for one
-//! that also serves the network, whose events would wait behind the block: use `uring` there.
+//! host (10-30 µs here), and at queue depth 32 the batching halves the CPU an I/O costs. At depth 1 there
+//! is one entry, submitted on its own before the wait and stamped between the two, as fio stamps it.
 //!
 //! Safety of buffers: while an operation is in flight its buffer is owned by the ring's slot table, not by
 //! the future that issued it, so a future that is dropped never frees memory the kernel is writing into;
