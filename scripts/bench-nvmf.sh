@@ -82,10 +82,14 @@ with open(os.environ["MEDIANS"], "a") as medians:
     medians.write(f"{label}\t{iops}\n")' "$label" "$RUNTIME" "$TICK"
 }
 
+mode_settings() { # MODE: sets busy (the target's --busy-poll) and spin (the host's) for reactor or poll
+  if [ "$1" = poll ]; then busy=1s; spin=--spin_before_park=1s; else busy=0; spin=--spin_before_park=0; fi
+}
+
 echo "| row (memory namespace) | IOPS | bandwidth | mean clat µs | target CPU µs/IO | IOPS of each run |"
 echo "|---|---|---|---|---|---|"
 for mode in $MODES; do
-  if [ "$mode" = poll ]; then busy=1s; spin=--spin_before_park=1s; else busy=0; spin=--spin_before_park=0; fi
+  mode_settings "$mode"
   extra=()
   [ -n "${CONGESTION:-}" ] && extra=("--tcp_congestion=$CONGESTION")
   start_target memory:1GiB "$busy"
@@ -113,7 +117,7 @@ for spec in "4k randread QD32|--rw=randread --bs=4k --iodepth=32" "4k randread Q
   # shellcheck disable=SC2086
   JOB_CPU=1 row "local ring $label" "$FILE" ring $options --size=4g
   for mode in $FILE_MODES; do
-    if [ "$mode" = poll ]; then busy=1s; spin=--spin_before_park=1s; else busy=0; spin=--spin_before_park=0; fi
+    mode_settings "$mode"
     start_target "file:$FILE" "$busy"
     # shellcheck disable=SC2086
     row "nvmf $mode $label" "$F" nvmf $options --size=4g $spin

@@ -447,16 +447,10 @@ impl Shard {
         for &cascade in batch {
             match cascade.kind {
                 CascadeKind::GroupPinned => {
-                    *self.hard_pinned_elsewhere.borrow_mut().entry(cascade.name).or_default() += 1;
+                    count_up_or_down(&mut self.hard_pinned_elsewhere.borrow_mut(), cascade.name, true);
                 }
                 CascadeKind::GroupUnpinned => {
-                    let mut elsewhere = self.hard_pinned_elsewhere.borrow_mut();
-                    if let Some(peers) = elsewhere.get_mut(&cascade.name) {
-                        *peers -= 1;
-                        if *peers == 0 {
-                            elsewhere.remove(&cascade.name);
-                        }
-                    }
+                    count_up_or_down(&mut self.hard_pinned_elsewhere.borrow_mut(), cascade.name, false);
                 }
                 CascadeKind::Parent | CascadeKind::Group if has_links => self.queue_cascade(cascade, false),
                 CascadeKind::Parent | CascadeKind::Group => {}
@@ -467,17 +461,7 @@ impl Shard {
     /// A hard-pinned member of `group` arrived here (`pinned`) or left: the peers hear when the shard starts
     /// or stops holding one, so that none of them evicts a member of a group pinned here.
     fn hard_pin_group(&self, group: u64, pinned: bool) {
-        let changed = {
-            let mut groups = self.hard_pinned_groups.borrow_mut();
-            let count = groups.entry(group).or_default();
-            let before = *count;
-            *count = if pinned { before + 1 } else { before.saturating_sub(1) };
-            let changed = (before == 0) != (*count == 0);
-            if *count == 0 {
-                groups.remove(&group);
-            }
-            changed
-        };
+        let changed = count_up_or_down(&mut self.hard_pinned_groups.borrow_mut(), group, pinned);
         // Before serving (recovery) the peers are told once, by `announce_hard_pinned_groups`.
         if changed && self.forwarder.get().is_some() {
             let kind = if pinned { CascadeKind::GroupPinned } else { CascadeKind::GroupUnpinned };
@@ -2045,4 +2029,17 @@ fn scan_records(
         }
         Some(Ok((start, header, head[RECORD_HEADER_BYTES..].to_vec())))
     })
+}
+
+/// Counts `key` up or down in `counts`, where a key at zero is absent (a count never goes below zero);
+/// returns whether the key went from zero to one or from one to zero.
+fn count_up_or_down(counts: &mut std::collections::HashMap<u64, u32>, key: u64, up: bool) -> bool {
+    let count = counts.entry(key).or_default();
+    let before = *count;
+    *count = if up { before + 1 } else { before.saturating_sub(1) };
+    let after = *count;
+    if after == 0 {
+        counts.remove(&key);
+    }
+    (before == 0) != (after == 0)
 }

@@ -382,24 +382,23 @@ fn nvmf_device_with_header_and_data_digests_conforms() {
     nvmf_conforms(namespace, Digests { header: true, data: true }, std::time::Duration::ZERO);
 }
 
-#[test]
-fn nvmf_device_on_a_file_namespace_conforms() {
-    let path = scratch_file("nvmf-file");
+/// [`nvmf_conforms`] on a namespace backed by a scratch file.
+fn nvmf_on_a_file_namespace_conforms(name: &str, digests: Digests, target_busy_poll: std::time::Duration) {
+    let path = scratch_file(name);
     let namespace = NamespaceConfig {
         backend: NamespaceBackend::File { path: path.clone(), bytes: Some(CAPACITY) },
         block_bytes: 4096,
     };
-    nvmf_conforms(namespace, Digests { header: true, data: false }, std::time::Duration::ZERO);
+    nvmf_conforms(namespace, digests, target_busy_poll);
     std::fs::remove_file(path).unwrap();
 }
 
 #[test]
+fn nvmf_device_on_a_file_namespace_conforms() {
+    nvmf_on_a_file_namespace_conforms("nvmf-file", Digests { header: true, data: false }, std::time::Duration::ZERO);
+}
+
+#[test]
 fn nvmf_device_on_a_busy_polled_target_with_a_file_namespace_conforms() {
-    let path = scratch_file("nvmf-file-polled");
-    let namespace = NamespaceConfig {
-        backend: NamespaceBackend::File { path: path.clone(), bytes: Some(CAPACITY) },
-        block_bytes: 4096,
-    };
-    nvmf_conforms(namespace, Digests::default(), std::time::Duration::from_secs(1));
-    std::fs::remove_file(path).unwrap();
+    nvmf_on_a_file_namespace_conforms("nvmf-file-polled", Digests::default(), std::time::Duration::from_secs(1));
 }
