@@ -3,7 +3,9 @@
 # CPU 1, strata-bench kv (and iperf3's client) pinned to CPU 0; fio reads the node's file from CPU 1, where
 # the node reads it (and where this VM delivers the disk's interrupts), while the node idles between rows.
 # Installs iperf3 and fio if missing.
-#   RUNTIME=5 REPS=3 DIR=target/bench-kv SECTIONS="stalls dram nvme" scripts/bench-kv.sh
+#   RUNTIME=5 REPS=3 DIR=target/bench-kv SECTIONS="stalls dram nvme" NODE_POLL=1 SPIN=200us scripts/bench-kv.sh
+# NODE_POLL=0 runs the node without --busy-poll (and SPIN=0 stops the client spinning): on a VM whose host
+# caps its CPU, a polling core beside disk I/O gets the VM throttled (docs/BENCHMARKS.md compares the two).
 # Every row runs REPS times (iperf3 alternating with Strata for the 4 MiB rows); the table shows medians, and
 # the node's CPU time per key from its metrics (strata_process_cpu_seconds_total).
 set -euo pipefail
@@ -14,6 +16,7 @@ DIR=${DIR:-target/bench-kv}
 PORT=${PORT:-7650}
 METRICS=${METRICS:-127.0.0.1:9650}
 SPIN=${SPIN:-200us}
+NODE_POLL=${NODE_POLL:-1}
 SECTIONS=${SECTIONS:-"stalls dram nvme"}
 wants() { [[ " $SECTIONS " == *" $1 "* ]]; }
 for tool in iperf3 fio; do
@@ -33,8 +36,10 @@ trap 'stop_node; pkill -f "iperf3 -s -p 5299" 2>/dev/null || true' EXIT
 start_node() { # extra flags...
   stop_node
   rm -f "$DIR/ns0.img"
+  local poll=()
+  [ "$NODE_POLL" = 1 ] && poll=(--busy-poll)
   taskset -c 1 target/release/strata-node --listen "127.0.0.1:$PORT" --cores 1 --cpus 1 --metrics "$METRICS" \
-    --nvme "file:$DIR/ns0.img,size=8GiB" --busy-poll "$@" > "$DIR/node.log" 2>&1 &
+    --nvme "file:$DIR/ns0.img,size=8GiB" "${poll[@]}" "$@" > "$DIR/node.log" 2>&1 &
   node_pid=$!
   for _ in $(seq 600); do grep -q ready "$DIR/node.log" 2>/dev/null && return; sleep 0.1; done
   cat "$DIR/node.log" >&2; echo "node did not start" >&2; exit 1

@@ -3,7 +3,7 @@
 # strata-bench: CPU 0), for the rows of the NVMe-oF issue; then the file-namespace rows against
 # strata-bench --ioengine=uring (and ring) on the same file locally, run on the target's CPU so that both
 # sides reach the disk from the same place. Every row runs REPS times; the table shows the median, and the
-# target's CPU time per I/O (from /proc, user + system).
+# target's CPU time per I/O (from /proc, user + system) and the time the hypervisor stole from the VM.
 #   RUNTIME=5 REPS=3 MODES="reactor poll" FILE_ROWS=1 FILE_MODES="reactor poll" CONGESTION=reno scripts/bench-nvmf.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,25 +43,32 @@ start_target() { # NAMESPACE BUSY_POLL
 }
 
 target_ticks() { awk '{print $14 + $15}' "/proc/$target_pid/stat"; }
+# Time the hypervisor took from this VM's CPUs (all of them). On this project's VMs, busy-polling beside disk
+# I/O makes the host freeze the VM for milliseconds in every 100 ms period: a row with steal is throttled.
+steal_ticks() { awk '$1 == "cpu" {print $9}' /proc/stat; }
 
-# One run: prints "iops bw_bytes mean_clat_us target_ticks". JOB_CPU: where the job runs (default 0: the
+# One run: prints "iops bw_bytes mean_clat_us target_ticks steal_ticks" (steal: the whole VM's, from
+# /proc/stat). JOB_CPU: where the job runs (default 0: the
 # target owns CPU 1, and a job that shared it measured the scheduler, not the code).
 run_once() { # FILENAME ENGINE OPTIONS...
   local filename=$1 engine=$2; shift 2
-  local before after json status
+  local before after steal_before steal_after json status
   if [ -n "$target_pid" ] && ! kill -0 "$target_pid" 2>/dev/null; then
     wait "$target_pid"; status=$?
     echo "the target (pid $target_pid) exited with status $status before this row" >&2; exit 1
   fi
   before=$( [ -n "$target_pid" ] && target_ticks || echo 0)
+  steal_before=$(steal_ticks)
   json=$($BENCH --name=row "--filename=$filename" "--ioengine=$engine" --direct=1 --time_based "--runtime=$RUNTIME" \
     "--cpus_allowed=${JOB_CPU:-0}" --output-format=json "$@")
   after=$( [ -n "$target_pid" ] && target_ticks || echo 0)
+  steal_after=$(steal_ticks)
   python3 -c '
 import json, sys
 job = json.loads(sys.argv[1])["jobs"][0]
 side = job["read"] if job["read"]["io_bytes"] else job["write"]
-print(side["iops"], side["bw_bytes"], side["clat_ns"]["mean"] / 1000, int(sys.argv[2]))' "$json" $((after - before))
+print(side["iops"], side["bw_bytes"], side["clat_ns"]["mean"] / 1000, int(sys.argv[2]), int(sys.argv[3]))' "$json" \
+    $((after - before)) $((steal_after - steal_before))
 }
 
 row() { # LABEL FILENAME ENGINE OPTIONS...; the median IOPS also goes to $MEDIANS as "LABEL<tab>IOPS"
@@ -73,10 +80,11 @@ import sys, statistics
 label, runtime, tick = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 rows = [list(map(float, line.split())) for line in sys.stdin if line.strip()]
 rows.sort(key=lambda r: r[0])
-iops, bw, lat, ticks = rows[len(rows) // 2]
+iops, bw, lat, ticks, steal = rows[len(rows) // 2]
 cpu_us = ticks / tick / (iops * runtime) * 1e6 if ticks else float("nan")
 spread = "/".join(f"{r[0] / 1000:.0f}k" for r in rows)
-print(f"| {label} | {iops / 1000:.1f}k | {bw / 1e9:.2f} GB/s | {lat:.1f} | {cpu_us:.2f} | {spread} |")
+steal_ms = steal / tick / runtime * 1000
+print(f"| {label} | {iops / 1000:.1f}k | {bw / 1e9:.2f} GB/s | {lat:.1f} | {cpu_us:.2f} | {steal_ms:.0f} | {spread} |")
 import os
 with open(os.environ["MEDIANS"], "a") as medians:
     medians.write(f"{label}\t{iops}\n")' "$label" "$RUNTIME" "$TICK"
@@ -86,8 +94,8 @@ mode_settings() { # MODE: sets busy (the target's --busy-poll) and spin (the hos
   if [ "$1" = poll ]; then busy=1s; spin=--spin_before_park=1s; else busy=0; spin=--spin_before_park=0; fi
 }
 
-echo "| row (memory namespace) | IOPS | bandwidth | mean clat µs | target CPU µs/IO | IOPS of each run |"
-echo "|---|---|---|---|---|---|"
+echo "| row (memory namespace) | IOPS | bandwidth | mean clat µs | target CPU µs/IO | host steal ms/s | IOPS of each run |"
+echo "|---|---|---|---|---|---|---|"
 for mode in $MODES; do
   mode_settings "$mode"
   extra=()
@@ -103,8 +111,8 @@ stop_target
 [ "$FILE_ROWS" = 1 ] || exit 0
 [ -s "$FILE" ] || $BENCH --name=layout "--filename=$FILE" --rw=write --bs=1m --iodepth=8 --direct=1 --size=4g >/dev/null
 echo
-echo "| row (file namespace, $FILE) | IOPS | bandwidth | mean clat µs | target CPU µs/IO | IOPS of each run |"
-echo "|---|---|---|---|---|---|"
+echo "| row (file namespace, $FILE) | IOPS | bandwidth | mean clat µs | target CPU µs/IO | host steal ms/s | IOPS of each run |"
+echo "|---|---|---|---|---|---|---|"
 labels=()
 for spec in "4k randread QD32|--rw=randread --bs=4k --iodepth=32" "4k randread QD1|--rw=randread --bs=4k --iodepth=1" \
   "4k randwrite QD32|--rw=randwrite --bs=4k --iodepth=32" "1m read QD8|--rw=read --bs=1m --iodepth=8" \
