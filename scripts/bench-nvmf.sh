@@ -48,8 +48,8 @@ target_ticks() { awk '{print $14 + $15}' "/proc/$target_pid/stat"; }
 steal_ticks() { awk '$1 == "cpu" {print $9}' /proc/stat; }
 
 # One run: prints "iops bw_bytes mean_clat_us target_ticks steal_ticks" (steal: the whole VM's, from
-# /proc/stat). JOB_CPU: where the job runs (default 0: the
-# target owns CPU 1, and a job that shared it measured the scheduler, not the code).
+# /proc/stat). JOB_CPU: where the job runs (default 0: the target owns CPU 1, and a job that shared it
+# measured the scheduler, not the code).
 run_once() { # FILENAME ENGINE OPTIONS...
   local filename=$1 engine=$2; shift 2
   local before after steal_before steal_after json status
