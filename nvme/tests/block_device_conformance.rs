@@ -349,7 +349,7 @@ fn the_queue_depth_bound_holds_under_concurrency() {
 
 /// The `nvmf` host against our target on loopback: every block operation crosses a real NVMe/TCP byte
 /// stream (in-capsule writes up to 16 KiB, R2T-driven ones above, C2HData reads). `target_busy_poll`:
-/// the target polls its sockets, and its files through polled rings.
+/// the target polls its sockets (its files stay on glommio's reactor, which the polling must let turn).
 fn nvmf_conforms(namespace: NamespaceConfig, digests: Digests, target_busy_poll: std::time::Duration) {
     let nqn = "nqn.2026-12.io.strata:conformance";
     let subsystem = SubsystemConfig { nqn: nqn.into(), namespaces: vec![namespace], allowed_hosts: Vec::new() };
