@@ -9,11 +9,13 @@
 //! would wait behind the block: use `uring` there.
 //!
 //! Submission is batched per pass of the executor: an operation only queues its entry and wakes the
-//! reaper, which submits every queued entry in one `io_uring_enter` before it looks for completions. After
-//! a reap of *k* completions, the *k* woken tasks queue their next operations and one system call submits
-//! them all, where fio's default (`iodepth_batch_submit=1`) makes *k*; on a VM each such call traps to the
+//! reaper, which submits every queued entry in one `io_uring_enter`: right after reaping, or, when nothing
+//! has completed, in the call that waits for a completion. After a reap of *k* completions, the *k* woken
+//! tasks queue their next operations and one system call submits them all, where fio's default (`iodepth_batch_submit=1`) makes *k*; on a VM each such call traps to the
 //! host (10-30 µs here), and at queue depth 32 the batching halves the CPU an I/O costs. At depth 1 there
-//! is one entry, submitted on its own before the wait and stamped between the two, as fio stamps it.
+//! is one entry, submitted by the same call that waits for it: one system call per I/O against fio's two.
+//! That call's entries are stamped just before it, so their `clat` includes the submission's kernel work
+//! (fio puts that in `slat`): our completion latency errs long, never short.
 //!
 //! Safety of buffers: while an operation is in flight its buffer is owned by the ring's slot table, not by
 //! the future that issued it, so a future that is dropped never frees memory the kernel is writing into;
@@ -304,11 +306,12 @@ impl RingDevice {
                 let Some(shared) = state.upgrade() else {
                     return;
                 };
-                shared.borrow_mut().submit_queued();
                 let reaped = shared.borrow_mut().reap();
                 if reaped > 0 {
+                    // What the tasks woken last time queued goes out now, before they run again.
+                    shared.borrow_mut().submit_queued();
                     drop(shared);
-                    // Let the woken tasks run (and submit their next I/O) before looking again.
+                    // Let the woken tasks run (and queue their next I/O) before looking again.
                     yield_once().await;
                     continue;
                 }
@@ -325,8 +328,10 @@ impl RingDevice {
                     .await;
                     continue;
                 }
-                // Nothing completed and I/O is in flight: block in the kernel until something does (entries a
-                // failed submission left queued go in with the wait).
+                // Nothing completed and I/O is in flight: submit what is queued and block in the kernel until
+                // something completes, in one `io_uring_enter` (at depth 1: one system call per I/O, where
+                // fio's engine makes two). The entries are stamped just before the call, so their `clat`
+                // includes the kernel's submission work that fio counts in `slat`: ours errs long.
                 let mut state = shared.borrow_mut();
                 state.stamp_submitted();
                 let _ = state.ring.submit_and_wait(1);

@@ -38,6 +38,7 @@ const SHARED_PATHS: &[&str] = &[
     "write/lat_ns/mean",
     "write/lat_ns/stddev",
     "write/lat_ns/N",
+    "write/lat_ns/percentile",
     "read/io_bytes",
     "read/bw",
     "read/iops",
@@ -74,6 +75,7 @@ fn strata_bench_json_uses_fio_field_names() {
         "--iodepth=4",
         "--size=8m",
         "--direct=1",
+        "--lat_percentiles=1",
         "--output-format=json",
     ];
 
@@ -91,9 +93,18 @@ fn strata_bench_json_uses_fio_field_names() {
         let our_value = at(our_job, path).unwrap_or_else(|| panic!("strata-bench has no {path}"));
         assert!(same_kind(fio_value, our_value), "{path}: fio {fio_value} vs ours {our_value}");
     }
-    let fio_percentiles: Vec<&String> = fio_job["write"]["clat_ns"]["percentile"].as_object().unwrap().keys().collect();
-    for key in our_job["write"]["clat_ns"]["percentile"].as_object().unwrap().keys() {
-        assert!(fio_percentiles.contains(&key), "percentile key {key} is not one of fio's: {fio_percentiles:?}");
+    for latency in ["clat_ns", "lat_ns"] {
+        let fio_percentiles: Vec<&String> =
+            fio_job["write"][latency]["percentile"].as_object().unwrap().keys().collect();
+        for key in our_job["write"][latency]["percentile"].as_object().unwrap().keys() {
+            assert!(fio_percentiles.contains(&key), "{latency} percentile key {key} is not one of fio's");
+        }
+    }
+    // Every I/O's total latency includes its completion latency, so each percentile of `lat` is at least
+    // the same percentile of `clat`.
+    for (key, clat) in our_job["write"]["clat_ns"]["percentile"].as_object().unwrap() {
+        let lat = &our_job["write"]["lat_ns"]["percentile"][key];
+        assert!(lat.as_u64().unwrap() >= clat.as_u64().unwrap(), "p{key}: lat {lat} < clat {clat}");
     }
     for path in ["write/io_bytes", "write/io_kbytes", "write/total_ios", "jobname"] {
         assert_eq!(at(fio_job, path), at(our_job, path), "{path} differs for the same size-based job");

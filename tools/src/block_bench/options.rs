@@ -127,6 +127,10 @@ pub struct JobOptions {
     pub runtime: Option<Duration>,
     /// `time_based`: run for `runtime` even when `size` is done.
     pub time_based: bool,
+    /// `lat_percentiles`: report percentiles of total latency (`lat`, submission + completion) too. Worth
+    /// asking for against `ring`, whose one system call submits and waits: it cannot split the two, so it
+    /// counts the submission in `clat`, where fio counts it in `slat`.
+    pub lat_percentiles: bool,
     /// `ramp_time`: run this long before measuring.
     pub ramp_time: Duration,
     /// `direct`.
@@ -199,6 +203,7 @@ impl Default for JobOptions {
             offset: 0,
             runtime: None,
             time_based: false,
+            lat_percentiles: false,
             ramp_time: Duration::ZERO,
             // fio's default is buffered I/O; strata-bench only does direct I/O, so it is the default here and
             // `direct=0` is refused rather than silently ignored.
@@ -240,7 +245,7 @@ pub struct BenchPlan {
 pub enum OptionError {
     /// An option strata-bench does not know.
     #[error(
-        "unknown option '{0}' (strata-bench takes fio's names: name filename rw rwmixread bs iodepth numjobs size offset runtime time_based ramp_time direct ioengine random_distribution verify randseed cpus_allowed cpus_allowed_policy group_reporting output-format; Strata's own: spin_before_park tcp_congestion)"
+        "unknown option '{0}' (strata-bench takes fio's names: name filename rw rwmixread bs iodepth numjobs size offset runtime time_based lat_percentiles ramp_time direct ioengine random_distribution verify randseed cpus_allowed cpus_allowed_policy group_reporting output-format; Strata's own: spin_before_park tcp_congestion)"
     )]
     Unknown(String),
     /// A value that does not fit the option.
@@ -380,6 +385,7 @@ impl JobOptions {
             "offset" => self.offset = parse_size(option, required(option, value)?)?,
             "runtime" => self.runtime = Some(parse_duration(option, required(option, value)?)?),
             "time_based" => self.time_based = parse_bool(option, value)?,
+            "lat_percentiles" => self.lat_percentiles = parse_bool(option, value)?,
             "ramp_time" => self.ramp_time = parse_duration(option, required(option, value)?)?,
             "direct" => {
                 self.direct = parse_bool(option, value)?;
@@ -602,7 +608,7 @@ mod tests {
         let plan = parse_command_line(&args(
             "--name=rr --filename=/tmp/x --rw=randread --bs=4k --iodepth=32 --direct=1 --size=4g --runtime=15 \
              --time_based --ioengine=io_uring --random_distribution=zipf:1.1 --verify=crc32c --output-format=json \
-             --group_reporting --ramp_time=2 --numjobs=2 --offset=1m --spin_before_park=50us",
+             --group_reporting --ramp_time=2 --numjobs=2 --offset=1m --spin_before_park=50us --lat_percentiles=1",
         ))
         .unwrap();
         assert_eq!(plan.output_format, OutputFormat::Json);
@@ -614,7 +620,7 @@ mod tests {
         assert_eq!((job.size, job.offset), (Some(4 << 30), 1 << 20));
         assert_eq!(job.runtime, Some(Duration::from_secs(15)));
         assert_eq!(job.ramp_time, Duration::from_secs(2));
-        assert!(job.time_based && job.direct);
+        assert!(job.time_based && job.direct && job.lat_percentiles);
         assert_eq!(job.random_distribution, RandomDistribution::Zipf(1.1));
         assert_eq!(job.verify, Verify::Crc32c);
         assert_eq!(job.spin_before_park, Duration::from_micros(50));

@@ -74,7 +74,7 @@ fn latency_json(histogram: &Histogram<u64>, with_percentiles: bool) -> Value {
     latency
 }
 
-fn direction_json(direction: &DirectionResult, result: &JobResult) -> Value {
+fn direction_json(direction: &DirectionResult, result: &JobResult, lat_percentiles: bool) -> Value {
     let bw_bytes = bytes_per_second(direction, result);
     json!({
         "io_bytes": direction.bytes,
@@ -86,7 +86,7 @@ fn direction_json(direction: &DirectionResult, result: &JobResult) -> Value {
         "total_ios": direction.ios,
         "slat_ns": latency_json(&direction.slat_ns, false),
         "clat_ns": latency_json(&direction.clat_ns, true),
-        "lat_ns": latency_json(&direction.lat_ns, false),
+        "lat_ns": latency_json(&direction.lat_ns, lat_percentiles),
     })
 }
 
@@ -104,8 +104,8 @@ pub fn job_json(result: &JobResult, job: &JobOptions) -> Value {
             "ioengine": job.ioengine.name(),
             "direct": "1",
         },
-        "read": direction_json(&result.read, result),
-        "write": direction_json(&result.write, result),
+        "read": direction_json(&result.read, result, job.lat_percentiles),
+        "write": direction_json(&result.write, result, job.lat_percentiles),
         "usr_cpu": cpu_percent(result.usr_cpu, result),
         "sys_cpu": cpu_percent(result.sys_cpu, result),
         "ctx": 0,
@@ -175,7 +175,13 @@ fn latency_unit(histogram: &Histogram<u64>) -> (&'static str, f64) {
     }
 }
 
-fn direction_text(out: &mut String, label: &str, direction: &DirectionResult, result: &JobResult) {
+fn direction_text(
+    out: &mut String,
+    label: &str,
+    direction: &DirectionResult,
+    result: &JobResult,
+    lat_percentiles: bool,
+) {
     if direction.ios == 0 {
         return;
     }
@@ -202,10 +208,17 @@ fn direction_text(out: &mut String, label: &str, direction: &DirectionResult, re
             scaled(histogram.stdev())
         );
     }
-    let histogram = &direction.clat_ns;
+    percentiles_text(out, "clat", &direction.clat_ns);
+    if lat_percentiles {
+        percentiles_text(out, " lat", &direction.lat_ns);
+    }
+}
+
+/// A percentile table as fio prints it, four to a line.
+fn percentiles_text(out: &mut String, label: &str, histogram: &Histogram<u64>) {
     let (unit, divisor) = latency_unit(histogram);
     let scaled = |value: f64| value / divisor;
-    let _ = writeln!(out, "    clat percentiles ({unit}):");
+    let _ = writeln!(out, "    {label} percentiles ({unit}):");
     for row in PERCENTILES.chunks(4) {
         let cells: Vec<String> = row
             .iter()
@@ -238,8 +251,8 @@ pub fn job_text(result: &JobResult, job: &JobOptions, clones: u32) -> String {
     if let Some(error) = &result.error {
         let _ = writeln!(out, "  error: {error}");
     }
-    direction_text(&mut out, "read", &result.read, result);
-    direction_text(&mut out, "write", &result.write, result);
+    direction_text(&mut out, "read", &result.read, result, job.lat_percentiles);
+    direction_text(&mut out, "write", &result.write, result, job.lat_percentiles);
     let _ = writeln!(
         out,
         "  cpu          : usr={:.2}%, sys={:.2}%",
