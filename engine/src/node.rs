@@ -42,6 +42,17 @@ pub enum NodeError {
         #[source]
         source: std::io::Error,
     },
+    /// The node was started under a real-time scheduling policy with a file-backed NVMe tier.
+    #[error(
+        "strata-node runs under {policy} with a file-backed NVMe tier: io_uring's worker threads (iou-wrk) \
+         inherit that policy and starve behind the executors on their cores (glommio spins while a device \
+         probe waits on one), so the node would never become ready; start it under SCHED_OTHER (drop chrt; \
+         nice -n -20 gives it priority) or without a file tier"
+    )]
+    RealTimePolicy {
+        /// `SCHED_FIFO` or `SCHED_RR`.
+        policy: &'static str,
+    },
     /// A shard failed to start.
     #[error("shard {shard}: {reason}")]
     Shard {
@@ -373,9 +384,32 @@ fn bind_listeners(config: &EngineConfig) -> Result<Vec<std::net::TcpListener>, N
     Err(NodeError::Config(format!("found no {shards} consecutive free ports")))
 }
 
+/// The calling thread's scheduling policy when it is a real-time one (executors inherit it).
+///
+/// Why a file tier refuses it: a busy executor never yields its core to a task of equal real-time
+/// priority, and io_uring hands some of its file work (glommio's IOPOLL probe of a device, operations that
+/// would block) to worker threads created with the submitter's policy and CPUs. With both on one core the
+/// worker never runs and the executor spins on its completion forever (seen: `chrt -f 10 taskset -c 1
+/// strata-node` never became ready). A DRAM-only node starts and serves under SCHED_FIFO.
+fn real_time_policy() -> Option<&'static str> {
+    // SAFETY: sched_getscheduler(2) on the calling thread reads its policy and touches no memory of ours.
+    #[allow(unsafe_code)]
+    let policy = unsafe { libc::sched_getscheduler(0) };
+    match policy {
+        libc::SCHED_FIFO => Some("SCHED_FIFO"),
+        libc::SCHED_RR => Some("SCHED_RR"),
+        _ => None,
+    }
+}
+
 /// Starts a node; returns once every shard has recovered and is serving.
 pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
     config.validate().map_err(NodeError::Config)?;
+    if config.nvme.iter().any(|spec| matches!(spec, DeviceSpec::File { .. }))
+        && let Some(policy) = real_time_policy()
+    {
+        return Err(NodeError::RealTimePolicy { policy });
+    }
     let shard_count = config.cpus.len() as u32;
     let names: Vec<String> = config.nvme.iter().map(spec_name).collect();
     let handles: Vec<NamespaceHandle> = config
