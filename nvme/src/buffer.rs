@@ -7,8 +7,12 @@
 //!   writes without a copy;
 //! - **read**: the registered buffer glommio's `DmaFile` reads into. glommio cannot read into a buffer the
 //!   caller chose, so the `uring` backend returns *its* buffer instead of the one passed in; no byte is copied
-//!   either way. Such a buffer is read-only: [`IoBuffer::as_mut_slice`] first copies it to the heap.
+//!   either way. Such a buffer is read-only: [`IoBuffer::as_mut_slice`] first copies it to the heap;
+//! - **fixed**: aligned heap memory registered with a `ring` backend's io_uring (a fixed buffer), which that
+//!   ring reads and writes with `READ_FIXED`/`WRITE_FIXED`: the kernel pinned its pages once, at
+//!   registration, instead of at every I/O. Dropped, it goes back to its ring's pool, still registered.
 
+use std::cell::RefCell;
 use std::rc::Rc;
 
 use glommio::io::{DmaBuffer, ReadResult};
@@ -17,6 +21,68 @@ enum Storage {
     Heap(Vec<u8>),
     Dma(Rc<DmaBuffer>),
     Read(ReadResult),
+    Fixed(FixedMemory),
+}
+
+/// Memory registered with an io_uring: an aligned heap allocation of `capacity` bytes from `start`, at
+/// `index` in the ring's table of fixed buffers.
+pub(crate) struct FixedChunk {
+    bytes: Vec<u8>,
+    start: usize,
+    capacity: usize,
+    index: u16,
+}
+
+impl FixedChunk {
+    /// A zeroed allocation of `capacity` bytes aligned to `alignment`, to be registered at `index`.
+    pub(crate) fn new(capacity: usize, alignment: usize, index: u16) -> Self {
+        let alignment = alignment.max(1);
+        let bytes = vec![0u8; capacity + alignment];
+        let start = bytes.as_ptr().align_offset(alignment);
+        Self { bytes, start, capacity, index }
+    }
+
+    /// The iovec to register: the aligned `capacity` bytes. They do not move when the chunk does (the
+    /// `Vec`'s heap memory stays where it is).
+    pub(crate) fn iovec(&mut self) -> libc::iovec {
+        let memory = &mut self.bytes[self.start..self.start + self.capacity];
+        libc::iovec { iov_base: memory.as_mut_ptr().cast(), iov_len: memory.len() }
+    }
+}
+
+/// A ring's registered chunks not in use. Chunks stay registered (and allocated) for as long as the pool
+/// lives, which the ring holds until its last operation completed, so the kernel never sees freed memory.
+#[derive(Default)]
+pub(crate) struct FixedPool {
+    idle: RefCell<Vec<FixedChunk>>,
+}
+
+impl FixedPool {
+    /// An idle chunk of at least `len` bytes and at most twice that (so a small request does not take a big
+    /// chunk), if there is one.
+    pub(crate) fn take(&self, len: usize) -> Option<FixedChunk> {
+        let mut idle = self.idle.try_borrow_mut().ok()?;
+        let position = idle.iter().position(|chunk| chunk.capacity >= len && chunk.capacity <= len.max(1) * 2)?;
+        Some(idle.swap_remove(position))
+    }
+}
+
+/// A chunk lent to an `IoBuffer`; gives it back to its pool when dropped.
+struct FixedMemory {
+    chunk: FixedChunk,
+    pool: Rc<FixedPool>,
+}
+
+impl Drop for FixedMemory {
+    fn drop(&mut self) {
+        let empty = FixedChunk { bytes: Vec::new(), start: 0, capacity: 0, index: 0 };
+        let chunk = std::mem::replace(&mut self.chunk, empty);
+        if let Ok(mut idle) = self.pool.idle.try_borrow_mut() {
+            idle.push(chunk);
+        }
+        // A chunk that cannot go back is freed here; its table entry is never handed out again, and the
+        // kernel keeps its own references to the pinned pages until the ring closes.
+    }
 }
 
 /// An owned buffer of `len()` bytes for block I/O.
@@ -32,6 +98,7 @@ impl std::fmt::Debug for IoBuffer {
             Storage::Heap(_) => "heap",
             Storage::Dma(_) => "dma",
             Storage::Read(_) => "read",
+            Storage::Fixed(_) => "fixed",
         };
         f.debug_struct("IoBuffer").field("storage", &storage).field("len", &self.len).finish()
     }
@@ -62,6 +129,20 @@ impl IoBuffer {
         Self { storage: Storage::Read(result), start: 0, len }
     }
 
+    /// `len` bytes of a registered chunk (at most its capacity), which returns to `pool` when dropped.
+    pub(crate) fn from_fixed(chunk: FixedChunk, len: usize, pool: Rc<FixedPool>) -> Self {
+        let (start, len) = (chunk.start, len.min(chunk.capacity));
+        Self { storage: Storage::Fixed(FixedMemory { chunk, pool }), start, len }
+    }
+
+    /// The index of this buffer in `pool`'s ring's table, when its bytes are a registered chunk of that pool.
+    pub(crate) fn fixed_index(&self, pool: &Rc<FixedPool>) -> Option<u16> {
+        match &self.storage {
+            Storage::Fixed(memory) if Rc::ptr_eq(&memory.pool, pool) => Some(memory.chunk.index),
+            _ => None,
+        }
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len
@@ -79,6 +160,7 @@ impl IoBuffer {
             Storage::Heap(bytes) => &bytes[range],
             Storage::Dma(buffer) => &buffer.as_bytes()[range],
             Storage::Read(result) => &result[range],
+            Storage::Fixed(memory) => &memory.chunk.bytes[range],
         }
     }
 
@@ -86,7 +168,7 @@ impl IoBuffer {
     /// I/O in flight is first copied to an aligned heap buffer.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         let needs_copy = match &mut self.storage {
-            Storage::Heap(_) => false,
+            Storage::Heap(_) | Storage::Fixed(_) => false,
             Storage::Dma(buffer) => Rc::get_mut(buffer).is_none(),
             Storage::Read(_) => true,
         };
@@ -103,6 +185,7 @@ impl IoBuffer {
                 None => unreachable!("copied above when shared"),
             },
             Storage::Read(_) => unreachable!("copied above"),
+            Storage::Fixed(memory) => &mut memory.chunk.bytes[range],
         }
     }
 

@@ -11,11 +11,15 @@
 //! Submission is batched per pass of the executor: an operation only queues its entry and wakes the
 //! reaper, which submits every queued entry in one `io_uring_enter`: right after reaping, or, when nothing
 //! has completed, in the call that waits for a completion. After a reap of *k* completions, the *k* woken
-//! tasks queue their next operations and one system call submits them all, where fio's default (`iodepth_batch_submit=1`) makes *k*; on a VM each such call traps to the
-//! host (10-30 µs here), and at queue depth 32 the batching halves the CPU an I/O costs. At depth 1 there
-//! is one entry, submitted by the same call that waits for it: one system call per I/O against fio's two.
-//! That call's entries are stamped just before it, so their `clat` includes the submission's kernel work
-//! (fio puts that in `slat`): our completion latency errs long, never short.
+//! tasks queue their next operations and one system call submits them all, where fio's default
+//! (`iodepth_batch_submit=1`) makes *k*; at queue depth 32 the batching halves the CPU an I/O costs. At
+//! depth 1 the entry is submitted by the same call that waits for it: one system call per I/O against
+//! fio's two. That call's entries are stamped just before it, so their `clat` includes the submission's
+//! kernel work (fio puts that in `slat`): our completion latency errs long, never short.
+//!
+//! Registered buffers: `alloc_buffer` lends chunks registered in the ring's table of fixed buffers, which
+//! go to the kernel as `READ_FIXED`/`WRITE_FIXED` (pages pinned once, not at every I/O: fio's `fixedbufs`).
+//! A dropped one returns to the ring's pool, still registered. Any other buffer goes as a plain operation.
 //!
 //! Safety of buffers: while an operation is in flight its buffer is owned by the ring's slot table, not by
 //! the future that issued it, so a future that is dropped never frees memory the kernel is writing into;
@@ -33,13 +37,17 @@ use std::time::Instant;
 
 use io_uring::{IoUring, opcode, squeue, types};
 
-use crate::buffer::IoBuffer;
+use crate::buffer::{FixedChunk, FixedPool, IoBuffer};
 use crate::device::{BlockDevice, Geometry, IoTiming};
 use crate::environment::check_direct_io;
 use crate::error::{BlockError, BlockErrorKind, BlockOp, BlockResult};
 use crate::uring::{UringOptions, prepare_file};
 
 const MAX_TRANSFER_BYTES: u64 = 8 << 20;
+
+/// Most entries in a ring's table of fixed buffers (the kernel allows 16,384). A bench job holds two buffers
+/// per worker (one to read into, one to write from); later allocations fall back to the heap.
+const FIXED_TABLE_MAX: u32 = 4096;
 
 #[derive(Default)]
 struct Slot {
@@ -72,6 +80,14 @@ struct RingState {
     slot_waiters: Vec<Waker>,
     /// Completions copied out of the queue by `reap`, kept to avoid an allocation per reap.
     completions: Vec<(u64, i32)>,
+    /// Registered buffers not lent out (declared after `ring`, so the ring closes first).
+    fixed: Rc<FixedPool>,
+    /// Entries of the sparse fixed-buffer table registered at open (0: registration failed, none used).
+    fixed_table_len: u32,
+    /// Entries handed out so far (each is registered once, then reused through `fixed`).
+    fixed_registered: u32,
+    /// Reads and writes submitted as `READ_FIXED`/`WRITE_FIXED`.
+    fixed_operations: u64,
 }
 
 impl RingState {
@@ -184,6 +200,11 @@ impl RingDevice {
             .map_err(|error| open_error(BlockErrorKind::Io(error)))?;
         let depth = queue_depth_max.clamp(1, 4096).next_power_of_two();
         let ring = IoUring::new(depth).map_err(|error| open_error(BlockErrorKind::Io(error)))?;
+        // A sparse table, filled as buffers are allocated. Without it (an old kernel, no memlock budget)
+        // every buffer is plain heap memory and I/O pins its pages each time, as fio's default does.
+        let fixed_table_len = (2 * depth + 16).min(FIXED_TABLE_MAX);
+        let fixed_table_len =
+            if ring.submitter().register_buffers_sparse(fixed_table_len).is_ok() { fixed_table_len } else { 0 };
         let logical_block_bytes = logical_block_bytes(path);
         let capacity_bytes = capacity_bytes - capacity_bytes % logical_block_bytes;
         if capacity_bytes == 0 {
@@ -202,6 +223,10 @@ impl RingDevice {
             idle_reaper: None,
             slot_waiters: Vec::new(),
             completions: Vec::with_capacity(depth as usize),
+            fixed: Rc::new(FixedPool::default()),
+            fixed_table_len,
+            fixed_registered: 0,
+            fixed_operations: 0,
         };
         Ok(Self {
             geometry: Geometry {
@@ -221,13 +246,51 @@ impl RingDevice {
         &self.path
     }
 
+    /// How many buffers are registered with the ring (fixed buffers: `alloc_buffer` hands them out).
+    pub fn fixed_buffers_registered(&self) -> u32 {
+        self.state.borrow().fixed_registered
+    }
+
+    /// How many reads and writes went to the kernel as fixed-buffer operations (their pages pinned once).
+    pub fn fixed_operations(&self) -> u64 {
+        self.state.borrow().fixed_operations
+    }
+
+    /// A registered buffer of `len` bytes: an idle one of about that size, else a new chunk registered in
+    /// the next free entry of the table. `None` when the table is full or registration fails.
+    fn alloc_fixed(&self, len: usize, alignment: usize) -> Option<IoBuffer> {
+        let mut state = self.state.borrow_mut();
+        let pool = Rc::clone(&state.fixed);
+        if let Some(chunk) = pool.take(len) {
+            return Some(IoBuffer::from_fixed(chunk, len, pool));
+        }
+        if state.fixed_registered >= state.fixed_table_len || len == 0 {
+            return None;
+        }
+        let index = u16::try_from(state.fixed_registered).ok()?;
+        let mut chunk = FixedChunk::new(len.next_multiple_of(alignment), alignment, index);
+        let iovec = chunk.iovec();
+        // SAFETY: the chunk's memory stays allocated for as long as the registration can be used: it lives in
+        // an `IoBuffer` or in `state.fixed`, which the ring state holds until its last operation completed
+        // (RingState's Drop waits for them), and the table entry is used only while the chunk is lent.
+        #[allow(unsafe_code)]
+        let registered = unsafe { state.ring.submitter().register_buffers_update(u32::from(index), &[iovec], None) };
+        if registered.is_err() {
+            // Out of memlock budget, most likely: stop trying; buffers come from the heap from now on.
+            state.fixed_table_len = 0;
+            return None;
+        }
+        state.fixed_registered += 1;
+        Some(IoBuffer::from_fixed(chunk, len, pool))
+    }
+
     /// Submits one operation built by `build` (given the fd and the buffer's address) and waits for it.
     /// Returns the buffer, the kernel's result (bytes, or a negative errno) and when it was submitted and
     /// reaped.
     async fn run(
         &self,
         mut buffer: Option<IoBuffer>,
-        build: impl FnOnce(types::Fd, *mut u8) -> squeue::Entry,
+        build: impl FnOnce(types::Fd, *mut u8, Option<u16>) -> squeue::Entry,
     ) -> (Option<IoBuffer>, i32, IoTiming) {
         let called = Instant::now();
         let slot = loop {
@@ -252,7 +315,9 @@ impl RingDevice {
         {
             let mut state = self.state.borrow_mut();
             let fd = types::Fd(state.file.as_raw_fd());
-            let entry = build(fd, address).user_data(u64::from(slot));
+            let fixed_index = buffer.as_ref().and_then(|buffer| buffer.fixed_index(&state.fixed));
+            state.fixed_operations += u64::from(fixed_index.is_some());
+            let entry = build(fd, address, fixed_index).user_data(u64::from(slot));
             state.slots[slot as usize] = Slot { buffer: buffer.take(), ..Slot::default() };
             // SAFETY: the entry's buffer (if any) is owned by slot `slot` until its completion is reaped, and the
             // file by the state, which outlives every in-flight operation (RingState's Drop waits for them).
@@ -412,7 +477,8 @@ impl BlockDevice for RingDevice {
     }
 
     fn alloc_buffer(&self, len: usize) -> IoBuffer {
-        IoBuffer::aligned(len, self.geometry.buffer_alignment_bytes.max(4096) as usize)
+        let alignment = self.geometry.buffer_alignment_bytes.max(4096) as usize;
+        self.alloc_fixed(len, alignment).unwrap_or_else(|| IoBuffer::aligned(len, alignment))
     }
 
     async fn read(&self, buf: IoBuffer, offset: u64) -> (IoBuffer, BlockResult<()>) {
@@ -431,8 +497,12 @@ impl BlockDevice for RingDevice {
             let now = Instant::now();
             return (buf, Err(error), IoTiming { submitted: now, completed: now });
         }
-        let (buffer, result, timing) =
-            self.run(Some(buf), |fd, address| opcode::Read::new(fd, address, len as u32).offset(offset).build()).await;
+        let (buffer, result, timing) = self
+            .run(Some(buf), |fd, address, fixed| match fixed {
+                Some(index) => opcode::ReadFixed::new(fd, address, len as u32, index).offset(offset).build(),
+                None => opcode::Read::new(fd, address, len as u32).offset(offset).build(),
+            })
+            .await;
         let result = self.result(BlockOp::Read, offset, len, result);
         (buffer.unwrap_or_else(|| IoBuffer::aligned(0, 1)), result, timing)
     }
@@ -444,8 +514,11 @@ impl BlockDevice for RingDevice {
             return (buf, Err(error), IoTiming { submitted: now, completed: now });
         }
         let (buffer, result, timing) = self
-            .run(Some(buf), |fd, address| {
-                opcode::Write::new(fd, address.cast_const(), len as u32).offset(offset).build()
+            .run(Some(buf), |fd, address, fixed| match fixed {
+                Some(index) => {
+                    opcode::WriteFixed::new(fd, address.cast_const(), len as u32, index).offset(offset).build()
+                }
+                None => opcode::Write::new(fd, address.cast_const(), len as u32).offset(offset).build(),
             })
             .await;
         let result = self.result(BlockOp::Write, offset, len, result);
@@ -454,14 +527,16 @@ impl BlockDevice for RingDevice {
 
     async fn flush(&self) -> BlockResult<()> {
         let (_, result, _) =
-            self.run(None, |fd, _| opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build()).await;
+            self.run(None, |fd, _, _| opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build()).await;
         self.result(BlockOp::Flush, 0, 0, result)
     }
 
     async fn write_zeroes(&self, offset: u64, len: u64) -> BlockResult<()> {
         self.geometry.check(BlockOp::WriteZeroes, &self.name, offset, len, None)?;
         let (_, result, _) = self
-            .run(None, |fd, _| opcode::Fallocate::new(fd, len).offset(offset).mode(libc::FALLOC_FL_ZERO_RANGE).build())
+            .run(None, |fd, _, _| {
+                opcode::Fallocate::new(fd, len).offset(offset).mode(libc::FALLOC_FL_ZERO_RANGE).build()
+            })
             .await;
         self.result(BlockOp::WriteZeroes, offset, len, result)
     }
@@ -470,7 +545,7 @@ impl BlockDevice for RingDevice {
         self.geometry.check(BlockOp::Deallocate, &self.name, offset, len, None)?;
         let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
         let (_, result, _) =
-            self.run(None, |fd, _| opcode::Fallocate::new(fd, len).offset(offset).mode(mode).build()).await;
+            self.run(None, |fd, _, _| opcode::Fallocate::new(fd, len).offset(offset).mode(mode).build()).await;
         self.result(BlockOp::Deallocate, offset, len, result)
     }
 }

@@ -198,6 +198,61 @@ fn ring_device_bounds_concurrency_by_its_depth_and_survives_dropped_futures() {
 }
 
 #[test]
+fn ring_device_moves_registered_buffers_with_fixed_operations() {
+    run(|| async {
+        let path = scratch_file("ring-fixed");
+        let options = UringOptions { size_bytes: Some(CAPACITY), read_only: false };
+        let device = RingDevice::open(&path, &options, 4).unwrap();
+        let other = RingDevice::open(&path, &options, 4).unwrap();
+        let bytes = pattern(11, 8 * 4096);
+        assert_eq!(device.fixed_buffers_registered(), 0);
+
+        // Allocated buffers are registered, written and read with fixed operations; the written one, dropped,
+        // goes back to the ring's pool and is lent again, still registered, for the read.
+        let mut source = device.alloc_buffer(4 * 4096);
+        source.as_mut_slice().copy_from_slice(&bytes[..4 * 4096]);
+        let (_, result) = device.write(source, 0).await;
+        result.unwrap();
+        let (read, result) = device.read(device.alloc_buffer(4 * 4096), 0).await;
+        result.unwrap();
+        assert_eq!(read.as_slice(), &bytes[..4 * 4096]);
+        assert_eq!(device.fixed_buffers_registered(), 1);
+        assert_eq!(device.fixed_operations(), 2);
+
+        // A view into a registered buffer (not at its start) reads into the right bytes of it.
+        let mut view = device.alloc_buffer(3 * 4096);
+        view.advance(4096);
+        let (view, result) = device.read(view, 2 * 4096).await;
+        result.unwrap();
+        assert_eq!(view.as_slice(), &bytes[2 * 4096..4 * 4096]);
+        assert_eq!(device.fixed_operations(), 3);
+
+        assert_eq!(device.fixed_buffers_registered(), 2);
+        // A dropped buffer goes back to the pool: the next one of that size reuses its registration.
+        drop(read);
+        let again = device.alloc_buffer(4 * 4096);
+        assert_eq!(device.fixed_buffers_registered(), 2, "a new registration instead of the idle one");
+
+        // Heap buffers, and registered buffers of another ring, still work, as plain operations.
+        let (heap, result) = device.read(IoBuffer::aligned(4096, 4096), 4096).await;
+        result.unwrap();
+        assert_eq!(heap.as_slice(), &bytes[4096..2 * 4096]);
+        let (foreign, result) = device.read(other.alloc_buffer(4096), 3 * 4096).await;
+        result.unwrap();
+        assert_eq!(foreign.as_slice(), &bytes[3 * 4096..4 * 4096]);
+        assert_eq!(device.fixed_operations(), 3);
+
+        // Buffers outlive their ring: the memory is theirs until they drop.
+        drop(device);
+        drop(other);
+        assert_eq!(view.as_slice(), &bytes[2 * 4096..4 * 4096]);
+        assert_eq!(foreign.as_slice(), &bytes[3 * 4096..4 * 4096]);
+        drop(again);
+        std::fs::remove_file(path).unwrap();
+    });
+}
+
+#[test]
 fn ring_device_times_each_operation_between_its_call_and_its_return() {
     run(|| async {
         let path = scratch_file("ring-timing");

@@ -107,6 +107,32 @@ fn a_verified_write_then_read_reports_fio_json_fields() {
 }
 
 #[test]
+fn ring_moves_verified_blocks_through_its_registered_buffers() {
+    // `ring` writes from and reads into registered (fixed) buffers: every block written with its verify
+    // header must read back intact, sequentially and at random, at a size that spans many pages.
+    let file = scratch("ring-verify");
+    let filename = format!("--filename={}", file.display());
+    let bench = |rw: &str, extra: &[&str]| {
+        let rw = format!("--rw={rw}");
+        let mut arguments =
+            vec!["--name=ring", &filename, rw.as_str(), "--bs=1m", "--iodepth=4", "--size=16m", "--verify=crc32c"];
+        arguments.extend_from_slice(extra);
+        arguments.extend_from_slice(&["--ioengine=ring", "--output-format=json"]);
+        json(&strata_bench(&arguments))["jobs"][0].clone()
+    };
+    let written = bench("write", &[]);
+    assert_eq!(written["write"]["total_ios"], 16);
+    assert_eq!(written["verify"]["mismatches"], 0);
+    for (rw, extra) in [("read", &[][..]), ("randread", &["--runtime=1", "--time_based"][..])] {
+        let read = bench(rw, extra);
+        assert_eq!(read["error"], 0, "{read}");
+        assert_eq!(read["verify"]["mismatches"], 0, "{rw}: {read}");
+        assert!(read["verify"]["blocks_checked"].as_u64().unwrap() >= 16, "{rw}: {read}");
+    }
+    std::fs::remove_file(file).unwrap();
+}
+
+#[test]
 fn latency_is_split_into_submission_and_completion_as_fio_splits_it() {
     let file = scratch("latency-split");
     let filename = format!("--filename={}", file.display());

@@ -66,7 +66,8 @@ pub enum IoEngine {
     /// Strata's io_uring backend (glommio `DmaFile`). fio's `io_uring` maps here.
     Uring,
     /// Strata's own io_uring per job (`RingDevice`): submits what each pass of the executor queued in one
-    /// system call, and blocks the job's executor while waiting, as fio's engine does.
+    /// system call, blocks the job's executor while waiting, as fio's engine does, and moves the job's
+    /// buffers as registered (fixed) buffers, as fio does with `fixedbufs=1`.
     Ring,
     /// Strata's NVMe-oF/TCP host (`NvmfDevice`); the filename is
     /// `trtype=tcp,traddr=ADDR,trsvcid=PORT,subnqn=NQN,ns=N`.
