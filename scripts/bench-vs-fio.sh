@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# strata-bench against fio, side by side on one pre-written file: for each row, fio (--ioengine=io_uring)
-# and strata-bench (--ioengine=uring) run alternately, PAIRS times each, with the same options; the table
+# strata-bench against fio, side by side on one pre-written file: for each row, fio and strata-bench run
+# alternately, PAIRS times each, with the same command line (--ioengine=io_uring: strata-bench's `ring`,
+# which works as fio's engine does; STRATA_EXTRA=--ioengine=uring measures glommio's instead); the table
 # shows the median of each and the ratio of medians. Alternating pairs, not one long run of each, because
 # this machine is shared and noisy.
 #
@@ -63,7 +64,7 @@ for row in "${rows[@]}"; do
         # shellcheck disable=SC2086
         fio --name="$name" $options $common --ioengine=io_uring ${FIO_EXTRA:-} >"$results/$name.fio.$pair.json"
         # shellcheck disable=SC2086
-        "$bench" --name="$name" $options $common --ioengine=uring ${STRATA_EXTRA:-} >"$results/$name.strata.$pair.json"
+        "$bench" --name="$name" $options $common --ioengine=io_uring ${STRATA_EXTRA:-} >"$results/$name.strata.$pair.json"
     done
 done
 

@@ -14,11 +14,15 @@ const BLOCK_MODE_HELP: &str = "\
 Block mode (no subcommand): fio's options and job files, run on Strata's block layer (io_uring, NVMe-oF).
   strata-bench --name=NAME --filename=PATH --rw=read|write|randread|randwrite|randrw|rw [--rwmixread=N]
                [--bs=4k] [--iodepth=N] [--numjobs=N] [--size=4g] [--offset=N] [--runtime=15] [--time_based]
-               [--ramp_time=N] [--direct=1] [--ioengine=uring] [--random_distribution=random|zipf:1.2]
+               [--ramp_time=N] [--direct=1] [--ioengine=uring|ring|io_uring|nvmf]
+               [--random_distribution=random|zipf:1.2] [--lat_percentiles=1]
                [--verify=crc32c] [--randseed=N] [--group_reporting] [--output-format=normal|json]
                [--spin_before_park=50us]   (Strata's own: busy-poll before parking; trades CPU for latency;
                                             with --ioengine=nvmf the host also busy-polls its sockets)
                [--tcp_congestion=reno]     (Strata's own, nvmf: congestion control of the host's sockets)
+  --ioengine=uring (the default) runs on glommio's DmaFile, as the storage node does; ring (alias io_uring,
+  fio's name) on a ring of the job's own that it blocks in while waiting, as fio's engine does, with
+  registered buffers.
   --ioengine=nvmf --filename='trtype=tcp,traddr=127.0.0.1,trsvcid=4420,subnqn=NQN,ns=1' runs on Strata's
   NVMe-oF/TCP host against any NVMe/TCP target (strata-pool target, Linux nvmet, SPDK).
   strata-bench JOBFILE.fio [--output-format=json]

@@ -63,11 +63,11 @@ impl ReadWrite {
 /// fio's `ioengine`, as far as strata-bench has them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IoEngine {
-    /// Strata's io_uring backend (glommio `DmaFile`). fio's `io_uring` maps here.
+    /// Strata's io_uring backend (glommio `DmaFile`), the one the storage node reads its tier through.
     Uring,
     /// Strata's own io_uring per job (`RingDevice`): submits what each pass of the executor queued in one
     /// system call, blocks the job's executor while waiting, as fio's engine does, and moves the job's
-    /// buffers as registered (fixed) buffers, as fio does with `fixedbufs=1`.
+    /// buffers as registered (fixed) buffers, as fio does with `fixedbufs=1`. fio's `io_uring` maps here.
     Ring,
     /// Strata's NVMe-oF/TCP host (`NvmfDevice`); the filename is
     /// `trtype=tcp,traddr=ADDR,trsvcid=PORT,subnqn=NQN,ns=N`.
@@ -400,8 +400,10 @@ impl JobOptions {
             }
             "ioengine" => {
                 self.ioengine = match required(option, value)? {
-                    "uring" | "io_uring" => IoEngine::Uring,
-                    "ring" => IoEngine::Ring,
+                    "uring" => IoEngine::Uring,
+                    // fio's engine is a thread with its own ring, blocking in it while it waits: `ring` is
+                    // that, so a fio command line runs here the way it runs in fio.
+                    "ring" | "io_uring" => IoEngine::Ring,
                     "nvmf" => IoEngine::Nvmf,
                     engine @ "spdk" => {
                         return Err(OptionError::Unsupported {
@@ -413,7 +415,7 @@ impl JobOptions {
                     other => {
                         return Err(bad(
                             option,
-                            format!("unknown engine '{other}': strata-bench has uring (alias io_uring), ring and nvmf"),
+                            format!("unknown engine '{other}': strata-bench has ring (alias io_uring), uring and nvmf"),
                         ));
                     }
                 }
