@@ -10,10 +10,15 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The node's command line, run under `chrt -f 10 taskset -c 0` (one CPU: the case that hung).
-fn real_time_node(arguments: &[&str]) -> Command {
+/// A one-shard node on CPU 0 listening on `port`, run under `chrt -f 10 taskset -c 0` (one CPU: the case
+/// that hung), with `tier` as its NVMe tier arguments.
+fn real_time_node(port: u16, tier: &[&str]) -> Command {
+    let listen = format!("127.0.0.1:{port}");
     let mut command = Command::new("chrt");
-    command.args(["-f", "10", "taskset", "-c", "0", env!("CARGO_BIN_EXE_strata-node")]).args(arguments);
+    command
+        .args(["-f", "10", "taskset", "-c", "0", env!("CARGO_BIN_EXE_strata-node")])
+        .args(["--listen", &listen, "--metrics", "off", "--cores", "1", "--cpus", "0", "--dram", "64MiB"])
+        .args(tier);
     command
 }
 
@@ -24,25 +29,12 @@ fn a_file_tier_under_sched_fifo_is_refused_with_the_reason() {
     let _ = std::fs::remove_dir_all(&directory);
     std::fs::create_dir_all(&directory).expect("directory");
     let nvme = format!("file:{},size=256MiB", directory.join("ns0.img").display());
-    let mut child = real_time_node(&[
-        "--listen",
-        "127.0.0.1:7761",
-        "--metrics",
-        "off",
-        "--cores",
-        "1",
-        "--cpus",
-        "0",
-        "--dram",
-        "64MiB",
-        "--nvme",
-        &nvme,
-    ])
-    .env("RUST_BACKTRACE", "0")
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("chrt runs");
+    let mut child = real_time_node(7761, &["--nvme", &nvme])
+        .env("RUST_BACKTRACE", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("chrt runs");
     // Bounded: the old behaviour never exits, so a node still running after 30 s fails the test.
     let deadline = Instant::now() + Duration::from_secs(30);
     while child.try_wait().expect("wait").is_none() {
@@ -68,19 +60,7 @@ fn a_file_tier_under_sched_fifo_is_refused_with_the_reason() {
 #[test]
 fn a_dram_only_node_starts_and_serves_under_sched_fifo() {
     let (mut child, _lines, summary) = common::start_until_ready(|command| {
-        *command = real_time_node(&[
-            "--listen",
-            "127.0.0.1:7762",
-            "--metrics",
-            "off",
-            "--cores",
-            "1",
-            "--cpus",
-            "0",
-            "--dram",
-            "64MiB",
-            "--dram-only",
-        ]);
+        *command = real_time_node(7762, &["--dram-only"]);
         command
     });
     assert!(summary.contains("NVMe tier: none"), "{summary}");
