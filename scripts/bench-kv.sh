@@ -4,6 +4,8 @@
 # the node reads it (and where this VM delivers the disk's interrupts), while the node idles between rows.
 # Installs iperf3 and fio if missing.
 #   RUNTIME=5 REPS=3 DIR=target/bench-kv SECTIONS="stalls dram nvme" NODE_POLL=1 SPIN=200us scripts/bench-kv.sh
+# NODE_EXTRA="--spin-before-park 1s" adds flags to the node's command line (here: glommio spins for
+# completions before it parks, instead of the node polling its sockets; pair it with NODE_POLL=0).
 # NODE_POLL=0 runs the node without --busy-poll (and SPIN=0 stops the client spinning): on a VM whose host
 # caps its CPU, a polling core beside disk I/O gets the VM throttled (docs/BENCHMARKS.md compares the two).
 # Every row runs REPS times (iperf3 alternating with Strata for the 4 MiB rows); the table shows medians, and
@@ -39,7 +41,7 @@ start_node() { # extra flags...
   local poll=()
   [ "$NODE_POLL" = 1 ] && poll=(--busy-poll)
   taskset -c 1 target/release/strata-node --listen "127.0.0.1:$PORT" --cores 1 --cpus 1 --metrics "$METRICS" \
-    --nvme "file:$DIR/ns0.img,size=8GiB" "${poll[@]}" "$@" > "$DIR/node.log" 2>&1 &
+    --nvme "file:$DIR/ns0.img,size=8GiB" "${poll[@]}" ${NODE_EXTRA:-} "$@" > "$DIR/node.log" 2>&1 &
   node_pid=$!
   for _ in $(seq 600); do grep -q ready "$DIR/node.log" 2>/dev/null && return; sleep 0.1; done
   cat "$DIR/node.log" >&2; echo "node did not start" >&2; exit 1
