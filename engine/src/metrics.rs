@@ -157,9 +157,18 @@ pub fn is_error(status: Status) -> bool {
 
 /// CPU time of the whole process (user + system), in nanoseconds.
 pub fn process_cpu_ns() -> u64 {
-    // /proc/self/stat fields 14 and 15 (utime, stime) in clock ticks; the field after the command name,
+    cpu_ns_in_stat("/proc/self/stat")
+}
+
+/// The calling thread's CPU time (user + system), in nanoseconds, at the kernel's tick resolution.
+pub fn thread_cpu_ns() -> u64 {
+    cpu_ns_in_stat("/proc/thread-self/stat")
+}
+
+fn cpu_ns_in_stat(path: &str) -> u64 {
+    // A stat file's fields 14 and 15 (utime, stime) in clock ticks; the field after the command name,
     // which is in parentheses and may hold spaces, is field 3.
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return 0 };
+    let Ok(stat) = std::fs::read_to_string(path) else { return 0 };
     let Some(after_name) = stat.rfind(')').map(|at| &stat[at + 1..]) else { return 0 };
     let fields: Vec<&str> = after_name.split_whitespace().collect();
     let ticks = |index: usize| fields.get(index).and_then(|field| field.parse::<u64>().ok()).unwrap_or(0);

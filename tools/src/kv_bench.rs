@@ -165,6 +165,9 @@ pub struct KvReport {
     pub events_missed: Option<u64>,
     /// Events received per second.
     pub events_per_sec: Option<f64>,
+    /// CPU time of the subscriber's thread per event received (what looking at the stream costs a router;
+    /// at the kernel's 10 ms tick resolution, so meaningful over runs of seconds).
+    pub subscriber_cpu_ns_per_event: Option<f64>,
 }
 
 /// The key of index `index`.
@@ -357,59 +360,67 @@ pub fn run(args: &KvArgs, show_progress: bool) -> anyhow::Result<KvReport> {
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(args.runtime);
     let threads = args.connections;
-    let (results, event_counts) = std::thread::scope(|scope| -> anyhow::Result<(Vec<ThreadResult>, (u64, u64))> {
-        // The subscriber counts until the run ends and the stream has been quiet for 200 ms.
-        let counter = events.map(|events| {
-            scope.spawn(move || {
-                let (mut received, mut missed) = (0u64, 0u64);
-                let mut quiet_since: Option<Instant> = None;
-                while quiet_since.is_none_or(|since| since.elapsed() < Duration::from_millis(200)) {
-                    // Batches, keys borrowed: a router's cost of looking at each event, not of copying it.
-                    match events.next_batch_timeout(Duration::from_millis(20)) {
-                        Some(Ok(batch)) => {
-                            quiet_since = None;
-                            for (_sequence, event) in batch.iter() {
-                                match event {
-                                    strata_client::EventRef::Lagged { missed: count } => missed += u64::from(count),
-                                    _ => received += 1,
+    let workers_done = std::sync::atomic::AtomicBool::new(false);
+    let (results, event_counts) =
+        std::thread::scope(|scope| -> anyhow::Result<(Vec<ThreadResult>, (u64, u64, u64))> {
+            // The subscriber counts until the run ends (its deadline, or every worker done with `--once`) and
+            // the stream has been quiet for 200 ms.
+            let workers_done = &workers_done;
+            let counter = events.map(|events| {
+                scope.spawn(move || {
+                    let cpu_before = strata_engine::metrics::thread_cpu_ns();
+                    let (mut received, mut missed) = (0u64, 0u64);
+                    let mut quiet_since: Option<Instant> = None;
+                    while quiet_since.is_none_or(|since| since.elapsed() < Duration::from_millis(200)) {
+                        // Batches, keys borrowed: a router's cost of looking at each event, not of copying it.
+                        match events.next_batch_timeout(Duration::from_millis(20)) {
+                            Some(Ok(batch)) => {
+                                quiet_since = None;
+                                for (_sequence, event) in batch.iter() {
+                                    match event {
+                                        strata_client::EventRef::Lagged { missed: count } => missed += u64::from(count),
+                                        _ => received += 1,
+                                    }
                                 }
                             }
+                            Some(Err(_)) => break,
+                            None if Instant::now() >= deadline
+                                || workers_done.load(std::sync::atomic::Ordering::Relaxed) =>
+                            {
+                                quiet_since.get_or_insert_with(Instant::now);
+                            }
+                            None => {}
                         }
-                        Some(Err(_)) => break,
-                        None if Instant::now() >= deadline => {
-                            quiet_since.get_or_insert_with(Instant::now);
-                        }
-                        None => {}
                     }
-                }
-                (received, missed)
-            })
-        });
-        let handles: Vec<_> = (0..threads)
-            .map(|thread| {
-                scope.spawn(move || {
-                    run_thread(
-                        args,
-                        thread,
-                        picker_distribution,
-                        policy,
-                        started,
-                        deadline,
-                        show_progress && thread == 0,
-                    )
+                    (received, missed, strata_engine::metrics::thread_cpu_ns().saturating_sub(cpu_before))
                 })
-            })
-            .collect();
-        let results: anyhow::Result<Vec<ThreadResult>> = handles
-            .into_iter()
-            .map(|handle| handle.join().map_err(|_| anyhow::anyhow!("a bench thread panicked"))?)
-            .collect();
-        let counts = match counter {
-            Some(counter) => counter.join().map_err(|_| anyhow::anyhow!("the event counter panicked"))?,
-            None => (0, 0),
-        };
-        Ok((results?, counts))
-    })?;
+            });
+            let handles: Vec<_> = (0..threads)
+                .map(|thread| {
+                    scope.spawn(move || {
+                        run_thread(
+                            args,
+                            thread,
+                            picker_distribution,
+                            policy,
+                            started,
+                            deadline,
+                            show_progress && thread == 0,
+                        )
+                    })
+                })
+                .collect();
+            let results: anyhow::Result<Vec<ThreadResult>> = handles
+                .into_iter()
+                .map(|handle| handle.join().map_err(|_| anyhow::anyhow!("a bench thread panicked"))?)
+                .collect();
+            workers_done.store(true, std::sync::atomic::Ordering::Relaxed);
+            let counts = match counter {
+                Some(counter) => counter.join().map_err(|_| anyhow::anyhow!("the event counter panicked"))?,
+                None => (0, 0, 0),
+            };
+            Ok((results?, counts))
+        })?;
     let elapsed = started.elapsed().as_secs_f64();
     let client_cpu = process_cpu_ns().saturating_sub(client_before);
     let server_after = server_cpu_ns(&args.metrics);
@@ -460,6 +471,8 @@ pub fn run(args: &KvArgs, show_progress: bool) -> anyhow::Result<KvReport> {
         events_received: args.subscribe.then_some(event_counts.0),
         events_missed: args.subscribe.then_some(event_counts.1),
         events_per_sec: args.subscribe.then(|| event_counts.0 as f64 / args.runtime.min(elapsed).max(1e-9)),
+        subscriber_cpu_ns_per_event: (args.subscribe && event_counts.0 > 0)
+            .then(|| event_counts.2 as f64 / event_counts.0 as f64),
     })
 }
 
@@ -676,7 +689,8 @@ pub fn format_report(report: &KvReport) -> String {
     if let (Some(received), Some(missed), Some(rate)) =
         (report.events_received, report.events_missed, report.events_per_sec)
     {
-        out += &format!("  events received {received} ({rate:.0}/s), missed {missed}\n");
+        let cpu = report.subscriber_cpu_ns_per_event.map_or("n/a".to_string(), |ns| format!("{ns:.0} ns"));
+        out += &format!("  events received {received} ({rate:.0}/s), missed {missed}, subscriber CPU/event {cpu}\n");
     }
     for sample in &report.error_samples {
         out += &format!("  e.g. {sample}\n");
