@@ -9,7 +9,8 @@
 # NODE_POLL=0 runs the node without --busy-poll (and SPIN=0 stops the client spinning): on a VM whose host
 # caps its CPU, a polling core beside disk I/O gets the VM throttled (docs/BENCHMARKS.md compares the two).
 # Every row runs REPS times (iperf3 alternating with Strata for the 4 MiB rows); the table shows medians, and
-# the node's CPU time per key from its metrics (strata_process_cpu_seconds_total).
+# the node's CPU time per key from its metrics (strata_process_cpu_seconds_total). Each NVMe row is followed
+# by its ceiling on this machine at this hour: the same gets from DRAM on the same node, measured beside it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNTIME=${RUNTIME:-5}
