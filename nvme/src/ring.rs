@@ -88,6 +88,8 @@ struct RingState {
     fixed_registered: u32,
     /// Reads and writes submitted as `READ_FIXED`/`WRITE_FIXED`.
     fixed_operations: u64,
+    /// Why buffers stopped being registered (the table, or a chunk, was refused), once that happened.
+    fixed_refused: Option<String>,
 }
 
 impl RingState {
@@ -203,8 +205,10 @@ impl RingDevice {
         // A sparse table, filled as buffers are allocated. Without it (an old kernel, no memlock budget)
         // every buffer is plain heap memory and I/O pins its pages each time, as fio's default does.
         let fixed_table_len = (2 * depth + 16).min(FIXED_TABLE_MAX);
-        let fixed_table_len =
-            if ring.submitter().register_buffers_sparse(fixed_table_len).is_ok() { fixed_table_len } else { 0 };
+        let (fixed_table_len, fixed_refused) = match ring.submitter().register_buffers_sparse(fixed_table_len) {
+            Ok(()) => (fixed_table_len, None),
+            Err(error) => (0, Some(format!("the fixed-buffer table was refused: {error}"))),
+        };
         let logical_block_bytes = logical_block_bytes(path);
         let capacity_bytes = capacity_bytes - capacity_bytes % logical_block_bytes;
         if capacity_bytes == 0 {
@@ -227,6 +231,7 @@ impl RingDevice {
             fixed_table_len,
             fixed_registered: 0,
             fixed_operations: 0,
+            fixed_refused,
         };
         Ok(Self {
             geometry: Geometry {
@@ -256,6 +261,13 @@ impl RingDevice {
         self.state.borrow().fixed_operations
     }
 
+    /// Why this ring stopped registering buffers, if it did (no table, or a chunk refused: the memlock
+    /// budget, most likely); buffers asked for since then came from the heap and moved as plain reads and
+    /// writes, which pin their pages at every I/O.
+    pub fn fixed_buffers_refused(&self) -> Option<String> {
+        self.state.borrow().fixed_refused.clone()
+    }
+
     /// A registered buffer of `len` bytes: an idle one of about that size, else a new chunk registered in
     /// the next free entry of the table. `None` when the table is full or registration fails.
     fn alloc_fixed(&self, len: usize, alignment: usize) -> Option<IoBuffer> {
@@ -275,9 +287,10 @@ impl RingDevice {
         // (RingState's Drop waits for them), and the table entry is used only while the chunk is lent.
         #[allow(unsafe_code)]
         let registered = unsafe { state.ring.submitter().register_buffers_update(u32::from(index), &[iovec], None) };
-        if registered.is_err() {
+        if let Err(error) = registered {
             // Out of memlock budget, most likely: stop trying; buffers come from the heap from now on.
             state.fixed_table_len = 0;
+            state.fixed_refused = Some(format!("a {} KiB buffer was refused: {error}", iovec.iov_len >> 10));
             return None;
         }
         state.fixed_registered += 1;

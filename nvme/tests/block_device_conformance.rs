@@ -218,6 +218,7 @@ fn ring_device_moves_registered_buffers_with_fixed_operations() {
         assert_eq!(read.as_slice(), &bytes[..4 * 4096]);
         assert_eq!(device.fixed_buffers_registered(), 1);
         assert_eq!(device.fixed_operations(), 2);
+        assert!(device.fixed_buffers_refused().is_none());
 
         // A view into a registered buffer (not at its start) reads into the right bytes of it.
         let mut view = device.alloc_buffer(3 * 4096);
@@ -250,6 +251,44 @@ fn ring_device_moves_registered_buffers_with_fixed_operations() {
         drop(again);
         std::fs::remove_file(path).unwrap();
     });
+}
+
+/// Set in the child process of [`ring_says_when_its_buffers_cannot_be_registered`].
+const MEMLOCK_CHILD: &str = "STRATA_CONFORMANCE_MEMLOCK_CHILD";
+
+/// Without `CAP_IPC_LOCK` and with a memlock budget smaller than a buffer, the ring's registration is
+/// refused: the buffer comes from the heap (and works), and the ring says why, so that a benchmark can tell
+/// its user it did not run with registered buffers. The test runs itself again in a child process from
+/// which `setpriv` removed the capability (root's processes have it; lowering a limit needs none).
+#[test]
+fn ring_says_when_its_buffers_cannot_be_registered() {
+    if std::env::var_os(MEMLOCK_CHILD).is_some() {
+        let limit = libc::rlimit { rlim_cur: 64 << 10, rlim_max: 64 << 10 };
+        // SAFETY: setrlimit reads one rlimit struct we own; lowering a limit affects only this process.
+        #[allow(unsafe_code)]
+        let rc = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) };
+        assert_eq!(rc, 0, "setrlimit");
+        let path = scratch_file("ring-refused");
+        let device =
+            RingDevice::open(&path, &UringOptions { size_bytes: Some(CAPACITY), read_only: false }, 4).unwrap();
+        assert!(device.fixed_buffers_refused().is_none(), "nothing refused before a buffer is asked for");
+        let mut buffer = device.alloc_buffer(1 << 20);
+        buffer.as_mut_slice().fill(7);
+        assert_eq!(buffer.len(), 1 << 20);
+        assert_eq!(device.fixed_buffers_registered(), 0);
+        let why = device.fixed_buffers_refused().expect("the refusal is recorded");
+        assert!(why.contains("1024 KiB buffer was refused"), "{why}");
+        std::fs::remove_file(path).unwrap();
+        return;
+    }
+    let status = std::process::Command::new("setpriv")
+        .args(["--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock"])
+        .arg(std::env::current_exe().expect("test binary"))
+        .args(["--exact", "ring_says_when_its_buffers_cannot_be_registered", "--test-threads=1", "--nocapture"])
+        .env(MEMLOCK_CHILD, "1")
+        .status()
+        .expect("setpriv (util-linux) runs the child");
+    assert!(status.success(), "the child failed: {status}");
 }
 
 #[test]

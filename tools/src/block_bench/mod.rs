@@ -224,9 +224,22 @@ pub fn run(plan: &BenchPlan, show_status: bool) -> anyhow::Result<BenchOutcome> 
                             run_job(Rc::new(device), &job, job_index, progress).await
                         }
                         IoEngine::Ring => {
-                            let device = RingDevice::open(&filename, &options, job.iodepth)
-                                .map_err(|error| error.to_string())?;
-                            run_job(Rc::new(device), &job, job_index, progress).await
+                            let device = Rc::new(
+                                RingDevice::open(&filename, &options, job.iodepth)
+                                    .map_err(|error| error.to_string())?,
+                            );
+                            let result = run_job(Rc::clone(&device), &job, job_index, progress).await;
+                            // Said, not failed: the run is valid, but not the one asked for (fio's
+                            // `fixedbufs=1`), and slower per I/O.
+                            if let Some(why) = device.fixed_buffers_refused() {
+                                eprintln!(
+                                    "strata-bench: job {}: ring: {why}; buffers from then on came from the heap and \
+                                     moved as plain reads and writes (pages pinned at every I/O): raise the memlock \
+                                     limit (`ulimit -l`) or run with CAP_IPC_LOCK",
+                                    job.name
+                                );
+                            }
+                            result
                         }
                         IoEngine::Nvmf => {
                             let address =
