@@ -35,11 +35,20 @@ pub struct BenchOutcome {
     pub clean: bool,
 }
 
-/// Registered I/O memory for one executor: every worker's write buffer and read buffer, plus slack.
+/// Registered I/O memory for one executor: every worker's write buffer and read buffer, plus slack. A
+/// `ring` job moves its own buffers (registered with its own ring, within what memlock allows, else from
+/// the heap), so its executor asks glommio for the least it starts with, and the memlock preflight does not
+/// refuse a job for memory it would never use.
 fn io_memory_bytes(job: &JobOptions) -> usize {
+    if job.ioengine == IoEngine::Ring {
+        return GLOMMIO_LEAST_IO_MEMORY;
+    }
     let per_worker = 2 * job.bs as usize;
     (per_worker * job.iodepth as usize + (4 << 20)).clamp(4 << 20, 1 << 30)
 }
+
+/// The memlock budget a glommio executor needs to start at all (`strata_nvme::environment`).
+const GLOMMIO_LEAST_IO_MEMORY: usize = 512 << 10;
 
 /// I/O queue entries for an nvmf job: its depth, plus one entry for the verify phase's reader, at least
 /// the 2 entries NVMe requires.
