@@ -120,16 +120,22 @@ fn ring_moves_verified_blocks_through_its_registered_buffers() {
         arguments.extend_from_slice(&["--ioengine=ring", "--output-format=json"]);
         json(&strata_bench(&arguments))["jobs"][0].clone()
     };
+    assert_verified_round_trip(bench, &[("read", &[]), ("randread", &["--runtime=1", "--time_based"])]);
+    std::fs::remove_file(file).unwrap();
+}
+
+/// A verified write of 16 blocks, then each read of `reads` (its rw and extra flags) over them: every block
+/// checked and intact. `bench` runs one job (rw, extra flags) and returns its JSON job report.
+fn assert_verified_round_trip(bench: impl Fn(&str, &[&str]) -> Value, reads: &[(&str, &[&str])]) {
     let written = bench("write", &[]);
-    assert_eq!(written["write"]["total_ios"], 16);
-    assert_eq!(written["verify"]["mismatches"], 0);
-    for (rw, extra) in [("read", &[][..]), ("randread", &["--runtime=1", "--time_based"][..])] {
+    assert_eq!(written["write"]["total_ios"], 16, "{written}");
+    assert_eq!(written["verify"]["mismatches"], 0, "{written}");
+    for (rw, extra) in reads {
         let read = bench(rw, extra);
-        assert_eq!(read["error"], 0, "{read}");
+        assert_eq!(read["error"], 0, "{rw}: {read}");
         assert_eq!(read["verify"]["mismatches"], 0, "{rw}: {read}");
         assert!(read["verify"]["blocks_checked"].as_u64().unwrap() >= 16, "{rw}: {read}");
     }
-    std::fs::remove_file(file).unwrap();
 }
 
 #[test]
@@ -152,13 +158,7 @@ fn ring_runs_within_a_small_memlock_budget_and_says_what_it_could_not_register()
         assert!(stderr.contains("ring: a 1024 KiB buffer was refused"), "no warning on stderr: {stderr}");
         json(&output)["jobs"][0].clone()
     };
-    let written = bench("write", &[]);
-    assert_eq!(written["write"]["total_ios"], 16, "{written}");
-    assert_eq!(written["verify"]["mismatches"], 0, "{written}");
-    let read = bench("randread", &["--runtime=1", "--time_based"]);
-    assert_eq!(read["error"], 0, "{read}");
-    assert_eq!(read["verify"]["mismatches"], 0, "{read}");
-    assert!(read["verify"]["blocks_checked"].as_u64().unwrap() >= 16, "{read}");
+    assert_verified_round_trip(bench, &[("randread", &["--runtime=1", "--time_based"])]);
     std::fs::remove_file(file).unwrap();
 }
 

@@ -35,16 +35,6 @@ fn bench_kv(server: &str, metrics: &str, flags: &[&str], clean: bool) -> Value {
     })
 }
 
-/// Kills the node when the test ends, passing or not (a panicking test must not leave it serving).
-struct NodeProcess(std::process::Child);
-
-impl Drop for NodeProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn count(report: &Value, field: &str) -> u64 {
     report[field].as_u64().unwrap_or_else(|| panic!("{field} missing or not a count: {report}"))
 }
@@ -57,7 +47,7 @@ fn bench_kv_writes_verifies_and_reports_with_the_nodes_cpu_and_events() {
             "127.0.0.1:0",
         )
     });
-    let _node = NodeProcess(node);
+    let _node = common::NodeProcess(node);
     let server = address_after(&summary, "listening on ");
     let metrics = address_after(&summary, "metrics: http://");
     assert!(metrics.starts_with("127.0.0.1:") && !metrics.ends_with(":0"), "metrics on {metrics}:\n{summary}");

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::process::Child;
 use std::time::{Duration, Instant};
 
 use strata_client::{Client, ClientError, ClientOptions, PutOptions, WritePolicy};
@@ -22,24 +21,8 @@ fn key_of(index: u64) -> Vec<u8> {
     format!("durable/{index}").into_bytes()
 }
 
-/// A node process, killed when dropped (so a failing test leaves nothing running).
-struct NodeProcess(Child);
-
-impl NodeProcess {
-    fn kill(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for NodeProcess {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 /// Starts the node and waits for its "ready" line; returns it with its start-up summary.
-fn start_node(port: u16, image: &std::path::Path) -> (NodeProcess, String) {
+fn start_node(port: u16, image: &std::path::Path) -> (common::NodeProcess, String) {
     let (child, lines, summary) = common::start_until_ready(|command| {
         command
             .args(["--listen", &format!("127.0.0.1:{port}"), "--cores", "1", "--dram", "64MiB", "--metrics", "off"])
@@ -48,15 +31,12 @@ fn start_node(port: u16, image: &std::path::Path) -> (NodeProcess, String) {
     });
     // Keep draining stdout so the node never blocks on it.
     std::thread::spawn(move || for _ in lines {});
-    (NodeProcess(child), summary)
+    (common::NodeProcess(child), summary)
 }
 
 #[test]
 fn acknowledged_durable_puts_survive_sigkill() {
-    let directory =
-        std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("kill-9-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&directory);
-    std::fs::create_dir_all(&directory).expect("directory");
+    let directory = common::fresh_directory("kill-9");
     let image = directory.join("ns0.img");
     let port = free_port();
     let (mut node, _) = start_node(port, &image);

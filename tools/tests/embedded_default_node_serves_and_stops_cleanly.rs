@@ -35,10 +35,7 @@ fn run_default(directory: &std::path::Path, work: impl FnOnce()) -> String {
 
 #[test]
 fn the_embedded_default_serves_and_stops_cleanly() {
-    let directory =
-        std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("default-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&directory);
-    std::fs::create_dir_all(&directory).expect("directory");
+    let directory = common::fresh_directory("default");
     let first = run_default(&directory, || {
         let mut client = strata_client::Client::connect("127.0.0.1:7600", Default::default()).expect("client");
         client.put(b"hello", b"world").expect("put");

@@ -24,10 +24,7 @@ fn real_time_node(port: u16, tier: &[&str]) -> Command {
 
 #[test]
 fn a_file_tier_under_sched_fifo_is_refused_with_the_reason() {
-    let directory =
-        std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("real-time-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&directory);
-    std::fs::create_dir_all(&directory).expect("directory");
+    let directory = common::fresh_directory("real-time");
     let nvme = format!("file:{},size=256MiB", directory.join("ns0.img").display());
     let mut child = real_time_node(7761, &["--nvme", &nvme])
         .env("RUST_BACKTRACE", "0")
@@ -59,17 +56,13 @@ fn a_file_tier_under_sched_fifo_is_refused_with_the_reason() {
 
 #[test]
 fn a_dram_only_node_starts_and_serves_under_sched_fifo() {
-    let (mut child, _lines, summary) = common::start_until_ready(|command| {
+    let (child, _lines, summary) = common::start_until_ready(|command| {
         *command = real_time_node(7762, &["--dram-only"]);
         command
     });
+    let _node = common::NodeProcess(child);
     assert!(summary.contains("NVMe tier: none"), "{summary}");
-    let served = std::panic::catch_unwind(|| {
-        let mut client = strata_client::Client::connect("127.0.0.1:7762", Default::default()).expect("client");
-        client.put(b"real-time", b"served").expect("put");
-        assert_eq!(client.get(b"real-time").expect("get"), b"served");
-    });
-    let _ = child.kill();
-    let _ = child.wait();
-    served.expect("the DRAM-only node serves under SCHED_FIFO");
+    let mut client = strata_client::Client::connect("127.0.0.1:7762", Default::default()).expect("client");
+    client.put(b"real-time", b"served").expect("the DRAM-only node serves under SCHED_FIFO");
+    assert_eq!(client.get(b"real-time").expect("get under SCHED_FIFO"), b"served");
 }

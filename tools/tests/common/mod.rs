@@ -32,3 +32,33 @@ pub fn start_until_ready(
     assert!(summary.contains("ready"), "node exited before it was ready:\n{summary}");
     (child, lines, summary)
 }
+
+/// A node process, killed when dropped, so that a failing test leaves nothing running. (Each test binary
+/// compiles this module; not every one uses every helper.)
+#[allow(dead_code)]
+pub struct NodeProcess(pub Child);
+
+#[allow(dead_code)]
+impl NodeProcess {
+    /// Kills the node (SIGKILL) and reaps it; a second call does nothing more.
+    pub fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// An empty directory of this test run, `name` and the process id under Cargo's scratch directory.
+#[allow(dead_code)]
+pub fn fresh_directory(name: &str) -> std::path::PathBuf {
+    let directory =
+        std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&directory);
+    std::fs::create_dir_all(&directory).expect("directory");
+    directory
+}
