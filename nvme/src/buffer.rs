@@ -36,9 +36,7 @@ pub(crate) struct FixedChunk {
 impl FixedChunk {
     /// A zeroed allocation of `capacity` bytes aligned to `alignment`, to be registered at `index`.
     pub(crate) fn new(capacity: usize, alignment: usize, index: u16) -> Self {
-        let alignment = alignment.max(1);
-        let bytes = vec![0u8; capacity + alignment];
-        let start = bytes.as_ptr().align_offset(alignment);
+        let (bytes, start) = aligned_zeroes(capacity, alignment);
         Self { bytes, start, capacity, index }
     }
 
@@ -48,6 +46,14 @@ impl FixedChunk {
         let memory = &mut self.bytes[self.start..self.start + self.capacity];
         libc::iovec { iov_base: memory.as_mut_ptr().cast(), iov_len: memory.len() }
     }
+}
+
+/// A zeroed heap allocation with `len` bytes aligned to `alignment` (at least 1) from the offset returned.
+fn aligned_zeroes(len: usize, alignment: usize) -> (Vec<u8>, usize) {
+    let alignment = alignment.max(1);
+    let bytes = vec![0u8; len + alignment];
+    let start = bytes.as_ptr().align_offset(alignment);
+    (bytes, start)
 }
 
 /// A ring's registered chunks not in use. Chunks stay registered (and allocated) for as long as the pool
@@ -107,9 +113,7 @@ impl std::fmt::Debug for IoBuffer {
 impl IoBuffer {
     /// A zeroed heap buffer of `len` bytes whose first byte is aligned to `alignment` (a power of two).
     pub fn aligned(len: usize, alignment: usize) -> Self {
-        let alignment = alignment.max(1);
-        let bytes = vec![0u8; len + alignment];
-        let start = bytes.as_ptr().align_offset(alignment);
+        let (bytes, start) = aligned_zeroes(len, alignment);
         Self { storage: Storage::Heap(bytes), start, len }
     }
 
