@@ -1,11 +1,14 @@
 //! What an observed put costs the node in its event log, alone: one `BlockStored` appended per key, and,
 //! every 1,536 keys (about one 2 ms frame at the events row's put rate), the frame copied out for the
-//! subscriber and marked sent, as `server.rs` does. Keys shaped like strata-bench's (`strata-bench/3/N`).
+//! subscriber and marked sent, and the subscriber waiting again, as `server.rs` does. Keys shaped like
+//! strata-bench's (`strata-bench/3/N`).
 //! Run: `cargo bench -p strata-engine --bench event_log`.
 
 use std::cell::RefCell;
+use std::future::Future;
 use std::hint::black_box;
 use std::rc::Rc;
+use std::task::{Context, Waker};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use strata_engine::events::{EventLog, Subscription};
@@ -31,6 +34,10 @@ fn observed_puts(criterion: &mut Criterion) {
             black_box((count, &frame));
             cursor = next;
             subscription.consumed(cursor);
+            // Caught up, the subscriber waits for the next event (registers its waker), as server.rs's does.
+            let mut waiting = std::pin::pin!(subscription.changed(cursor));
+            let pending = waiting.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+            assert!(pending.is_pending());
         });
     });
     group.finish();

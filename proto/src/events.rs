@@ -210,12 +210,15 @@ impl<'a> EventRef<'a> {
 /// Appends an event from its parts (the node encodes straight from its own state without building an
 /// [`Event`]): `codes` is `[kind, from, to, reason]`.
 pub fn encode_parts(out: &mut Vec<u8>, codes: [u8; 4], size: u32, key: &[u8], parent: &[u8], sequence: u64) {
-    out.extend_from_slice(&codes);
-    out.extend_from_slice(&size.to_le_bytes());
-    out.extend_from_slice(&(key.len() as u16).to_le_bytes());
-    out.extend_from_slice(&(parent.len() as u16).to_le_bytes());
-    out.extend_from_slice(&0u32.to_le_bytes());
-    out.extend_from_slice(&sequence.to_le_bytes());
+    // One reservation and one header copy: this runs once per observed put, on the shard's thread.
+    let mut header = [0u8; EVENT_HEADER_BYTES];
+    header[0..4].copy_from_slice(&codes);
+    header[4..8].copy_from_slice(&size.to_le_bytes());
+    header[8..10].copy_from_slice(&(key.len() as u16).to_le_bytes());
+    header[10..12].copy_from_slice(&(parent.len() as u16).to_le_bytes());
+    header[16..24].copy_from_slice(&sequence.to_le_bytes());
+    out.reserve(EVENT_HEADER_BYTES + key.len() + parent.len());
+    out.extend_from_slice(&header);
     out.extend_from_slice(key);
     out.extend_from_slice(parent);
 }
