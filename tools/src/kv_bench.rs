@@ -21,6 +21,7 @@ use strata_client::{BlockPut, Client, ClientError, ClientOptions, Links, PutOpti
 use crate::block_bench::options::RandomDistribution;
 use crate::block_bench::workload::BlockPicker;
 use crate::byte_size::parse_byte_size;
+use crate::subscribe_windows::{Completions, WindowReport};
 
 /// What to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -103,6 +104,11 @@ pub struct KvArgs {
     /// Subscribe to the node's events during the run and count them (events/s in the report).
     #[arg(long)]
     pub subscribe: bool,
+    /// Measure what a subscriber costs the puts inside this run: a subscriber is connected in alternate
+    /// pairs of windows this long (e.g. 250ms) and puts/s are compared between the two kinds of window
+    /// (the report's `windows`; see `subscribe_windows.rs`).
+    #[arg(long, value_name = "DURATION", conflicts_with = "subscribe")]
+    pub subscribe_windows: Option<String>,
     /// Puts link keys into chains of this many: key i names key i - 1 as its parent unless i is a multiple
     /// of it (the shape of prefix chains, so an eviction cascades down the rest of its chain).
     #[arg(long, value_name = "CHAIN_LENGTH")]
@@ -168,6 +174,8 @@ pub struct KvReport {
     /// CPU time of the subscriber's thread per event received (what looking at the stream costs a router;
     /// at the kernel's 10 ms tick resolution, so meaningful over runs of seconds).
     pub subscriber_cpu_ns_per_event: Option<f64>,
+    /// With --subscribe-windows: puts/s with and without a subscriber, windows interleaved.
+    pub windows: Option<WindowReport>,
 }
 
 /// The key of index `index`.
@@ -355,14 +363,28 @@ pub fn run(args: &KvArgs, show_progress: bool) -> anyhow::Result<KvReport> {
         }
     }
     let events = if args.subscribe { Some(connect(args)?.subscribe_events(None)?) } else { None };
+    let window = match &args.subscribe_windows {
+        Some(text) => Some(crate::pool::parse_duration(text)?),
+        None => None,
+    };
     let server_before = server_cpu_ns(&args.metrics);
     let client_before = process_cpu_ns();
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(args.runtime);
     let threads = args.connections;
+    let runtime = Duration::from_secs_f64(args.runtime);
+    let completions = window.map(|_| Completions::new(started, runtime));
     let workers_done = std::sync::atomic::AtomicBool::new(false);
+    let mut elapsed = 0.0;
+    let workers_elapsed = &mut elapsed;
+    let mut windows = None;
+    let windows_report = &mut windows;
     let (results, event_counts) =
         std::thread::scope(|scope| -> anyhow::Result<(Vec<ThreadResult>, (u64, u64, u64))> {
+            let completions = completions.as_ref();
+            let windowed = completions.zip(window).map(|(completions, window)| {
+                scope.spawn(move || crate::subscribe_windows::run(completions, window, runtime, || connect(args)))
+            });
             // The subscriber counts until the run ends (its deadline, or every worker done with `--once`) and
             // the stream has been quiet for 200 ms.
             let workers_done = &workers_done;
@@ -403,8 +425,7 @@ pub fn run(args: &KvArgs, show_progress: bool) -> anyhow::Result<KvReport> {
                             thread,
                             picker_distribution,
                             policy,
-                            started,
-                            deadline,
+                            RunClock { started, deadline, completions },
                             show_progress && thread == 0,
                         )
                     })
@@ -415,13 +436,19 @@ pub fn run(args: &KvArgs, show_progress: bool) -> anyhow::Result<KvReport> {
                 .map(|handle| handle.join().map_err(|_| anyhow::anyhow!("a bench thread panicked"))?)
                 .collect();
             workers_done.store(true, std::sync::atomic::Ordering::Relaxed);
+            // The run ends when its workers do: the subscriber's wait for a quiet stream after that is not
+            // time the puts had (counting it made every observed run look up to 10 % slower at 2 s).
+            *workers_elapsed = started.elapsed().as_secs_f64();
             let counts = match counter {
                 Some(counter) => counter.join().map_err(|_| anyhow::anyhow!("the event counter panicked"))?,
                 None => (0, 0, 0),
             };
+            if let Some(windowed) = windowed {
+                *windows_report =
+                    Some(windowed.join().map_err(|_| anyhow::anyhow!("the windowed subscriber panicked"))??);
+            }
             Ok((results?, counts))
         })?;
-    let elapsed = started.elapsed().as_secs_f64();
     let client_cpu = process_cpu_ns().saturating_sub(client_before);
     let server_after = server_cpu_ns(&args.metrics);
     if show_progress {
@@ -473,7 +500,15 @@ pub fn run(args: &KvArgs, show_progress: bool) -> anyhow::Result<KvReport> {
         events_per_sec: args.subscribe.then(|| event_counts.0 as f64 / args.runtime.min(elapsed).max(1e-9)),
         subscriber_cpu_ns_per_event: (args.subscribe && event_counts.0 > 0)
             .then(|| event_counts.2 as f64 / event_counts.0 as f64),
+        windows,
     })
+}
+
+/// When a worker's run started and must end, and where it counts its completions (`--subscribe-windows`).
+struct RunClock<'a> {
+    started: Instant,
+    deadline: Instant,
+    completions: Option<&'a Completions>,
 }
 
 fn run_thread(
@@ -481,10 +516,10 @@ fn run_thread(
     thread: usize,
     distribution: RandomDistribution,
     policy: Option<WritePolicy>,
-    started: Instant,
-    deadline: Instant,
+    clock: RunClock<'_>,
     show_progress: bool,
 ) -> anyhow::Result<ThreadResult> {
+    let RunClock { started, deadline, completions } = clock;
     let mut client = connect(args)?;
     let values = Values::new(args.seed, args.value_size as usize);
     let mut rng = ChaCha8Rng::seed_from_u64(args.seed ^ (thread as u64).wrapping_mul(0x9e37_79b9));
@@ -643,6 +678,9 @@ fn run_thread(
         }
         result.keys += indices.len() as u64;
         result.calls += 1;
+        if let Some(completions) = completions {
+            completions.add(indices.len() as u64);
+        }
         if show_progress && last_progress.elapsed() >= Duration::from_millis(500) {
             last_progress = Instant::now();
             let seconds = started.elapsed().as_secs_f64();
@@ -691,6 +729,19 @@ pub fn format_report(report: &KvReport) -> String {
     {
         let cpu = report.subscriber_cpu_ns_per_event.map_or("n/a".to_string(), |ns| format!("{ns:.0} ns"));
         out += &format!("  events received {received} ({rate:.0}/s), missed {missed}, subscriber CPU/event {cpu}\n");
+    }
+    if let Some(windows) = &report.windows {
+        out += &format!(
+            "  windows of {:.0} ms, {} of each: keys/s {:.0} unobserved, {:.0} observed = {:.3} x; events received \
+             {}, missed {}\n",
+            windows.window_s * 1e3,
+            windows.windows_each,
+            windows.puts_per_sec_unobserved,
+            windows.puts_per_sec_observed,
+            windows.ratio,
+            windows.events_received,
+            windows.events_missed
+        );
     }
     for sample in &report.error_samples {
         out += &format!("  e.g. {sample}\n");

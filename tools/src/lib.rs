@@ -1,7 +1,7 @@
 //! `strata-tools`: the code behind Strata's binaries, as a library so that integration tests drive it
-//! directly. Today: `strata-bench alloc`, the fio-style block mode (engines uring, ring, nvmf) and
-//! `strata-pool` (`target`, `discover`). The node (`strata-node`) and the bench's KV mode land with their
-//! issues.
+//! directly: `strata-node`'s options (`node`), `strata-bench` (`alloc`, the fio-style block mode with
+//! engines uring, ring and nvmf, `kv` with its windowed subscriber, `stalls`) and `strata-pool` (`target`,
+//! `discover`).
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
@@ -12,3 +12,4 @@ pub mod kv_bench;
 pub mod node;
 pub mod pool;
 pub mod stall_bench;
+pub mod subscribe_windows;

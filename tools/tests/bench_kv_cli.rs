@@ -1,7 +1,7 @@
 //! `strata-bench kv` against a `strata-node` process on loopback: what one run writes, a later run reads
 //! back and verifies by key index and seed; the JSON report carries the fields the node issue names, the
 //! node's CPU time per key read from its metrics, and, with `--subscribe`, every event the puts caused with
-//! the subscriber's own CPU time.
+//! the subscriber's own CPU time; `--subscribe-windows` compares windows with and without a subscriber.
 
 mod common;
 
@@ -132,4 +132,49 @@ fn bench_kv_writes_verifies_and_reports_with_the_nodes_cpu_and_events() {
     assert_eq!(count(&observed, "events_missed"), 0, "{observed}");
     assert!(observed["subscriber_cpu_ns_per_event"].as_f64().is_some_and(|ns| ns >= 0.0), "{observed}");
     assert!(get["events_received"].is_null() && get["subscriber_cpu_ns_per_event"].is_null(), "{get}");
+
+    // Windows: a subscriber connected in alternate pairs of 100 ms windows (off, on, on, off) of a paced run;
+    // both kinds are counted, and the closed half of the run delivers nothing.
+    let windowed = bench_kv(
+        &server,
+        &metrics,
+        &[
+            "--op",
+            "put",
+            "--value-size",
+            "64",
+            "--keys",
+            "3000",
+            "--batch",
+            "16",
+            "--rate",
+            "1000",
+            "--no-preload",
+            "--runtime",
+            "0.8",
+            "--subscribe-windows",
+            "100ms",
+        ],
+        true,
+    );
+    let windows = &windowed["windows"];
+    assert_eq!(windows["windows_each"].as_u64(), Some(4), "{windowed}");
+    for kind in ["unobserved", "observed"] {
+        let rate = windows[format!("puts_per_sec_{kind}")].as_f64().expect("a rate");
+        assert!(rate > 0.0, "{kind}: {windowed}");
+    }
+    let (received, puts) = (count(windows, "events_received"), count(&windowed, "keys_done"));
+    assert!(received > 0 && received < puts * 3 / 4, "events only while subscribed: {received} of {puts} puts");
+    assert_eq!(count(windows, "events_missed"), 0, "{windowed}");
+    assert!(windowed["events_received"].is_null(), "--subscribe's fields stay empty: {windowed}");
+
+    // A run too short for one group of four windows is refused, with the reason.
+    let short = Command::new(env!("CARGO_BIN_EXE_strata-bench"))
+        .args(["kv", "--server", &server, "--metrics", &metrics, "--op", "put", "--no-preload"])
+        .args(["--runtime", "0.2", "--subscribe-windows", "100ms"])
+        .output()
+        .expect("strata-bench runs");
+    assert!(!short.status.success());
+    let stderr = String::from_utf8_lossy(&short.stderr);
+    assert!(stderr.contains("at least four windows"), "{stderr}");
 }
