@@ -18,7 +18,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
-use strata_proto::{Event, RemovalReason, Tier, encode_event_parts};
+use strata_proto::{Event, EventRef, RemovalReason, Tier};
 
 /// The events of one shard.
 pub struct EventLog {
@@ -76,16 +76,12 @@ impl EventLog {
         self.next_sequence
     }
 
-    fn append(&mut self, codes: [u8; 4], size: u32, key: &[u8]) {
-        self.append_with_parent(codes, size, key, &[]);
-    }
-
-    fn append_with_parent(&mut self, codes: [u8; 4], size: u32, key: &[u8], parent: &[u8]) {
+    fn append(&mut self, event: EventRef<'_>) {
         if self.bytes.len() >= self.capacity {
             self.compact();
         }
         self.starts.push_back(self.bytes.len());
-        encode_event_parts(&mut self.bytes, codes, size, key, parent, self.next_sequence);
+        event.encode_into(self.next_sequence, &mut self.bytes);
         self.next_sequence += 1;
         // Usually empty: a subscriber waits only when it has sent everything, so the first event after
         // that wakes it and the rest of a gather interval's events find no one to wake.
@@ -116,21 +112,21 @@ impl EventLog {
     /// A block was stored in `tier`.
     pub fn stored(&mut self, key: &[u8], parent: Option<&[u8]>, size: u32, tier: Tier) {
         if self.observed() {
-            self.append_with_parent([1, Tier::None as u8, tier as u8, 0], size, key, parent.unwrap_or(&[]));
+            self.append(EventRef::BlockStored { key, parent, size, tier });
         }
     }
 
     /// A block left the node.
     pub fn removed(&mut self, key: &[u8], reason: RemovalReason) {
         if self.observed() {
-            self.append([2, 0, 0, reason as u8], 0, key);
+            self.append(EventRef::BlockRemoved { key, reason });
         }
     }
 
     /// A block's fastest tier changed.
     pub fn tier_changed(&mut self, key: &[u8], from: Tier, to: Tier) {
         if self.observed() {
-            self.append([3, from as u8, to as u8, 0], 0, key);
+            self.append(EventRef::TierChanged { key, from, to });
         }
     }
 
@@ -138,7 +134,7 @@ impl EventLog {
     /// must resync.
     pub fn lost(&mut self, count: u32) {
         if self.observed() && count > 0 {
-            self.append([4, 0, 0, 0], count, &[]);
+            self.append(EventRef::Lagged { missed: count });
         }
     }
 
@@ -179,19 +175,21 @@ impl EventLog {
             let index = (cursor - self.first_sequence) as usize;
             let start = self.starts[index];
             let end = self.starts.get(index + 1).copied().unwrap_or(self.bytes.len());
-            let event = &self.bytes[start..end];
-            let key_len = usize::from(u16::from_le_bytes([event[8], event[9]]));
-            let key = &event[strata_proto::EVENT_HEADER_BYTES..strata_proto::EVENT_HEADER_BYTES + key_len];
-            let parent = &event[strata_proto::EVENT_HEADER_BYTES + key_len..];
-            // LAGGED (kind 4) has no key and goes to every subscriber.
-            if event[0] == 4 || prefix.is_none_or(|prefix| key.starts_with(prefix)) {
-                if strip == 0 || event[0] == 4 {
-                    out.extend_from_slice(event);
+            let bytes = &self.bytes[start..end];
+            // The log holds only what `append` encoded, so this decodes; were it not to, the event is
+            // skipped rather than sent.
+            let Ok((event, _, _)) = EventRef::decode(bytes) else {
+                debug_assert!(false, "the event log holds an event it cannot decode");
+                cursor += 1;
+                continue;
+            };
+            // LAGGED has no key and goes to every subscriber.
+            let key = event.key();
+            if key.is_none_or(|key| prefix.is_none_or(|prefix| key.starts_with(prefix))) {
+                if strip == 0 || key.is_none() {
+                    out.extend_from_slice(bytes);
                 } else {
-                    let size = u32::from_le_bytes([event[4], event[5], event[6], event[7]]);
-                    let codes = [event[0], event[1], event[2], event[3]];
-                    let (key, parent) = (&key[strip.min(key.len())..], &parent[strip.min(parent.len())..]);
-                    encode_event_parts(out, codes, size, key, parent, cursor);
+                    event.stripped(strip).encode_into(cursor, out);
                 }
                 count += 1;
             }

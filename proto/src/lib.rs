@@ -18,7 +18,7 @@ mod frame;
 mod hash;
 mod items;
 
-pub use events::{EVENT_HEADER_BYTES, Event, EventRef, RemovalReason, Tier, encode_parts as encode_event_parts};
+pub use events::{Event, EventRef, MIN_EVENT_BYTES, RemovalReason, Tier};
 pub use frame::{
     FRAME_HEADER_BYTES, FrameHeader, MAGIC, Opcode, PROTOCOL_VERSION, ProtoError, RequestFrame, RequestItem, Status,
     decode_request_frame,
