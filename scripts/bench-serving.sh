@@ -160,18 +160,26 @@ start_node --dram 4GiB
 # on, on, off, ...) and puts/s compared between the two kinds of window. Separate runs seconds apart differ
 # by up to a third on this shared machine (the node's cost per put drifts with its neighbours' memory
 # traffic), which hides a few per cent; windows alternate faster than that drift.
-ratios=() cpu=()
+ratios=() cpu=() cpu_off=() cpu_on=()
 for _ in $(seq "$REPS"); do
   json=$(taskset -c 0 "$BENCH" kv --server "127.0.0.1:$PORT" --metrics "$METRICS" --output-format=json --op put \
     --value-size 64 --keys 200000 --batch 128 --connections 2 --no-preload --runtime "$WINDOWED_RUNTIME" \
-    --subscribe-windows 250ms); check "$json"
+    --subscribe-windows 250ms --node-pid "$node_pid"); check "$json"
   ratios+=("$(echo "$json" | field "['windows']['ratio']")")
   cpu+=("$(echo "$json" | field "['server_cpu_ns_per_op']")")
+  cpu_off+=("$(echo "$json" | field "['windows']['node_cpu_ns_per_op_unobserved']")")
+  cpu_on+=("$(echo "$json" | field "['windows']['node_cpu_ns_per_op_observed']")")
   [ "$(echo "$json" | field "['windows']['events_missed']")" = 0 ] || { echo "$json" >&2; echo "events missed" >&2; exit 1; }
 done
 printf '%-52s %10.3f x puts/s (target >= 0.95; runs: %s); node %.0f ns/put over the runs\n' \
   "  observed / unobserved windows, one run" "$(printf '%s\n' "${ratios[@]}" | median)" \
   "$(printf '%.3f ' "${ratios[@]}")" "$(printf '%s\n' "${cpu[@]}" | median)"
+# The node's own CPU time per put in each kind of window (its threads' schedstat, stolen time excluded):
+# what an observed put costs the node, apart from what the subscriber costs the client's core.
+off=$(printf '%s\n' "${cpu_off[@]}" | median); on=$(printf '%s\n' "${cpu_on[@]}" | median)
+printf '%-52s %10.0f / %.0f ns = %.3f x (runs: %s)\n' "  node CPU per put, observed / unobserved windows" \
+  "$on" "$off" "$(echo "$on $off" | awk '{print $1/$2}')" \
+  "$(for i in "${!cpu_on[@]}"; do echo "${cpu_on[$i]} ${cpu_off[$i]}"; done | awk '{printf "%.3f ", $1/$2}')"
 # The events/s (and, for the record, the drift-prone ratio of whole runs): separate runs with and without a
 # subscriber throughout, alternating.
 put_pair "puts, no subscriber" "puts, one subscriber" \

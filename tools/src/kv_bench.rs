@@ -109,6 +109,10 @@ pub struct KvArgs {
     /// (the report's `windows`; see `subscribe_windows.rs`).
     #[arg(long, value_name = "DURATION", conflicts_with = "subscribe")]
     pub subscribe_windows: Option<String>,
+    /// The node's process id, when it runs on this machine: --subscribe-windows then also reports its CPU
+    /// time per key in each kind of window (from its threads' /proc schedstat).
+    #[arg(long, value_name = "PID", requires = "subscribe_windows")]
+    pub node_pid: Option<u32>,
     /// Puts link keys into chains of this many: key i names key i - 1 as its parent unless i is a multiple
     /// of it (the shape of prefix chains, so an eviction cascades down the rest of its chain).
     #[arg(long, value_name = "CHAIN_LENGTH")]
@@ -383,7 +387,9 @@ pub fn run(args: &KvArgs, show_progress: bool) -> anyhow::Result<KvReport> {
         std::thread::scope(|scope| -> anyhow::Result<(Vec<ThreadResult>, (u64, u64, u64))> {
             let completions = completions.as_ref();
             let windowed = completions.zip(window).map(|(completions, window)| {
-                scope.spawn(move || crate::subscribe_windows::run(completions, window, runtime, || connect(args)))
+                scope.spawn(move || {
+                    crate::subscribe_windows::run(completions, window, runtime, || connect(args), args.node_pid)
+                })
             });
             // The subscriber counts until the run ends (its deadline, or every worker done with `--once`) and
             // the stream has been quiet for 200 ms.
@@ -731,6 +737,12 @@ pub fn format_report(report: &KvReport) -> String {
         out += &format!("  events received {received} ({rate:.0}/s), missed {missed}, subscriber CPU/event {cpu}\n");
     }
     if let Some(windows) = &report.windows {
+        if let (Some(unobserved), Some(observed)) =
+            (windows.node_cpu_ns_per_op_unobserved, windows.node_cpu_ns_per_op_observed)
+        {
+            out +=
+                &format!("  node CPU/key in the windows: {unobserved:.0} ns unobserved, {observed:.0} ns observed\n");
+        }
         out += &format!(
             "  windows of {:.0} ms, {} of each: keys/s {:.0} unobserved, {:.0} observed = {:.3} x; events received \
              {}, missed {}\n",

@@ -6,7 +6,9 @@
 //! seconds apart; windows a fraction of a second long alternate faster than that drift, and the
 //! off-on-on-off order cancels a steady trend as well (both kinds of window have the same mean time).
 //! The first part of each window (`settle`) is left out: the node stops recording events only once it
-//! notices a closed subscriber, at its next frame.
+//! notices a closed subscriber, at its next frame. Given the node's pid (a node on this machine), the node's
+//! own CPU time per put is counted per kind of window too, which tells the node's cost of an observed put
+//! from what the subscriber costs the client's core.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -67,6 +69,11 @@ pub struct WindowReport {
     pub puts_per_sec_observed: f64,
     /// Observed over unobserved.
     pub ratio: f64,
+    /// With `--node-pid`: the node's CPU time per key without a subscriber, from its threads'
+    /// `/proc/PID/task/*/schedstat` (nanoseconds on a CPU, stolen time excluded) at each window's ends.
+    pub node_cpu_ns_per_op_unobserved: Option<f64>,
+    /// And with one.
+    pub node_cpu_ns_per_op_observed: Option<f64>,
     /// Events received. Not a rate: what was in flight each time the subscriber closed is not received
     /// (the events row takes its events/s from a run subscribed throughout).
     pub events_received: u64,
@@ -79,28 +86,43 @@ fn observed(index: usize) -> bool {
     matches!(index % 4, 1 | 2)
 }
 
-#[derive(Default)]
 struct Totals {
     keys: u64,
     seconds: f64,
+    /// The node's CPU time over the counted parts; `None` without a pid or once a reading failed.
+    node_ns: Option<u64>,
+}
+
+/// The CPU time of every thread of process `pid` so far, in nanoseconds (the first field of each thread's
+/// `schedstat`, kept by the scheduler to the nanosecond; the process-wide tick counts of `/proc/PID/stat`,
+/// read through the node's metrics, were too coarse for windows: half the `/proc` total over one run).
+pub fn process_cpu_ns(pid: u32) -> Option<u64> {
+    let mut total = 0u64;
+    for thread in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+        // A thread that exits during the scan takes its time with it; the rest still count.
+        let Ok(stat) = std::fs::read_to_string(thread.path().join("schedstat")) else { continue };
+        total += stat.split_whitespace().next().and_then(|field| field.parse::<u64>().ok()).unwrap_or(0);
+    }
+    Some(total)
 }
 
 /// Runs the windows from `completions`' start until the last whole group of four ends within
-/// `runtime`, subscribing with `connect()`'s client. No CPU time per window: the node's process CPU time,
-/// read from its metrics at each window's ends, came to half of what `/proc` counted over the whole run
-/// (1,320 against 2,500 ns per key), so the report keeps only the whole run's.
+/// `runtime`, subscribing with `connect()`'s client; with `node_pid`, also the node's CPU time per window.
 pub fn run(
     completions: &Completions,
     window: Duration,
     runtime: Duration,
     connect: impl Fn() -> anyhow::Result<Client>,
+    node_pid: Option<u32>,
 ) -> anyhow::Result<WindowReport> {
     let groups = (runtime.as_secs_f64() / window.as_secs_f64() / 4.0).floor() as usize;
     if groups == 0 {
         anyhow::bail!("--subscribe-windows needs a --runtime of at least four windows");
     }
     let settle = (window / 5).min(Duration::from_millis(50));
-    let mut totals = [Totals::default(), Totals::default()];
+    let node_cpu = || node_pid.and_then(process_cpu_ns);
+    let start_totals = || Totals { keys: 0, seconds: 0.0, node_ns: node_pid.map(|_| 0) };
+    let mut totals = [start_totals(), start_totals()];
     let mut events = EventCount::default();
     let mut stream = None;
     // Bounded by count: four windows per group.
@@ -114,16 +136,23 @@ pub fn run(
             stream = None;
         }
         events.wait(stream.as_ref(), completions.started + start + settle)?;
+        let cpu_before = node_cpu();
         let end = completions.started + start + window;
         events.wait(stream.as_ref(), end)?;
+        let cpu_after = node_cpu();
         // Every completion up to the window's end has been counted once this bucket closes.
         events.wait(stream.as_ref(), end + BUCKET)?;
         let total = &mut totals[kind];
         total.keys += completions.between(start + settle, start + window);
         total.seconds += (window - settle).as_secs_f64();
+        total.node_ns = match (total.node_ns, cpu_before, cpu_after) {
+            (Some(sum), Some(before), Some(after)) => Some(sum + after.saturating_sub(before)),
+            _ => None,
+        };
     }
     let [unobserved, observed_totals] = totals;
     let rate = |totals: &Totals| totals.keys as f64 / totals.seconds.max(1e-9);
+    let cpu = |totals: &Totals| totals.node_ns.filter(|_| totals.keys > 0).map(|ns| ns as f64 / totals.keys as f64);
     Ok(WindowReport {
         window_s: window.as_secs_f64(),
         settle_s: settle.as_secs_f64(),
@@ -131,6 +160,8 @@ pub fn run(
         puts_per_sec_unobserved: rate(&unobserved),
         puts_per_sec_observed: rate(&observed_totals),
         ratio: rate(&observed_totals) / rate(&unobserved).max(1e-9),
+        node_cpu_ns_per_op_unobserved: cpu(&unobserved),
+        node_cpu_ns_per_op_observed: cpu(&observed_totals),
         events_received: events.received,
         events_missed: events.missed,
     })
@@ -186,6 +217,19 @@ mod tests {
             times.iter().sum::<usize>() as f64 / times.len() as f64
         };
         assert_eq!(mean(true), mean(false));
+    }
+
+    #[test]
+    fn a_process_cpu_time_is_read_from_its_threads_and_a_missing_process_has_none() {
+        let before = process_cpu_ns(std::process::id()).expect("this process");
+        let spin = Instant::now();
+        // Bounded by time: 20 ms of work for the scheduler to count.
+        while spin.elapsed() < Duration::from_millis(20) {
+            std::hint::black_box(spin.elapsed());
+        }
+        let after = process_cpu_ns(std::process::id()).expect("this process");
+        assert!(after >= before + 10_000_000, "{before} -> {after} ns after 20 ms on a CPU");
+        assert_eq!(process_cpu_ns(u32::MAX), None);
     }
 
     #[test]

@@ -47,6 +47,7 @@ fn bench_kv_writes_verifies_and_reports_with_the_nodes_cpu_and_events() {
             "127.0.0.1:0",
         )
     });
+    let node_pid = node.id().to_string();
     let _node = common::NodeProcess(node);
     let server = address_after(&summary, "listening on ");
     let metrics = address_after(&summary, "metrics: http://");
@@ -154,6 +155,8 @@ fn bench_kv_writes_verifies_and_reports_with_the_nodes_cpu_and_events() {
             "0.8",
             "--subscribe-windows",
             "100ms",
+            "--node-pid",
+            &node_pid,
         ],
         true,
     );
@@ -162,6 +165,8 @@ fn bench_kv_writes_verifies_and_reports_with_the_nodes_cpu_and_events() {
     for kind in ["unobserved", "observed"] {
         let rate = windows[format!("puts_per_sec_{kind}")].as_f64().expect("a rate");
         assert!(rate > 0.0, "{kind}: {windowed}");
+        let node_ns = windows[format!("node_cpu_ns_per_op_{kind}")].as_f64();
+        assert!(node_ns.is_some_and(|ns| ns > 0.0), "the node's CPU per put, {kind}: {windowed}");
     }
     let (received, puts) = (count(windows, "events_received"), count(&windowed, "keys_done"));
     assert!(received > 0 && received < puts * 3 / 4, "events only while subscribed: {received} of {puts} puts");
