@@ -1,9 +1,8 @@
 //! `strata-bench kv --subscribe-windows W`: what an event subscriber costs the puts, measured inside one
 //! run. The run is cut into windows of `W`; a subscriber is connected during windows 1-2, 5-6, 9-10, ...
 //! (the pattern off, on, on, off) and closed during the others, and the puts completed in each window are
-//! counted. On this shared machine the node's cost per put drifts by a third within a minute (neighbours'
-//! use of the memory the index misses into), which swamped the few per cent that separate two runs
-//! seconds apart; windows a fraction of a second long alternate faster than that drift, and the
+//! counted. On this shared machine the node's cost per put drifts by a third within a minute (the host's
+//! other tenants), which swamped the few per cent that separate two runs seconds apart; windows a fraction of a second long alternate faster than that drift, and the
 //! off-on-on-off order cancels a steady trend as well (both kinds of window have the same mean time).
 //! The first part of each window (`settle`) is left out: the node stops recording events only once it
 //! notices a closed subscriber, at its next frame. Given the node's pid (a node on this machine), the node's

@@ -136,30 +136,11 @@ fn bench_kv_writes_verifies_and_reports_with_the_nodes_cpu_and_events() {
 
     // Windows: a subscriber connected in alternate pairs of 100 ms windows (off, on, on, off) of a paced run;
     // both kinds are counted, and the closed half of the run delivers nothing.
-    let windowed = bench_kv(
-        &server,
-        &metrics,
-        &[
-            "--op",
-            "put",
-            "--value-size",
-            "64",
-            "--keys",
-            "3000",
-            "--batch",
-            "16",
-            "--rate",
-            "1000",
-            "--no-preload",
-            "--runtime",
-            "0.8",
-            "--subscribe-windows",
-            "100ms",
-            "--node-pid",
-            &node_pid,
-        ],
-        true,
+    let flags = format!(
+        "--op put --value-size 64 --keys 3000 --batch 16 --rate 1000 --no-preload --runtime 0.8 \
+         --subscribe-windows 100ms --node-pid {node_pid}"
     );
+    let windowed = bench_kv(&server, &metrics, &flags.split_whitespace().collect::<Vec<_>>(), true);
     let windows = &windowed["windows"];
     assert_eq!(windows["windows_each"].as_u64(), Some(4), "{windowed}");
     for kind in ["unobserved", "observed"] {
