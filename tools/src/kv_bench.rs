@@ -374,87 +374,83 @@ pub fn run(args: &KvArgs, show_progress: bool) -> anyhow::Result<KvReport> {
     let server_before = server_cpu_ns(&args.metrics);
     let client_before = process_cpu_ns();
     let started = Instant::now();
-    let deadline = started + Duration::from_secs_f64(args.runtime);
-    let threads = args.connections;
     let runtime = Duration::from_secs_f64(args.runtime);
+    let deadline = started + runtime;
+    let threads = args.connections;
     let completions = window.map(|_| Completions::new(started, runtime));
     let workers_done = std::sync::atomic::AtomicBool::new(false);
-    let mut elapsed = 0.0;
-    let workers_elapsed = &mut elapsed;
-    let mut windows = None;
-    let windows_report = &mut windows;
-    let (results, event_counts) =
-        std::thread::scope(|scope| -> anyhow::Result<(Vec<ThreadResult>, (u64, u64, u64))> {
-            let completions = completions.as_ref();
-            let windowed = completions.zip(window).map(|(completions, window)| {
-                scope.spawn(move || {
-                    crate::subscribe_windows::run(completions, window, runtime, || connect(args), args.node_pid)
-                })
-            });
-            // The subscriber counts until the run ends (its deadline, or every worker done with `--once`) and
-            // the stream has been quiet for 200 ms.
-            let workers_done = &workers_done;
-            let counter = events.map(|events| {
-                scope.spawn(move || {
-                    let cpu_before = strata_engine::metrics::thread_cpu_ns();
-                    let (mut received, mut missed) = (0u64, 0u64);
-                    let mut quiet_since: Option<Instant> = None;
-                    while quiet_since.is_none_or(|since| since.elapsed() < Duration::from_millis(200)) {
-                        // Batches, keys borrowed: a router's cost of looking at each event, not of copying it.
-                        match events.next_batch_timeout(Duration::from_millis(20)) {
-                            Some(Ok(batch)) => {
-                                quiet_since = None;
-                                for (_sequence, event) in batch.iter() {
-                                    match event {
-                                        strata_client::EventRef::Lagged { missed: count } => missed += u64::from(count),
-                                        _ => received += 1,
-                                    }
+    type Outcome = (Vec<ThreadResult>, f64, (u64, u64, u64), Option<WindowReport>);
+    let (results, elapsed, event_counts, windows) = std::thread::scope(|scope| -> anyhow::Result<Outcome> {
+        let completions = completions.as_ref();
+        let windowed = completions.zip(window).map(|(completions, window)| {
+            scope.spawn(move || {
+                crate::subscribe_windows::run(completions, window, runtime, || connect(args), args.node_pid)
+            })
+        });
+        // The subscriber counts until the run ends (its deadline, or every worker done with `--once`) and
+        // the stream has been quiet for 200 ms.
+        let workers_done = &workers_done;
+        let counter = events.map(|events| {
+            scope.spawn(move || {
+                let cpu_before = strata_engine::metrics::thread_cpu_ns();
+                let (mut received, mut missed) = (0u64, 0u64);
+                let mut quiet_since: Option<Instant> = None;
+                while quiet_since.is_none_or(|since| since.elapsed() < Duration::from_millis(200)) {
+                    // Batches, keys borrowed: a router's cost of looking at each event, not of copying it.
+                    match events.next_batch_timeout(Duration::from_millis(20)) {
+                        Some(Ok(batch)) => {
+                            quiet_since = None;
+                            for (_sequence, event) in batch.iter() {
+                                match event {
+                                    strata_client::EventRef::Lagged { missed: count } => missed += u64::from(count),
+                                    _ => received += 1,
                                 }
                             }
-                            Some(Err(_)) => break,
-                            None if Instant::now() >= deadline
-                                || workers_done.load(std::sync::atomic::Ordering::Relaxed) =>
-                            {
-                                quiet_since.get_or_insert_with(Instant::now);
-                            }
-                            None => {}
                         }
+                        Some(Err(_)) => break,
+                        None if Instant::now() >= deadline
+                            || workers_done.load(std::sync::atomic::Ordering::Relaxed) =>
+                        {
+                            quiet_since.get_or_insert_with(Instant::now);
+                        }
+                        None => {}
                     }
-                    (received, missed, strata_engine::metrics::thread_cpu_ns().saturating_sub(cpu_before))
+                }
+                (received, missed, strata_engine::metrics::thread_cpu_ns().saturating_sub(cpu_before))
+            })
+        });
+        let handles: Vec<_> = (0..threads)
+            .map(|thread| {
+                scope.spawn(move || {
+                    run_thread(
+                        args,
+                        thread,
+                        picker_distribution,
+                        policy,
+                        RunClock { started, deadline, completions },
+                        show_progress && thread == 0,
+                    )
                 })
-            });
-            let handles: Vec<_> = (0..threads)
-                .map(|thread| {
-                    scope.spawn(move || {
-                        run_thread(
-                            args,
-                            thread,
-                            picker_distribution,
-                            policy,
-                            RunClock { started, deadline, completions },
-                            show_progress && thread == 0,
-                        )
-                    })
-                })
-                .collect();
-            let results: anyhow::Result<Vec<ThreadResult>> = handles
-                .into_iter()
-                .map(|handle| handle.join().map_err(|_| anyhow::anyhow!("a bench thread panicked"))?)
-                .collect();
-            workers_done.store(true, std::sync::atomic::Ordering::Relaxed);
-            // The run ends when its workers do: the subscriber's wait for a quiet stream after that is not
-            // time the puts had (counting it made every observed run look up to 10 % slower at 2 s).
-            *workers_elapsed = started.elapsed().as_secs_f64();
-            let counts = match counter {
-                Some(counter) => counter.join().map_err(|_| anyhow::anyhow!("the event counter panicked"))?,
-                None => (0, 0, 0),
-            };
-            if let Some(windowed) = windowed {
-                *windows_report =
-                    Some(windowed.join().map_err(|_| anyhow::anyhow!("the windowed subscriber panicked"))??);
-            }
-            Ok((results?, counts))
-        })?;
+            })
+            .collect();
+        let results: anyhow::Result<Vec<ThreadResult>> = handles
+            .into_iter()
+            .map(|handle| handle.join().map_err(|_| anyhow::anyhow!("a bench thread panicked"))?)
+            .collect();
+        workers_done.store(true, std::sync::atomic::Ordering::Relaxed);
+        // The run ends when its workers do: the subscriber's wait for a quiet stream after that is not
+        // time the puts had (counting it made every observed run look up to 10 % slower at 2 s).
+        let elapsed = started.elapsed().as_secs_f64();
+        let counts = match counter {
+            Some(counter) => counter.join().map_err(|_| anyhow::anyhow!("the event counter panicked"))?,
+            None => (0, 0, 0),
+        };
+        let windows = match windowed {
+            Some(windowed) => Some(windowed.join().map_err(|_| anyhow::anyhow!("the windowed subscriber panicked"))??),
+            None => None,
+        };
+        Ok((results?, elapsed, counts, windows))
+    })?;
     let client_cpu = process_cpu_ns().saturating_sub(client_before);
     let server_after = server_cpu_ns(&args.metrics);
     if show_progress {

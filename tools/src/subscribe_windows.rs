@@ -95,7 +95,7 @@ struct Totals {
 /// The CPU time of every thread of process `pid` so far, in nanoseconds (the first field of each thread's
 /// `schedstat`, kept by the scheduler to the nanosecond; the process-wide tick counts of `/proc/PID/stat`,
 /// read through the node's metrics, were too coarse for windows: half the `/proc` total over one run).
-pub fn process_cpu_ns(pid: u32) -> Option<u64> {
+pub fn threads_cpu_ns(pid: u32) -> Option<u64> {
     let mut total = 0u64;
     for thread in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
         // A thread that exits during the scan takes its time with it; the rest still count.
@@ -119,7 +119,7 @@ pub fn run(
         anyhow::bail!("--subscribe-windows needs a --runtime of at least four windows");
     }
     let settle = (window / 5).min(Duration::from_millis(50));
-    let node_cpu = || node_pid.and_then(process_cpu_ns);
+    let node_cpu = || node_pid.and_then(threads_cpu_ns);
     let start_totals = || Totals { keys: 0, seconds: 0.0, node_ns: node_pid.map(|_| 0) };
     let mut totals = [start_totals(), start_totals()];
     let mut events = EventCount::default();
@@ -220,15 +220,15 @@ mod tests {
 
     #[test]
     fn a_process_cpu_time_is_read_from_its_threads_and_a_missing_process_has_none() {
-        let before = process_cpu_ns(std::process::id()).expect("this process");
+        let before = threads_cpu_ns(std::process::id()).expect("this process");
         let spin = Instant::now();
         // Bounded by time: 20 ms of work for the scheduler to count.
         while spin.elapsed() < Duration::from_millis(20) {
             std::hint::black_box(spin.elapsed());
         }
-        let after = process_cpu_ns(std::process::id()).expect("this process");
+        let after = threads_cpu_ns(std::process::id()).expect("this process");
         assert!(after >= before + 10_000_000, "{before} -> {after} ns after 20 ms on a CPU");
-        assert_eq!(process_cpu_ns(u32::MAX), None);
+        assert_eq!(threads_cpu_ns(u32::MAX), None);
     }
 
     #[test]
