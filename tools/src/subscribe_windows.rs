@@ -220,14 +220,21 @@ mod tests {
 
     #[test]
     fn a_process_cpu_time_is_read_from_its_threads_and_a_missing_process_has_none() {
-        let before = threads_cpu_ns(std::process::id()).expect("this process");
-        let spin = Instant::now();
-        // Bounded by time: 20 ms of work for the scheduler to count.
-        while spin.elapsed() < Duration::from_millis(20) {
-            std::hint::black_box(spin.elapsed());
+        // A child that spins, so no other test's threads come and go in the process measured (this test
+        // process's own total drops whenever a finished test's thread exits).
+        let mut child = std::process::Command::new("sh").args(["-c", "while :; do :; done"]).spawn().expect("sh");
+        let pid = child.id();
+        let first = threads_cpu_ns(pid).expect("the child");
+        let waited = Instant::now();
+        let mut last = first;
+        // Bounded by time: 10 s for 10 ms of the child's CPU to be counted, even on a loaded machine.
+        while last < first + 10_000_000 && waited.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(5));
+            last = threads_cpu_ns(pid).expect("the child");
         }
-        let after = threads_cpu_ns(std::process::id()).expect("this process");
-        assert!(after >= before + 10_000_000, "{before} -> {after} ns after 20 ms on a CPU");
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(last >= first + 10_000_000, "{first} -> {last} ns over {:?} of a spinning child", waited.elapsed());
         assert_eq!(threads_cpu_ns(u32::MAX), None);
     }
 
