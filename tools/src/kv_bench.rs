@@ -741,14 +741,15 @@ pub fn format_report(report: &KvReport) -> String {
         }
         out += &format!(
             "  windows of {:.0} ms, {} of each: keys/s {:.0} unobserved, {:.0} observed = {:.3} x; events received \
-             {}, missed {}\n",
+             {}, missed {}; window 0 began at {:.6} s (Unix time)\n",
             windows.window_s * 1e3,
             windows.windows_each,
             windows.puts_per_sec_unobserved,
             windows.puts_per_sec_observed,
             windows.ratio,
             windows.events_received,
-            windows.events_missed
+            windows.events_missed,
+            windows.started_unix_s
         );
     }
     for sample in &report.error_samples {

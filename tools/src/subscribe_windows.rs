@@ -78,6 +78,10 @@ pub struct WindowReport {
     pub events_received: u64,
     /// Events the subscriber was told it missed.
     pub events_missed: u64,
+    /// When window 0 began, in seconds since the Unix epoch (`CLOCK_REALTIME`): the clock `perf record -k
+    /// CLOCK_REALTIME` stamps samples with, so `scripts/perf-windows.py` can split a profile of the node by
+    /// kind of window.
+    pub started_unix_s: f64,
 }
 
 /// Whether window `index` has a subscriber: off, on, on, off, repeated.
@@ -163,6 +167,7 @@ pub fn run(
         node_cpu_ns_per_op_observed: cpu(&observed_totals),
         events_received: events.received,
         events_missed: events.missed,
+        started_unix_s: started_unix_s(completions.started),
     })
 }
 
@@ -194,6 +199,12 @@ impl EventCount {
         }
         Ok(())
     }
+}
+
+/// `instant` (in the past) in seconds since the Unix epoch.
+fn started_unix_s(instant: Instant) -> f64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    now.as_secs_f64() - instant.elapsed().as_secs_f64()
 }
 
 fn sleep_until(when: Instant) {

@@ -140,8 +140,14 @@ fn bench_kv_writes_verifies_and_reports_with_the_nodes_cpu_and_events() {
         "--op put --value-size 64 --keys 3000 --batch 16 --rate 1000 --no-preload --runtime 0.8 \
          --subscribe-windows 100ms --node-pid {node_pid}"
     );
+    let unix_now =
+        || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970").as_secs_f64();
+    let before = unix_now();
     let windowed = bench_kv(&server, &metrics, &flags.split_whitespace().collect::<Vec<_>>(), true);
     let windows = &windowed["windows"];
+    // Window 0's start, for splitting a `perf record -k CLOCK_REALTIME` profile: within this call.
+    let started = windows["started_unix_s"].as_f64().expect("a start time");
+    assert!(started >= before && started <= unix_now() - 0.8, "window 0 began at {started}, the call at {before}");
     assert_eq!(windows["windows_each"].as_u64(), Some(4), "{windowed}");
     for kind in ["unobserved", "observed"] {
         let rate = windows[format!("puts_per_sec_{kind}")].as_f64().expect("a rate");
