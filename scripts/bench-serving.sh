@@ -38,9 +38,9 @@ stop_node() {
   node_pid=
 }
 trap 'stop_node; pkill -f "iperf3 -s -p 5298" 2>/dev/null || true' EXIT
-start_node() { # extra flags...
+start_node() { # extra flags... (NODE_CPUS: the CPUs the node may use; its one shard is on CPU 1)
   stop_node
-  taskset -c 1 target/release/strata-node --listen "127.0.0.1:$PORT" --cores 1 --cpus 1 --metrics "$METRICS" \
+  taskset -c "${NODE_CPUS:-1}" target/release/strata-node --listen "127.0.0.1:$PORT" --cores 1 --cpus 1 --metrics "$METRICS" \
     --dram-only "$@" > "$DIR/node.log" 2>&1 &
   node_pid=$!
   for _ in $(seq 600); do grep -q ready "$DIR/node.log" 2>/dev/null && return; sleep 0.1; done
@@ -154,32 +154,48 @@ if wants events; then
 echo "== puts of 64 B values in batches of 128 on two connections, with and without an event subscriber (alternating)"
 # The node sleeps when idle here (no --busy-poll), so its CPU time per put is what a put costs it; two put
 # connections keep it near saturation (one waits on its replies and leaves it a quarter idle). The
-# subscriber's reader thread shares CPU 0 with the put clients (two cores: nowhere else to put it).
-start_node --dram 4GiB
+# subscriber's reader thread shares CPU 0 with the put clients (two cores: nowhere else to put it). The node
+# may use CPU 0 too, for its event sender thread (the shard stays on CPU 1); each run is paired with one of a
+# node that writes the frames on the shard's core (--event-cpus inline), the way it runs with no spare CPU.
 # The slowdown, measured inside each run: a subscriber connected in alternate pairs of 250 ms windows (off,
 # on, on, off, ...) and puts/s compared between the two kinds of window. Separate runs seconds apart differ
 # by up to a third on this shared machine (the node's cost per put drifts with its neighbours' memory
 # traffic), which hides a few per cent; windows alternate faster than that drift.
-ratios=() cpu=() cpu_off=() cpu_on=()
-for _ in $(seq "$REPS"); do
+windowed() { # array name prefix, node flags...
+  local -n ratios_=$1_ratios cpu_=$1_cpu off_=$1_off on_=$1_on
+  shift
+  NODE_CPUS=0,1 start_node --dram 4GiB "$@"
   json=$(taskset -c 0 "$BENCH" kv --server "127.0.0.1:$PORT" --metrics "$METRICS" --output-format=json --op put \
     --value-size 64 --keys 200000 --batch 128 --connections 2 --no-preload --runtime "$WINDOWED_RUNTIME" \
     --subscribe-windows 250ms --node-pid "$node_pid"); check "$json"
-  ratios+=("$(echo "$json" | field "['windows']['ratio']")")
-  cpu+=("$(echo "$json" | field "['server_cpu_ns_per_op']")")
-  cpu_off+=("$(echo "$json" | field "['windows']['node_cpu_ns_per_op_unobserved']")")
-  cpu_on+=("$(echo "$json" | field "['windows']['node_cpu_ns_per_op_observed']")")
+  ratios_+=("$(echo "$json" | field "['windows']['ratio']")")
+  cpu_+=("$(echo "$json" | field "['server_cpu_ns_per_op']")")
+  off_+=("$(echo "$json" | field "['windows']['node_cpu_ns_per_op_unobserved']")")
+  on_+=("$(echo "$json" | field "['windows']['node_cpu_ns_per_op_observed']")")
   [ "$(echo "$json" | field "['windows']['events_missed']")" = 0 ] || { echo "$json" >&2; echo "events missed" >&2; exit 1; }
+}
+# The node's own CPU time per put in each kind of window (all its threads' schedstat, the sender thread's
+# included, stolen time excluded): what an observed put costs the node, apart from what the subscriber
+# costs the client's core.
+report_windows() { # array name prefix, label
+  local -n ratios_=$1_ratios cpu_=$1_cpu off_=$1_off on_=$1_on
+  printf '%-52s %10.3f x puts/s (target >= 0.95; runs: %s); node %.0f ns/put over the runs\n' \
+    "  $2" "$(printf '%s\n' "${ratios_[@]}" | median)" \
+    "$(printf '%.3f ' "${ratios_[@]}")" "$(printf '%s\n' "${cpu_[@]}" | median)"
+  off=$(printf '%s\n' "${off_[@]}" | median); on=$(printf '%s\n' "${on_[@]}" | median)
+  printf '%-52s %10.0f / %.0f ns = %.3f x (runs: %s)\n' "    node CPU per put, observed / unobserved windows" \
+    "$on" "$off" "$(echo "$on $off" | awk '{print $1/$2}')" \
+    "$(for i in "${!on_[@]}"; do echo "${on_[$i]} ${off_[$i]}"; done | awk '{printf "%.3f ", $1/$2}')"
+}
+thread_ratios=() thread_cpu=() thread_off=() thread_on=()
+inline_ratios=() inline_cpu=() inline_off=() inline_on=()
+for _ in $(seq "$REPS"); do
+  windowed thread
+  windowed inline --event-cpus inline
 done
-printf '%-52s %10.3f x puts/s (target >= 0.95; runs: %s); node %.0f ns/put over the runs\n' \
-  "  observed / unobserved windows, one run" "$(printf '%s\n' "${ratios[@]}" | median)" \
-  "$(printf '%.3f ' "${ratios[@]}")" "$(printf '%s\n' "${cpu[@]}" | median)"
-# The node's own CPU time per put in each kind of window (its threads' schedstat, stolen time excluded):
-# what an observed put costs the node, apart from what the subscriber costs the client's core.
-off=$(printf '%s\n' "${cpu_off[@]}" | median); on=$(printf '%s\n' "${cpu_on[@]}" | median)
-printf '%-52s %10.0f / %.0f ns = %.3f x (runs: %s)\n' "  node CPU per put, observed / unobserved windows" \
-  "$on" "$off" "$(echo "$on $off" | awk '{print $1/$2}')" \
-  "$(for i in "${!cpu_on[@]}"; do echo "${cpu_on[$i]} ${cpu_off[$i]}"; done | awk '{printf "%.3f ", $1/$2}')"
+report_windows thread "observed / unobserved windows, one run"
+report_windows inline "the same, frames written by the shard (inline)"
+NODE_CPUS=0,1 start_node --dram 4GiB
 # The events/s (and, for the record, the drift-prone ratio of whole runs): separate runs with and without a
 # subscriber throughout, alternating.
 put_pair "puts, no subscriber" "puts, one subscriber" \

@@ -47,6 +47,8 @@ pub struct EngineConfig {
     pub max_pinned_share: f64,
     /// Bytes of events each shard keeps for subscribers that fall behind (past it they get LAGGED).
     pub event_log_bytes: usize,
+    /// Where subscribers' event frames are written to their sockets.
+    pub event_cpus: EventCpus,
     /// Protocol bounds.
     pub limits: Limits,
     /// The node's tenants, each with its token and quotas; none: the node is open (keep it on loopback).
@@ -88,6 +90,7 @@ impl Default for EngineConfig {
             soft_pin_ttl: Duration::from_secs(600),
             max_pinned_share: 0.5,
             event_log_bytes: 8 << 20,
+            event_cpus: EventCpus::Spare,
             limits: Limits::default(),
             tenants: Vec::new(),
             metrics: Some(SocketAddr::from(([127, 0, 0, 1], 9600))),
@@ -97,6 +100,48 @@ impl Default for EngineConfig {
             stall_timeout: Duration::from_secs(30),
         }
     }
+}
+
+/// Where a shard's event frames are written to their subscribers' sockets (`crate::event_sender`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EventCpus {
+    /// By a thread per subscriber on the CPUs this process may run on that no shard is pinned to (its
+    /// affinity mask at start-up, as `taskset` set it), or by the shard itself when there are none.
+    Spare,
+    /// By the shard itself, on its own core.
+    Inline,
+    /// By a thread per subscriber on these CPUs.
+    These(Vec<usize>),
+}
+
+impl EventCpus {
+    /// Parses `spare`, `inline` or a list of CPUs such as `0,2-3`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text.trim() {
+            "spare" => Ok(EventCpus::Spare),
+            "inline" => Ok(EventCpus::Inline),
+            list => parse_cpu_list(list).map(EventCpus::These),
+        }
+    }
+}
+
+/// Parses a CPU list such as `0,2-3` (the form of `taskset -c`).
+pub fn parse_cpu_list(text: &str) -> Result<Vec<usize>, String> {
+    let mut cpus = Vec::new();
+    for part in text.split(',').map(str::trim) {
+        let number = |text: &str| text.trim().parse::<usize>().map_err(|_| format!("{text:?} is not a CPU number"));
+        match part.split_once('-') {
+            Some((first, last)) => {
+                let (first, last) = (number(first)?, number(last)?);
+                if first > last || last - first >= 4096 {
+                    return Err(format!("{part:?} is not a CPU range"));
+                }
+                cpus.extend(first..=last);
+            }
+            None => cpus.push(number(part)?),
+        }
+    }
+    Ok(cpus)
 }
 
 impl EngineConfig {
@@ -129,9 +174,38 @@ impl EngineConfig {
                 self.cpus.len()
             ));
         }
+        if let EventCpus::These(cpus) = &self.event_cpus {
+            if cpus.is_empty() {
+                return Err("no CPUs for event senders (say `inline` to write events on the shards' cores)".into());
+            }
+            if let Some(cpu) = cpus.iter().find(|cpu| **cpu >= libc::CPU_SETSIZE as usize) {
+                return Err(format!("CPU {cpu} for event senders is past the largest CPU number"));
+            }
+        }
         if u64::from(self.listen.port()) + self.cpus.len() as u64 > 65_536 {
             return Err("base port + shards exceeds 65535".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_cpus_parse_and_validate() {
+        assert_eq!(EventCpus::parse("spare"), Ok(EventCpus::Spare));
+        assert_eq!(EventCpus::parse("inline"), Ok(EventCpus::Inline));
+        assert_eq!(EventCpus::parse("0,2-4"), Ok(EventCpus::These(vec![0, 2, 3, 4])));
+        for bad in ["", "two", "3-1", "0,", "1-"] {
+            assert!(EventCpus::parse(bad).is_err(), "{bad:?} is refused");
+        }
+        let mut config = EngineConfig { event_cpus: EventCpus::These(Vec::new()), ..EngineConfig::default() };
+        assert!(config.validate().is_err(), "an empty list is refused");
+        config.event_cpus = EventCpus::These(vec![1 << 20]);
+        assert!(config.validate().is_err(), "a CPU past CPU_SETSIZE is refused");
+        config.event_cpus = EventCpus::These(vec![0]);
+        assert_eq!(config.validate(), Ok(()));
     }
 }

@@ -7,6 +7,7 @@
 
 pub mod config;
 pub mod dram;
+pub mod event_sender;
 pub mod events;
 pub mod forward;
 pub mod index;

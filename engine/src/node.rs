@@ -86,6 +86,8 @@ pub struct NodeSummary {
     pub metrics: Option<SocketAddr>,
     /// Names of the configured tenants (none: the node is open).
     pub tenants: Vec<String>,
+    /// CPUs of the threads that write event frames (none: the shards write them).
+    pub event_cpus: Vec<usize>,
 }
 
 impl std::fmt::Display for NodeSummary {
@@ -131,6 +133,11 @@ impl std::fmt::Display for NodeSummary {
             writeln!(f, "  tenants: none configured — the node is open to every client ({exposure})")?;
         } else {
             writeln!(f, "  tenants: {} (keys scoped per tenant, tokens required)", self.tenants.join(", "))?;
+        }
+        if self.event_cpus.is_empty() {
+            writeln!(f, "  event subscribers: written to by their shards (no CPU besides the shards')")?;
+        } else {
+            writeln!(f, "  event subscribers: written to by a thread each on CPU(s) {:?}", self.event_cpus)?;
         }
         match self.metrics {
             Some(addr) => write!(f, "  metrics: http://{addr}/metrics and /healthz"),
@@ -402,6 +409,12 @@ fn real_time_policy() -> Option<&'static str> {
     }
 }
 
+/// The CPUs the calling thread may run on (its affinity mask, as `taskset` set it); every online CPU if
+/// the mask cannot be read.
+pub fn allowed_cpus() -> Vec<usize> {
+    crate::sys::allowed_cpus()
+}
+
 /// Starts a node; returns once every shard has recovered and is serving.
 pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
     config.validate().map_err(NodeError::Config)?;
@@ -445,16 +458,20 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
     let handles = Arc::new(handles);
     let mut executors = Vec::new();
     let mut meshes = crate::forward::mesh(shard_count).into_iter();
+    // Read here, on the thread that started the node, before any executor pins itself: the CPUs the
+    // operator let the process use.
+    let event_senders = Arc::new(crate::event_sender::EventSenders::new(&config.event_cpus, &config.cpus));
     for (shard, listener) in listeners.into_iter().enumerate() {
         let peers = meshes.next().unwrap_or_default();
         let shard = shard as u32;
         let cpu = config.cpus[shard as usize];
-        let (config, tier, handles, metrics, ready) = (
+        let (config, tier, handles, metrics, ready, event_senders) = (
             Arc::clone(&config),
             Arc::clone(&tier),
             Arc::clone(&handles),
             Arc::clone(&metrics[shard as usize]),
             ready_sender.clone(),
+            Arc::clone(&event_senders),
         );
         let stop_flag = Arc::clone(&stop);
         let mut builder =
@@ -517,8 +534,17 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
                 };
                 let region_count = log.as_ref().map_or(0, |log| log.regions.len());
                 let engine_config = Rc::new((*config).clone());
-                let shard_state =
-                    Shard::new(shard, shard_count, base_port, engine_config, dram, Rc::new(devices), log, metrics);
+                let shard_state = Shard::new(
+                    shard,
+                    shard_count,
+                    base_port,
+                    engine_config,
+                    dram,
+                    Rc::new(devices),
+                    log,
+                    metrics,
+                    event_senders,
+                );
                 let report = shard_state.recover().await?;
                 let forwarder = crate::forward::Forwarder::connect(&shard_state, peers).await;
                 let _ = shard_state.forwarder.set(forwarder);
@@ -608,6 +634,7 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
             recovery,
             metrics: metrics_addr.as_ref().map(|(addr, _)| *addr),
             tenants: config.tenants.iter().map(|tenant| tenant.name.clone()).collect(),
+            event_cpus: event_senders.cpus().to_vec(),
         },
         stop: Arc::clone(&stop),
         listener_fds,

@@ -16,6 +16,7 @@ use std::io;
 use std::os::fd::RawFd;
 use std::pin::Pin;
 use std::rc::{Rc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use glommio::net::TcpStream;
@@ -26,6 +27,7 @@ use strata_proto::{
     decode_part_header,
 };
 
+use crate::event_sender::HandOffRefused;
 use crate::forward::ForwardOp;
 use crate::metrics::{add, is_error};
 use crate::shard::{DurablePoint, FillGuard, ReadData, ReadHit, Shard};
@@ -468,6 +470,8 @@ async fn remove_matching(shard: &Rc<Shard>, flags: u16, pattern: &[u8], scope: &
 
 /// Bytes of events per frame sent to a subscriber (at most; one event may take it past).
 const EVENT_FRAME_BYTES: usize = 256 << 10;
+/// What a frame's buffer is allocated with: a full frame and the event that may take it past.
+const EVENT_FRAME_CAPACITY: usize = FRAME_HEADER_BYTES + EVENT_FRAME_BYTES + 4096;
 /// How long a woken subscriber waits for more events before it sends what it has.
 const EVENT_GATHER: std::time::Duration = std::time::Duration::from_millis(2);
 /// A subscriber with nothing to receive gets an empty frame this often, so a vanished one is noticed.
@@ -502,10 +506,14 @@ async fn handle_subscribe(
         body_len: 0,
     };
     on_socket(&connection.watch, connection.stream.write_all(&ready.encode())).await?;
+    // Frames go to a thread of their own off the shard's core where the node has a CPU for it
+    // (`crate::event_sender`); otherwise the shard writes them.
+    let sender =
+        shard.event_senders.start(connection.stream.raw_fd(), shard.config.stall_timeout, Arc::clone(&shard.metrics));
     // The frame's header and its events in one buffer, sent with one write: through the reactor a header
     // sent apart from a body of 16 KiB or more is a send of its own (`Socket::write_all_vectored`), and each
-    // send on loopback costs the shard's core the receiving side's TCP work and a wake-up of the subscriber.
-    let mut frame = Vec::with_capacity(FRAME_HEADER_BYTES + EVENT_FRAME_BYTES + 4096);
+    // send on loopback costs the sending core the receiving side's TCP work and a wake-up of the subscriber.
+    let mut frame = Vec::with_capacity(EVENT_FRAME_CAPACITY);
     loop {
         frame.clear();
         frame.resize(FRAME_HEADER_BYTES, 0);
@@ -541,7 +549,25 @@ async fn handle_subscribe(
         }
         .encode();
         frame[..FRAME_HEADER_BYTES].copy_from_slice(&head);
-        on_socket(&connection.watch, connection.stream.write_all(&frame)).await?;
+        match &sender {
+            None => on_socket(&connection.watch, connection.stream.write_all(&frame)).await?,
+            Some(sender) => {
+                let mut pending = std::mem::replace(&mut frame, sender.buffer(EVENT_FRAME_CAPACITY));
+                loop {
+                    match sender.hand_off(pending) {
+                        Ok(()) => break,
+                        // The subscriber reads slower than frames come: its events wait in the log (which
+                        // bounds them) while its thread drains the queue.
+                        Err(HandOffRefused::Full(back)) => {
+                            pending = back;
+                            glommio::timer::sleep(EVENT_GATHER).await;
+                        }
+                        // The thread shut the connection down (the socket failed, or the subscriber stalled).
+                        Err(HandOffRefused::Closed) => return Err(ConnectionError::Socket),
+                    }
+                }
+            }
+        }
         subscription.consumed(cursor);
         if count > 0 && body_len < EVENT_FRAME_BYTES / 2 {
             // Not backlogged: gather the next frame too, rather than sending whatever arrived during this

@@ -62,6 +62,8 @@ pub struct Shard {
     pins: RefCell<PinBook>,
     /// What subscribers are told (recorded only while someone subscribes).
     pub events: Rc<RefCell<EventLog>>,
+    /// The node's threads that write event frames off the shards' cores.
+    pub event_senders: Arc<crate::event_sender::EventSenders>,
     /// The node's tenants.
     pub tenancy: Tenancy,
     usage: RefCell<std::collections::HashMap<u32, TenantUsage>>,
@@ -340,6 +342,7 @@ impl Shard {
         devices: Rc<Vec<AnyDevice>>,
         log: Option<RegionLog>,
         metrics: Arc<ShardMetrics>,
+        event_senders: Arc<crate::event_sender::EventSenders>,
     ) -> Rc<Self> {
         set(&metrics.dram_capacity_bytes, dram.capacity_bytes());
         let pin_limit = (dram.capacity_bytes() as f64 * config.max_pinned_share) as u64;
@@ -366,6 +369,7 @@ impl Shard {
             forwarder: std::cell::OnceCell::new(),
             pins: RefCell::new(PinBook { limit: pin_limit, ..PinBook::default() }),
             events,
+            event_senders,
             tenancy,
             connection_watches: RefCell::new(Vec::new()),
             awaited: RefCell::new(std::collections::HashMap::new()),

@@ -1,5 +1,5 @@
-//! The two system calls the node needs that std and glommio do not wrap: adopting a bound listener into
-//! glommio, and shutting a listener down from another thread to end its pending accept.
+//! The system calls the node needs that std and glommio do not wrap: adopting a bound listener into
+//! glommio, shutting a socket down from another thread, reading the CPUs the process may use.
 
 use std::os::fd::{IntoRawFd, RawFd};
 
@@ -23,5 +23,19 @@ pub fn shutdown_socket(fd: RawFd) {
     #[allow(unsafe_code)]
     unsafe {
         libc::shutdown(fd, libc::SHUT_RDWR);
+    }
+}
+
+/// The CPUs the calling thread may run on (its affinity mask); every online CPU if the mask cannot be read.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: `set` is a plain bit set the kernel fills; CPU_ISSET reads within it.
+    #[allow(unsafe_code)]
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            let online = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+            return (0..online).collect();
+        }
+        (0..libc::CPU_SETSIZE as usize).filter(|&cpu| libc::CPU_ISSET(cpu, &set)).collect()
     }
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use common::{client, config, start, total};
 use strata_client::{Client, ClientError, ClientOptions};
+use strata_engine::config::EventCpus;
 use strata_proto::{FRAME_HEADER_BYTES, FrameHeader, Opcode, RequestItemHeader, ResponseItemHeader, Status};
 
 fn raw(node: &strata_engine::Node) -> TcpStream {
@@ -238,5 +239,60 @@ fn stalled_peers_are_closed(busy_poll: bool) {
     assert!(received.len() < FRAME_HEADER_BYTES + (16 << 20), "{} bytes: the whole reply went out", received.len());
 
     assert_eq!(idle.get(b"big").expect("the idle connection still works").len(), 16 << 20);
+    node.shutdown().expect("shutdown");
+}
+
+#[test]
+fn a_subscriber_that_reads_nothing_is_closed_by_its_sender_thread() {
+    subscribers_that_read_nothing_are_closed(EventCpus::These(vec![0]));
+}
+
+#[test]
+fn a_subscriber_that_reads_nothing_is_closed_by_its_shard() {
+    subscribers_that_read_nothing_are_closed(EventCpus::Inline);
+}
+
+/// A subscriber that stops reading while events pour in fills its socket, then is closed after the stall
+/// timeout, whoever writes its frames; the puts behind the events go on meanwhile.
+fn subscribers_that_read_nothing_are_closed(event_cpus: EventCpus) {
+    let mut node_config = config(&[0], 64 << 20);
+    node_config.stall_timeout = Duration::from_secs(2);
+    node_config.event_cpus = event_cpus.clone();
+    let node = start(node_config);
+    let expected_cpus = if let EventCpus::These(cpus) = &event_cpus { cpus.clone() } else { Vec::new() };
+    assert_eq!(node.summary().event_cpus, expected_cpus);
+    let mut deaf = raw(&node);
+    let mut frame = Vec::new();
+    FrameHeader::request(Opcode::Subscribe, 11, 1, (strata_proto::REQUEST_ITEM_BYTES + 1) as u64)
+        .encode_into(&mut frame);
+    RequestItemHeader { key_len: 1, flags: strata_proto::ITEM_MATCH_ALL, ..Default::default() }.encode_into(&mut frame);
+    frame.push(b'*');
+    deaf.write_all(&frame).expect("subscribe");
+    let mut ready = [0u8; FRAME_HEADER_BYTES];
+    deaf.read_exact(&mut ready).expect("the subscription is acknowledged");
+    assert_eq!(FrameHeader::decode(&ready).expect("header").status, Status::Ok);
+
+    // Puts until the node gave up on the subscriber (bounded by count and time): ~45 bytes of events
+    // each, far more than loopback's socket buffers hold after a few hundred thousand.
+    let mut good = client(&node);
+    let keys: Vec<Vec<u8>> = (0..1_000u64).map(|index| format!("deaf-subscriber-{index:020}").into_bytes()).collect();
+    let started = std::time::Instant::now();
+    let mut rounds = 0;
+    while total(&node, |m| &m.stalled_connections) == 0 && rounds < 2_000 && started.elapsed() < Duration::from_secs(20)
+    {
+        let items: Vec<(&[u8], &[u8])> = keys.iter().map(|key| (&key[..], &b"v"[..])).collect();
+        assert!(good.batch_upsert(&items).iter().all(Result::is_ok), "puts go on beside the subscriber");
+        rounds += 1;
+    }
+    assert_eq!(total(&node, |m| &m.stalled_connections), 1, "the subscriber was closed as stalled ({rounds} rounds)");
+    // What was in its socket is still readable; then the connection ends.
+    let mut received = Vec::new();
+    let ended = deaf.read_to_end(&mut received);
+    let closed_by_node = match &ended {
+        Ok(_) => true,
+        Err(error) => error.kind() == std::io::ErrorKind::ConnectionReset,
+    };
+    assert!(closed_by_node, "the node closed the subscriber (not our read timeout): {ended:?}");
+    assert_eq!(good.get(&keys[0]).expect("the node still serves"), b"v");
     node.shutdown().expect("shutdown");
 }

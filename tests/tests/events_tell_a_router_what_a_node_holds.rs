@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::{Scratch, client, config, key_of, start, value_of, with_file};
 use strata_client::{Event, EventStream, RemovalReason, ShardEvent, Tier};
+use strata_engine::config::EventCpus;
 
 /// Collects events until `done` says so or 10 s pass.
 fn collect(stream: &EventStream, mut done: impl FnMut(&[ShardEvent]) -> bool) -> Vec<ShardEvent> {
@@ -24,8 +25,19 @@ fn collect(stream: &EventStream, mut done: impl FnMut(&[ShardEvent]) -> bool) ->
 
 #[test]
 fn stores_tier_changes_and_removals_are_reported_in_order() {
+    reports_in_order(EventCpus::Inline);
+}
+
+#[test]
+fn sender_threads_report_the_same_in_the_same_order() {
+    reports_in_order(EventCpus::These(vec![0]));
+}
+
+fn reports_in_order(event_cpus: EventCpus) {
     let scratch = Scratch::new("events");
-    let node = start(with_file(config(&[0, 1], 8 << 20), &scratch.file("ns0.img"), 64 << 20));
+    let mut node_config = with_file(config(&[0, 1], 8 << 20), &scratch.file("ns0.img"), 64 << 20);
+    node_config.event_cpus = event_cpus;
+    let node = start(node_config);
     let mut client = client(&node);
     let everything = client.subscribe_events(None).expect("subscribe");
     let system_only = client.subscribe_events(Some(b"sys/")).expect("subscribe with a prefix");
@@ -98,8 +110,18 @@ fn stores_tier_changes_and_removals_are_reported_in_order() {
 
 #[test]
 fn a_subscriber_that_falls_behind_is_told_how_much_it_missed() {
+    falls_behind(EventCpus::Inline);
+}
+
+#[test]
+fn a_subscriber_with_a_sender_thread_that_falls_behind_is_told_too() {
+    falls_behind(EventCpus::These(vec![1]));
+}
+
+fn falls_behind(event_cpus: EventCpus) {
     let mut small_log = config(&[0], 64 << 20);
     small_log.event_log_bytes = 16 << 10;
+    small_log.event_cpus = event_cpus;
     let node = start(small_log);
     let mut client = client(&node);
     let stream = client.subscribe_events(None).expect("subscribe");

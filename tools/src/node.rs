@@ -43,10 +43,11 @@ pub struct NodeSettings {
     /// Address of shard 0; shard i listens on port + i. [default: 127.0.0.1:7600]
     #[arg(long)]
     pub listen: Option<SocketAddr>,
-    /// Shards (one pinned core each). [default: every CPU]
+    /// Shards (one pinned core each). [default: every CPU the process may use]
     #[arg(long)]
     pub cores: Option<usize>,
-    /// CPUs to pin the shards to, e.g. 0,1 (implies --cores). [default: 0..cores]
+    /// CPUs to pin the shards to, e.g. 0,1 (implies --cores). [default: the first --cores CPUs the process
+    /// may use, as taskset left them]
     #[arg(long, value_delimiter = ',')]
     pub cpus: Option<Vec<usize>>,
     /// DRAM tier, split evenly between shards. [default: 1GiB]
@@ -109,6 +110,11 @@ pub struct NodeSettings {
     /// that stops arriving, a reply it stops reading), freeing what it held; 0s: never. [default: 30s]
     #[arg(long)]
     pub stall_timeout: Option<String>,
+    /// Where subscribers' event frames are written: `spare` (a thread per subscriber on the CPUs the process
+    /// may use that no shard is pinned to, or the shards themselves if there are none), `inline` (the
+    /// shards), or a CPU list such as 0,2-3 for those threads. [default: spare]
+    #[arg(long)]
+    pub event_cpus: Option<String>,
 }
 
 impl NodeSettings {
@@ -138,7 +144,8 @@ impl NodeSettings {
             spin_before_park,
             busy_poll,
             promote_window,
-            stall_timeout
+            stall_timeout,
+            event_cpus
         )
     }
 
@@ -156,14 +163,15 @@ impl NodeSettings {
         if let Some(listen) = self.listen {
             config.listen = listen;
         }
-        let online = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        // The CPUs `taskset` (or a cgroup) left the process: shards go there unless told otherwise.
+        let allowed = strata_engine::node::allowed_cpus();
         config.cpus = match (&self.cpus, self.cores) {
             (Some(cpus), Some(cores)) if cpus.len() != cores => {
                 bail!("--cpus lists {} CPUs but --cores is {cores}", cpus.len())
             }
             (Some(cpus), _) => cpus.clone(),
-            (None, Some(cores)) => (0..cores).map(|core| core % online).collect(),
-            (None, None) => (0..online).collect(),
+            (None, Some(cores)) => (0..cores).map(|core| allowed[core % allowed.len()]).collect(),
+            (None, None) => allowed,
         };
         if let Some(dram) = &self.dram {
             config.dram_bytes = parse_byte_size(dram)?;
@@ -254,6 +262,10 @@ impl NodeSettings {
         if let Some(timeout) = &self.stall_timeout {
             config.stall_timeout = parse_duration(timeout)?;
         }
+        if let Some(cpus) = &self.event_cpus {
+            config.event_cpus =
+                strata_engine::config::EventCpus::parse(cpus).map_err(|why| anyhow::anyhow!("--event-cpus: {why}"))?;
+        }
         config.validate().map_err(anyhow::Error::msg)?;
         Ok(config)
     }
@@ -310,7 +322,18 @@ mod tests {
         assert_eq!(config.write_policy, WritePolicy::Durable);
         assert_eq!(config.nvme, vec![DeviceSpec::Memory { capacity_bytes: 64 << 20 }]);
         assert_eq!(config.cpus.len(), 1);
+        assert!(strata_engine::node::allowed_cpus().contains(&config.cpus[0]), "shards go where the process may run");
         assert_eq!(config.metrics, EngineConfig::default().metrics);
+        assert_eq!(config.event_cpus, strata_engine::config::EventCpus::Spare);
+        let file: NodeSettings = toml::from_str("event-cpus = \"inline\"\ndram-only = true\n").expect("toml");
+        assert_eq!(file.engine_config().expect("config").event_cpus, strata_engine::config::EventCpus::Inline);
+        let flags = NodeSettings { event_cpus: Some("0-1".into()), dram_only: Some(true), ..NodeSettings::default() };
+        assert_eq!(
+            flags.engine_config().expect("config").event_cpus,
+            strata_engine::config::EventCpus::These(vec![0, 1])
+        );
+        let bad = NodeSettings { event_cpus: Some("some".into()), dram_only: Some(true), ..NodeSettings::default() };
+        assert!(bad.engine_config().is_err());
     }
 
     #[test]
