@@ -23,7 +23,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
 use std::time::{Duration, Instant};
 
 use crate::config::EventCpus;
@@ -36,13 +36,16 @@ pub const MAX_SENDER_THREADS: usize = 64;
 /// slack before the shard holds its frames back (in its log, which bounds them).
 const QUEUED_FRAMES: usize = 4;
 
-/// A thread waiting for room in its socket looks up this often to see whether its shard let go of it.
+/// A thread waiting for a frame or for room in its socket looks up this often to see whether its shard
+/// let go of it or the node is stopping.
 const WAIT_SLICE: Duration = Duration::from_millis(100);
 
 /// The node's sender threads: which CPUs they run on and how many there are.
 pub struct EventSenders {
     cpus: Vec<usize>,
     live: AtomicUsize,
+    /// The node is stopping: threads end (a stopped shard never drops its end of their channels).
+    stopping: AtomicBool,
 }
 
 impl EventSenders {
@@ -56,12 +59,17 @@ impl EventSenders {
                 crate::sys::allowed_cpus().into_iter().filter(|cpu| !shard_cpus.contains(cpu)).collect()
             }
         };
-        Self { cpus, live: AtomicUsize::new(0) }
+        Self { cpus, live: AtomicUsize::new(0), stopping: AtomicBool::new(false) }
     }
 
     /// The CPUs sender threads run on (none: shards write their subscribers' frames themselves).
     pub fn cpus(&self) -> &[usize] {
         &self.cpus
+    }
+
+    /// Ends every thread within [`WAIT_SLICE`] (the node is stopping).
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::Relaxed);
     }
 
     /// Sender threads running now.
@@ -173,7 +181,7 @@ struct SenderThread {
 
 /// Why a thread stopped writing.
 enum Stop {
-    /// Its shard let go of the subscriber.
+    /// Its shard let go of the subscriber, or the node is stopping.
     Abandoned,
     /// No byte left for the stall timeout.
     Stalled,
@@ -182,13 +190,28 @@ enum Stop {
 }
 
 impl SenderThread {
+    /// Its shard let go of the subscriber, or the node is stopping.
+    fn let_go(&self) -> bool {
+        self.abandoned.load(Ordering::Relaxed) || self.count.0.stopping.load(Ordering::Relaxed)
+    }
+
     fn run(self) {
         pin_to(&self.count.0.cpus);
-        while let Ok(frame) = self.queued.recv() {
-            if self.abandoned.load(Ordering::Relaxed) {
+        loop {
+            let frame = match self.queued.recv_timeout(WAIT_SLICE) {
+                Ok(frame) => frame,
+                Err(RecvTimeoutError::Timeout) => {
+                    if self.let_go() {
+                        break;
+                    }
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            };
+            if self.let_go() {
                 break;
             }
-            match write_all(self.socket.as_raw_fd(), &frame, self.stall_timeout, &self.abandoned) {
+            match write_all(self.socket.as_raw_fd(), &frame, self.stall_timeout, || self.let_go()) {
                 Ok(()) => {
                     let _ = self.recycle.try_send(frame);
                 }
@@ -209,7 +232,7 @@ impl SenderThread {
 
 /// Writes all of `bytes` to the socket `fd`, waiting for room as long as bytes keep leaving within
 /// `stall_timeout` (zero: forever) and the shard holds on to the subscriber.
-fn write_all(fd: RawFd, mut bytes: &[u8], stall_timeout: Duration, abandoned: &AtomicBool) -> Result<(), Stop> {
+fn write_all(fd: RawFd, mut bytes: &[u8], stall_timeout: Duration, let_go: impl Fn() -> bool) -> Result<(), Stop> {
     let mut moved_at = Instant::now();
     while !bytes.is_empty() {
         // Non-blocking whatever the descriptor's flags (shared with the shard's copy, which glommio owns);
@@ -229,7 +252,7 @@ fn write_all(fd: RawFd, mut bytes: &[u8], stall_timeout: Duration, abandoned: &A
             io::ErrorKind::Interrupted => continue,
             _ => return Err(Stop::Failed),
         }
-        if abandoned.load(Ordering::Relaxed) {
+        if let_go() {
             return Err(Stop::Abandoned);
         }
         if !stall_timeout.is_zero() && moved_at.elapsed() >= stall_timeout {
@@ -343,5 +366,22 @@ mod tests {
         client.read_to_end(&mut rest).expect("the connection ends after what was sent");
         assert!(rest.iter().all(|&byte| byte == 7), "only the frames handed over were sent");
         drop(server);
+    }
+
+    #[test]
+    fn a_stopping_node_ends_its_idle_threads() {
+        let senders = Arc::new(EventSenders::new(&EventCpus::These(vec![0]), &[]));
+        let (server, _client) = connected();
+        let sender = senders.start(server.as_raw_fd(), Duration::ZERO, Arc::default()).expect("a thread");
+        assert_eq!(senders.live(), 1);
+        senders.stop();
+        let started = Instant::now();
+        let mut closed = false;
+        while !closed && started.elapsed() < Duration::from_secs(10) {
+            closed = matches!(sender.hand_off(Vec::new()), Err(HandOffRefused::Closed));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(closed, "the thread ended though its shard never let go of it");
+        assert_eq!(senders.live(), 0);
     }
 }

@@ -153,6 +153,7 @@ pub struct Node {
     listener_fds: Vec<RawFd>,
     shards: Vec<glommio::ExecutorJoinHandle<()>>,
     metrics_thread: Option<std::thread::JoinHandle<()>>,
+    event_senders: Arc<crate::event_sender::EventSenders>,
     /// Each shard's counters.
     pub metrics: Vec<Arc<ShardMetrics>>,
 }
@@ -174,7 +175,13 @@ impl Node {
             for &fd in &self.listener_fds {
                 crate::sys::shutdown_socket(fd);
             }
+            self.event_senders.stop();
         }
+    }
+
+    /// Event sender threads running now (one per subscriber that has one).
+    pub fn event_sender_threads(&self) -> usize {
+        self.event_senders.live()
     }
 
     /// Stops the node and waits for every shard to finish flushing.
@@ -578,6 +585,8 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
                     Err(_) => glommio::timer::sleep(Duration::from_millis(10)).await,
                 }
             }
+            // Requests stop here; what was committed is flushed next.
+            crate::server::close_connections(&shard_state);
             shard_state.flush_for_shutdown().await;
         });
         match spawned {
@@ -639,6 +648,7 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
         stop: Arc::clone(&stop),
         listener_fds,
         shards: executors,
+        event_senders: Arc::clone(&event_senders),
         metrics_thread: None,
         metrics: metrics.clone(),
     };

@@ -117,6 +117,14 @@ async fn on_socket<T>(watch: &ConnectionWatch, operation: impl Future<Output = T
     result
 }
 
+/// Shuts every open connection of the shard down (the node is stopping): their peers see the end of the
+/// stream at once, instead of a socket held open by a task that the stopped executor never runs again.
+pub fn close_connections(shard: &Shard) {
+    for watch in shard.connection_watches.borrow().iter().filter_map(Weak::upgrade) {
+        crate::sys::shutdown_socket(watch.fd);
+    }
+}
+
 /// Closes the connections that sat blocked on their peer mid-frame for `stall_timeout` with no byte moving
 /// either way: shutting the socket down fails the handler's pending read or write, so the connection ends
 /// through its usual path and frees what it held. One task per shard, one system call per connection that
@@ -276,9 +284,14 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
         seen: Cell::new((0, 0)),
         still_since: Cell::new(None),
     });
-    // Registered only when a sweeper runs to prune the list (a `Weak` keeps its allocation alive).
-    if !shard.config.stall_timeout.is_zero() {
-        shard.connection_watches.borrow_mut().push(Rc::downgrade(&watch));
+    {
+        // The sweeper prunes the list as it goes; without one (no stall timeout) it is pruned here whenever
+        // its length reaches a power of two (a `Weak` keeps its allocation alive), at amortised O(1).
+        let mut watches = shard.connection_watches.borrow_mut();
+        if watches.len() >= 64 && watches.len().is_power_of_two() {
+            watches.retain(|watch| watch.strong_count() > 0);
+        }
+        watches.push(Rc::downgrade(&watch));
     }
     let mut connection = Connection {
         watch,

@@ -190,3 +190,29 @@ fn batches_borrow_their_keys_and_say_what_owned_events_say() {
     assert!(borrowed.next_batch_timeout(Duration::from_millis(100)).is_none(), "nothing more");
     node.shutdown().expect("shutdown");
 }
+
+#[test]
+fn a_node_that_stops_ends_its_subscribers_streams() {
+    for (event_cpus, threads) in [(EventCpus::Inline, 0), (EventCpus::These(vec![1]), 1)] {
+        let mut node_config = config(&[0], 32 << 20);
+        node_config.event_cpus = event_cpus.clone();
+        let node = start(node_config);
+        let mut client = client(&node);
+        let stream = client.subscribe_events(None).expect("subscribe");
+        client.put(b"before-stop", b"v").expect("put");
+        let events = collect(&stream, |events| !events.is_empty());
+        assert!(matches!(&events[..], [ShardEvent { event: Event::BlockStored { .. }, .. }]), "{events:?}");
+        assert_eq!(node.event_sender_threads(), threads, "{event_cpus:?}");
+        node.stop();
+        // The stream reports its connection closed (rather than staying silent on a socket nobody serves),
+        // and no sender thread outlives the node.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut ended = false;
+        while !(ended && node.event_sender_threads() == 0) && Instant::now() < deadline {
+            ended |= matches!(stream.next_timeout(Duration::from_millis(100)), Some(Err(_)));
+        }
+        assert!(ended, "the stream ended when the node stopped ({event_cpus:?})");
+        assert_eq!(node.event_sender_threads(), 0, "{event_cpus:?}");
+        node.shutdown().expect("shutdown");
+    }
+}
