@@ -158,6 +158,13 @@ impl DramTier {
         self.objects[slot as usize].entry
     }
 
+    /// Starts loading the slot's bookkeeping (a put that replaces the object retires it shortly).
+    pub fn prefetch(&self, slot: u32) {
+        if let Some(object) = self.objects.get(slot as usize) {
+            crate::index::prefetch(object);
+        }
+    }
+
     /// Detaches `slot` from its entry and frees it, now or when its last reader unpins.
     pub fn retire(&mut self, slot: u32) {
         let object = &mut self.objects[slot as usize];

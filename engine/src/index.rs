@@ -80,6 +80,18 @@ impl Default for Index {
     }
 }
 
+/// Asks the CPU to bring `value`'s cache line in, without waiting for it.
+pub fn prefetch<T>(value: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint with no architectural effect; the address comes from a live reference.
+    #[allow(unsafe_code)]
+    unsafe {
+        core::arch::x86_64::_mm_prefetch(std::ptr::from_ref(value).cast::<i8>(), core::arch::x86_64::_MM_HINT_T0);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
+}
+
 fn slot_of(id: u32, hash: u64) -> u64 {
     (u64::from(id) << 32) | (hash & 0xffff_ffff)
 }
@@ -125,6 +137,22 @@ impl Index {
                 return Some(id);
             }
             at = (at + 1) & mask;
+        }
+    }
+
+    /// Starts loading the table slot where the probe for `hash` begins. A batch of puts asks for its next
+    /// keys' lines ahead of time: the table and the entries are far larger than the cache, so each lookup
+    /// is otherwise two misses in a row (the slot, then the entry it names).
+    pub fn prefetch_slot(&self, hash: u64) {
+        prefetch(&self.slots[(hash as usize) & self.mask()]);
+    }
+
+    /// Starts loading the entry that the first slot of `hash`'s probe names, if its tag matches (call it
+    /// once that slot had time to arrive: [`Index::prefetch_slot`] an item earlier).
+    pub fn prefetch_entry(&self, hash: u64) {
+        let slot = self.slots[(hash as usize) & self.mask()];
+        if slot != EMPTY_SLOT && slot & 0xffff_ffff == hash & 0xffff_ffff {
+            prefetch(self.get((slot >> 32) as u32));
         }
     }
 

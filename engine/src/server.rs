@@ -231,9 +231,13 @@ impl Connection {
     /// they are still in cache (a 4 MiB value checked after the fact would be read back from memory).
     async fn read_exact_crc(&mut self, destination: &mut [u8]) -> io::Result<u32> {
         let from_buffer = destination.len().min(self.buffered());
-        destination[..from_buffer].copy_from_slice(&self.input[self.start..self.start + from_buffer]);
+        // Checked in the input buffer, which is in cache, before the copy: the destination (a DRAM slot) is
+        // usually not, and reading it right after writing it waits for its lines to arrive, where the
+        // copy's stores alone drain in the background.
+        let received = &self.input[self.start..self.start + from_buffer];
+        let mut crc = crc32c::crc32c(received);
+        destination[..from_buffer].copy_from_slice(received);
         self.start += from_buffer;
-        let mut crc = crc32c::crc32c(&destination[..from_buffer]);
         let mut at = from_buffer;
         if destination.len() - at < INPUT_BUFFER_BYTES / 2 {
             self.read_exact(&mut destination[at..]).await?;
@@ -667,6 +671,7 @@ async fn handle_put(
     let mut durable_items: Vec<usize> = Vec::new();
     let mut item_bytes = [0u8; REQUEST_ITEM_BYTES];
     for _ in 0..header.count {
+        prefetch_next_puts(shard, connection, scope, &limits);
         if consumed + REQUEST_ITEM_BYTES as u64 > header.body_len {
             return Err(ProtoError::BodyMismatch {
                 items: consumed + REQUEST_ITEM_BYTES as u64,
@@ -789,6 +794,31 @@ async fn handle_put(
         }
     }
     Ok(statuses)
+}
+
+/// Asks for the lines the next put items will touch, in stages (`Shard::prefetch_put`): the one at the
+/// front of the connection's buffered input, the next and the one after. The index and the DRAM tier's
+/// bookkeeping are far larger than the cache, so each put's lookups were otherwise misses in a row (the
+/// table slot, the entry it names, the replaced object's slot); an item's processing takes longer than
+/// a miss, so asked an item or two ahead they hit.
+fn prefetch_next_puts(shard: &Shard, connection: &Connection, scope: &Scope, limits: &strata_proto::Limits) {
+    let mut rest = &connection.input[connection.start..connection.end];
+    for ahead in 0..3 {
+        let Some((key, len)) = buffered_put_item(rest, limits) else { return };
+        shard.prefetch_put(crate::index::index_hash(&scope.scoped(key)), ahead);
+        rest = rest.get(len..).unwrap_or_default();
+    }
+}
+
+/// The key and the length of the put item at the front of `bytes`, if its header and key are there and it
+/// is a plain one (no links block, not progressive).
+fn buffered_put_item<'a>(bytes: &'a [u8], limits: &strata_proto::Limits) -> Option<(&'a [u8], usize)> {
+    let item = RequestItemHeader::decode(bytes.get(..REQUEST_ITEM_BYTES)?, Opcode::Put, limits).ok()?;
+    if item.has_links() || item.is_progressive() {
+        return None;
+    }
+    let key = bytes.get(REQUEST_ITEM_BYTES..REQUEST_ITEM_BYTES + usize::from(item.key_len))?;
+    Some((key, REQUEST_ITEM_BYTES + key.len() + item.value_len as usize))
 }
 
 /// Skips a refused put item's value: its bytes, or a progressive put's parts.
@@ -972,4 +1002,43 @@ async fn handle_get(
     connection.output.clear();
     written?;
     Ok(count(results.iter().map(|result| result.as_ref().map_or_else(|status| *status, |_| Status::Ok))))
+}
+
+#[cfg(test)]
+mod tests {
+    use strata_proto::{ITEM_LINKS, ITEM_PROGRESSIVE, Limits};
+
+    use super::*;
+
+    fn item(key: &[u8], value_len: u32, flags: u16, out: &mut Vec<u8>) {
+        RequestItemHeader { key_len: key.len() as u16, value_len, flags, ..Default::default() }.encode_into(out);
+        out.extend_from_slice(key);
+        out.extend(std::iter::repeat_n(7u8, value_len as usize));
+    }
+
+    #[test]
+    fn buffered_put_items_are_read_ahead_only_when_whole_and_plain() {
+        let limits = Limits::default();
+        let mut body = Vec::new();
+        item(b"first", 64, 0, &mut body);
+        let second_at = body.len();
+        item(b"second-key", 3, 0, &mut body);
+        assert_eq!(buffered_put_item(&body, &limits), Some((&b"first"[..], second_at)));
+        assert_eq!(buffered_put_item(&body[second_at..], &limits), Some((&b"second-key"[..], body.len() - second_at)));
+        // A key cut short by the end of the buffered input, a header cut short, nothing at all.
+        assert_eq!(buffered_put_item(&body[second_at..second_at + REQUEST_ITEM_BYTES + 4], &limits), None);
+        assert_eq!(buffered_put_item(&body[..REQUEST_ITEM_BYTES - 1], &limits), None);
+        assert_eq!(buffered_put_item(&[], &limits), None);
+        // Items whose length depends on more than their header: not read ahead.
+        for flags in [ITEM_LINKS, ITEM_PROGRESSIVE] {
+            let mut other = Vec::new();
+            item(b"k", 8, flags, &mut other);
+            assert_eq!(buffered_put_item(&other, &limits), None, "flags {flags:#x}");
+        }
+        // A header the decoder refuses (a key longer than the node allows) is not read ahead either.
+        let mut long = Vec::new();
+        RequestItemHeader { key_len: u16::MAX, value_len: 1, ..Default::default() }.encode_into(&mut long);
+        let small = Limits { max_key_bytes: 16, ..Limits::default() };
+        assert_eq!(buffered_put_item(&long, &small), None);
+    }
 }

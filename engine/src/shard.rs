@@ -331,6 +331,26 @@ pub struct RecoveryReport {
 }
 
 impl Shard {
+    /// Starts loading what a put of the key whose hash is `hash` will touch, `ahead` items before it runs
+    /// (`server::prefetch_next_puts`): two items ahead the index slot, one ahead the entry it names, and
+    /// for the item about to run the DRAM slot of the object it replaces. Each stage reads only lines the
+    /// stage before asked for.
+    pub fn prefetch_put(&self, hash: u64, ahead: usize) {
+        let index = self.index.borrow();
+        match ahead {
+            0 => {
+                if let Some(id) = index.find(hash) {
+                    let slot = index.get(id).dram;
+                    if slot != NONE_U32 {
+                        self.dram.borrow().prefetch(slot);
+                    }
+                }
+            }
+            1 => index.prefetch_entry(hash),
+            _ => index.prefetch_slot(hash),
+        }
+    }
+
     /// A shard over `devices` (its own handles on the node's namespaces) and its log state (none: DRAM only).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
