@@ -158,10 +158,14 @@ impl DramTier {
         self.objects[slot as usize].entry
     }
 
-    /// Starts loading the slot's bookkeeping (a put that replaces the object retires it shortly).
-    pub fn prefetch(&self, slot: u32) {
-        if let Some(object) = self.objects.get(slot as usize) {
-            crate::index::prefetch(object);
+    /// Starts loading the slot's bookkeeping (a put that replaces the object retires it shortly) or, with
+    /// `bytes` (the bookkeeping asked for earlier), the first line of the object's bytes.
+    pub fn prefetch(&self, slot: u32, bytes: bool) {
+        let Some(object) = self.objects.get(slot as usize) else { return };
+        match (&object.allocation, bytes) {
+            (_, false) => crate::index::prefetch(object),
+            (Some(allocation), true) => self.segment.prefetch(allocation.offset()),
+            (None, true) => {}
         }
     }
 

@@ -82,14 +82,20 @@ impl Default for Index {
 
 /// Asks the CPU to bring `value`'s cache line in, without waiting for it.
 pub fn prefetch<T>(value: &T) {
+    prefetch_address(std::ptr::from_ref(value).cast::<u8>());
+}
+
+/// Asks the CPU to bring the cache line at `address` in, without waiting for it. Any address will do: a
+/// prefetch reads nothing architecturally and never faults.
+pub fn prefetch_address(address: *const u8) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is a hint with no architectural effect; the address comes from a live reference.
+    // SAFETY: a prefetch is a hint with no architectural effect, valid for any address.
     #[allow(unsafe_code)]
     unsafe {
-        core::arch::x86_64::_mm_prefetch(std::ptr::from_ref(value).cast::<i8>(), core::arch::x86_64::_MM_HINT_T0);
+        core::arch::x86_64::_mm_prefetch(address.cast::<i8>(), core::arch::x86_64::_MM_HINT_T0);
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = value;
+    let _ = address;
 }
 
 fn slot_of(id: u32, hash: u64) -> u64 {

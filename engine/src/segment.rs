@@ -72,6 +72,13 @@ impl Segment {
         offset
     }
 
+    /// Starts loading the line at `offset` (ignored past the end).
+    pub fn prefetch(&self, offset: u64) {
+        if (offset as usize) < self.len {
+            crate::index::prefetch_address(self.base.as_ptr().wrapping_add(offset as usize));
+        }
+    }
+
     /// The bytes of a published range, for reading.
     ///
     /// The returned slice's lifetime is not tied to a borrow of the segment, because readers hold it across

@@ -30,7 +30,7 @@ use strata_proto::{
 use crate::event_sender::HandOffRefused;
 use crate::forward::ForwardOp;
 use crate::metrics::{add, is_error};
-use crate::shard::{DurablePoint, FillGuard, ReadData, ReadHit, Shard};
+use crate::shard::{DurablePoint, FillGuard, Prefetch, ReadData, ReadHit, Shard};
 use crate::tenants::Scope;
 
 /// The shard that owns `key`, if not this one (the item is then forwarded).
@@ -796,16 +796,16 @@ async fn handle_put(
     Ok(statuses)
 }
 
-/// Asks for the lines the next put items will touch, in stages (`Shard::prefetch_put`): the one at the
+/// Asks for the lines the next put items will touch, in stages (`Shard::prefetch`): the one at the
 /// front of the connection's buffered input, the next and the one after. The index and the DRAM tier's
 /// bookkeeping are far larger than the cache, so each put's lookups were otherwise misses in a row (the
 /// table slot, the entry it names, the replaced object's slot); an item's processing takes longer than
 /// a miss, so asked an item or two ahead they hit.
 fn prefetch_next_puts(shard: &Shard, connection: &Connection, scope: &Scope, limits: &strata_proto::Limits) {
     let mut rest = &connection.input[connection.start..connection.end];
-    for ahead in 0..3 {
+    for stage in [Prefetch::DramSlot, Prefetch::Entry, Prefetch::IndexSlot] {
         let Some((key, len)) = buffered_put_item(rest, limits) else { return };
-        shard.prefetch_put(crate::index::index_hash(&scope.scoped(key)), ahead);
+        shard.prefetch(crate::index::index_hash(&scope.scoped(key)), stage);
         rest = rest.get(len..).unwrap_or_default();
     }
 }
@@ -951,8 +951,23 @@ async fn handle_get(
         join_in_order(items.iter().map(|item| Box::pin(read(item)) as Pin<Box<dyn Future<Output = _> + '_>>).collect())
             .await
     } else {
+        // The lines each read will touch, asked for in stages one to three items ahead (see
+        // `prefetch_next_puts`), for keys of this shard: a batch of small reads is otherwise a chain of misses.
+        let hashes: Vec<Option<u64>> = items
+            .iter()
+            .map(|(_, key_at, key_len)| {
+                let user_key = &body[*key_at..*key_at + *key_len];
+                other_owner(shard, user_key).is_none().then(|| crate::index::index_hash(&scope.scoped(user_key)))
+            })
+            .collect();
+        let stages = [Prefetch::DramBytes, Prefetch::DramSlot, Prefetch::Entry, Prefetch::IndexSlot];
         let mut results = Vec::with_capacity(items.len());
-        for item in items {
+        for (at, item) in items.iter().enumerate() {
+            for (ahead, stage) in stages.iter().enumerate() {
+                if let Some(Some(hash)) = hashes.get(at + ahead) {
+                    shard.prefetch(*hash, *stage);
+                }
+            }
             results.push(read(item).await);
         }
         results

@@ -86,6 +86,19 @@ pub struct Shard {
     pub connection_watches: RefCell<Vec<std::rc::Weak<crate::server::ConnectionWatch>>>,
 }
 
+/// One stage of [`Shard::prefetch`], in the order an operation needs them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prefetch {
+    /// The index table's slot where the key's probe begins.
+    IndexSlot,
+    /// The entry that slot names.
+    Entry,
+    /// The DRAM tier's bookkeeping of the entry's slot (a put that replaces the object retires it).
+    DramSlot,
+    /// The first line of the object's bytes in the segment (a read compares its key).
+    DramBytes,
+}
+
 /// A progressive put's object while its parts arrive: its DRAM reservation, how much of its value is in
 /// (and checked against its part's crc), and the readers waiting for more.
 pub struct Fill {
@@ -331,23 +344,22 @@ pub struct RecoveryReport {
 }
 
 impl Shard {
-    /// Starts loading what a put of the key whose hash is `hash` will touch, `ahead` items before it runs
-    /// (`server::prefetch_next_puts`): two items ahead the index slot, one ahead the entry it names, and
-    /// for the item about to run the DRAM slot of the object it replaces. Each stage reads only lines the
-    /// stage before asked for.
-    pub fn prefetch_put(&self, hash: u64, ahead: usize) {
+    /// Starts loading one more of the lines that an operation on the key whose hash is `hash` will touch
+    /// (`server::prefetch_next_puts`, `server::handle_get`). Each stage reads only lines that the stage
+    /// before asked for, an item earlier: the table slot, the entry it names, the DRAM slot's bookkeeping,
+    /// the object's first bytes in the segment (its key, compared on every read).
+    pub fn prefetch(&self, hash: u64, stage: Prefetch) {
         let index = self.index.borrow();
-        match ahead {
-            0 => {
-                if let Some(id) = index.find(hash) {
-                    let slot = index.get(id).dram;
-                    if slot != NONE_U32 {
-                        self.dram.borrow().prefetch(slot);
-                    }
+        match stage {
+            Prefetch::IndexSlot => index.prefetch_slot(hash),
+            Prefetch::Entry => index.prefetch_entry(hash),
+            Prefetch::DramSlot | Prefetch::DramBytes => {
+                let Some(id) = index.find(hash) else { return };
+                let slot = index.get(id).dram;
+                if slot != NONE_U32 {
+                    self.dram.borrow().prefetch(slot, stage == Prefetch::DramBytes);
                 }
             }
-            1 => index.prefetch_entry(hash),
-            _ => index.prefetch_slot(hash),
         }
     }
 
