@@ -139,7 +139,6 @@ pub async fn sweep_stalled_connections(shard: Weak<Shard>) {
         glommio::timer::sleep(period).await;
         let Some(shard) = shard.upgrade() else { return };
         let now = Instant::now();
-        let mut stalled = 0;
         shard.connection_watches.borrow_mut().retain(|watch| {
             let Some(watch) = watch.upgrade() else { return false };
             if !(watch.in_frame.get() && watch.on_socket.get()) {
@@ -150,13 +149,15 @@ pub async fn sweep_stalled_connections(shard: Weak<Shard>) {
             match watch.still_since.get() {
                 Some(since) if progress == watch.seen.get() => {
                     if now.duration_since(since) >= timeout {
+                        // Counted before the peer can see the connection end (a test reads the counter as
+                        // soon as its read returns; this thread may be preempted in between).
+                        add(&shard.metrics.stalled_connections, 1);
                         // SAFETY: shutting down (not closing) this connection's open socket; its owner closes it.
                         #[allow(unsafe_code)]
                         unsafe {
                             libc::shutdown(watch.fd, libc::SHUT_RDWR);
                         }
                         watch.still_since.set(None);
-                        stalled += 1;
                     }
                 }
                 _ => {
@@ -166,7 +167,6 @@ pub async fn sweep_stalled_connections(shard: Weak<Shard>) {
             }
             true
         });
-        add(&shard.metrics.stalled_connections, stalled);
     }
 }
 
