@@ -23,6 +23,8 @@ use crate::metrics::ShardMetrics;
 use crate::record::{FIRST_REGION_OFFSET, FormatError, TIER_HEADER_OFFSET, TierHeader};
 use crate::segment::PageKind;
 use crate::shard::{RecoveryReport, Shard};
+/// The CPUs the calling thread may run on (its affinity mask, as `taskset` set it).
+pub use crate::sys::allowed_cpus;
 
 /// Why a node did not start.
 #[derive(Debug, thiserror::Error)]
@@ -414,12 +416,6 @@ fn real_time_policy() -> Option<&'static str> {
         libc::SCHED_RR => Some("SCHED_RR"),
         _ => None,
     }
-}
-
-/// The CPUs the calling thread may run on (its affinity mask, as `taskset` set it); every online CPU if
-/// the mask cannot be read.
-pub fn allowed_cpus() -> Vec<usize> {
-    crate::sys::allowed_cpus()
 }
 
 /// Starts a node; returns once every shard has recovered and is serving.

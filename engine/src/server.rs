@@ -11,6 +11,7 @@
 //! own status and the rest of the batch is served.
 
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::os::fd::RawFd;
@@ -152,11 +153,8 @@ pub async fn sweep_stalled_connections(shard: Weak<Shard>) {
                         // Counted before the peer can see the connection end (a test reads the counter as
                         // soon as its read returns; this thread may be preempted in between).
                         add(&shard.metrics.stalled_connections, 1);
-                        // SAFETY: shutting down (not closing) this connection's open socket; its owner closes it.
-                        #[allow(unsafe_code)]
-                        unsafe {
-                            libc::shutdown(watch.fd, libc::SHUT_RDWR);
-                        }
+                        // Shut down, not closed: the connection's owner closes it.
+                        crate::sys::shutdown_socket(watch.fd);
                         watch.still_since.set(None);
                     }
                 }
@@ -670,8 +668,9 @@ async fn handle_put(
     let mut durable: Vec<DurablePoint> = Vec::new();
     let mut durable_items: Vec<usize> = Vec::new();
     let mut item_bytes = [0u8; REQUEST_ITEM_BYTES];
+    let mut ahead = VecDeque::with_capacity(3);
     for _ in 0..header.count {
-        prefetch_next_puts(shard, connection, scope, &limits);
+        prefetch_next_puts(shard, connection, scope, &limits, &mut ahead);
         if consumed + REQUEST_ITEM_BYTES as u64 > header.body_len {
             return Err(ProtoError::BodyMismatch {
                 items: consumed + REQUEST_ITEM_BYTES as u64,
@@ -801,13 +800,30 @@ async fn handle_put(
 /// bookkeeping are far larger than the cache, so each put's lookups were otherwise misses in a row (the
 /// table slot, the entry it names, the replaced object's slot); an item's processing takes longer than
 /// a miss, so asked an item or two ahead they hit.
-fn prefetch_next_puts(shard: &Shard, connection: &Connection, scope: &Scope, limits: &strata_proto::Limits) {
-    let mut rest = &connection.input[connection.start..connection.end];
-    for stage in [Prefetch::DramSlot, Prefetch::Entry, Prefetch::IndexSlot] {
-        let Some((key, len)) = buffered_put_item(rest, limits) else { return };
-        shard.prefetch(crate::index::index_hash(&scope.scoped(key)), stage);
-        rest = rest.get(len..).unwrap_or_default();
+///
+/// `ahead` carries, from one item to the next, the hash and length of the items already read ahead,
+/// starting with the one at the front (each item is parsed and hashed once, not once per stage); this
+/// call drops the front one, which the caller consumes next. Were it ever out of step, only the hints
+/// would be wrong.
+fn prefetch_next_puts(
+    shard: &Shard,
+    connection: &Connection,
+    scope: &Scope,
+    limits: &strata_proto::Limits,
+    ahead: &mut VecDeque<(u64, usize)>,
+) {
+    let stages = [Prefetch::DramSlot, Prefetch::Entry, Prefetch::IndexSlot];
+    let buffered = &connection.input[connection.start..connection.end];
+    let mut at: usize = ahead.iter().map(|&(_, len)| len).sum();
+    while ahead.len() < stages.len() {
+        let Some((key, len)) = buffered.get(at..).and_then(|rest| buffered_put_item(rest, limits)) else { break };
+        ahead.push_back((crate::index::index_hash(&scope.scoped(key)), len));
+        at += len;
     }
+    for (&(hash, _), stage) in ahead.iter().zip(stages) {
+        shard.prefetch(hash, stage);
+    }
+    ahead.pop_front();
 }
 
 /// The key and the length of the put item at the front of `bytes`, if its header and key are there and it
