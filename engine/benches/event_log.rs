@@ -1,4 +1,4 @@
-//! What an observed put costs the node in its event log, alone: one `BlockStored` appended per key, and,
+//! What an observed put costs the node in its event log, alone: a `BlockStored` key appended per put, and,
 //! every 1,536 keys (about one 2 ms frame at the events row's put rate), the frame copied out for the
 //! subscriber and marked sent, and the subscriber waiting again, as `server.rs` does. Keys shaped like
 //! strata-bench's (`strata-bench/3/N`).
@@ -30,7 +30,7 @@ fn observed_puts(criterion: &mut Criterion) {
                 log.borrow_mut().stored(black_box(key), None, 64, Tier::Dram);
             }
             frame.clear();
-            let (count, next) = log.borrow().read(cursor, None, 0, 256 << 10, &mut frame);
+            let (count, next) = log.borrow_mut().read(cursor, None, 0, 256 << 10, &mut frame);
             black_box((count, &frame));
             cursor = next;
             subscription.consumed(cursor);

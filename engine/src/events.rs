@@ -10,15 +10,26 @@
 //! the front of its buffer: with subscribers that keep up, appends stay within a few cache-hot kilobytes
 //! instead of streaming through the whole bound (which slowed every put's index lookups by evicting the
 //! index from the cache).
+//!
+//! The newest event stays open while no subscriber has read it: a put of the same size and tier whose
+//! parent relation fits (the same parent as every key in it, or the event's last key: a chain) adds its
+//! key to it instead of starting an event, and so does a removal for the same reason. A run of batched
+//! puts costs each key its bytes, not an event's head, a log entry and a sequence number. Any read closes
+//! it (an event a subscriber has sent never changes), and so does any other event.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::future::Future;
+use std::ops::Range;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
-use strata_proto::{Event, EventRef, RemovalReason, Tier};
+use strata_proto::{Event, EventRef, Keys, OpenEvent, RemovalReason, Tier};
+
+/// Bytes an open event grows to at most: a few frames' worth of keys per event, and a log of many events, so
+/// that halving it drops about half (a quarter of the log's capacity, for small logs).
+const MAX_OPEN_EVENT_BYTES: usize = 16 << 10;
 
 /// The events of one shard.
 pub struct EventLog {
@@ -34,6 +45,28 @@ pub struct EventLog {
     cursors: Vec<(u64, u64)>,
     next_subscriber: u64,
     wakers: Vec<Waker>,
+    /// The newest event, while keys may still join it.
+    open: Option<Open>,
+}
+
+/// The newest event of the log, not yet read by any subscriber.
+struct Open {
+    event: OpenEvent,
+    kind: OpenKind,
+    /// Where its last key is in the log (a chained put names it as its parent).
+    last_key: Range<usize>,
+}
+
+enum OpenKind {
+    Stored {
+        size: u32,
+        tier: Tier,
+        /// Where the parent every key names is in the log (when not chained).
+        parent: Option<Range<usize>>,
+        /// Whether it is a chain: decided by its second key.
+        chained: Option<bool>,
+    },
+    Removed(RemovalReason),
 }
 
 impl EventLog {
@@ -49,12 +82,14 @@ impl EventLog {
             cursors: Vec::new(),
             next_subscriber: 0,
             wakers: Vec::new(),
+            open: None,
         }
     }
 
     /// Drops every kept event if every subscriber has sent them all (a cheap check: a few subscribers).
     fn trim(&mut self) {
         if self.cursors.iter().all(|&(_, cursor)| cursor >= self.next_sequence) {
+            self.open = None;
             self.bytes.clear();
             self.starts.clear();
             self.first_sequence = self.next_sequence;
@@ -76,12 +111,14 @@ impl EventLog {
         self.next_sequence
     }
 
-    fn append(&mut self, event: EventRef<'_>) {
+    /// Starts an event at the end of the log: closes the open one, takes a sequence number (the event's
+    /// is `next_sequence - 1` after this), wakes waiting subscribers.
+    fn start_event(&mut self) {
+        self.open = None;
         if self.bytes.len() >= self.capacity {
             self.compact();
         }
         self.starts.push_back(self.bytes.len());
-        event.encode_into(self.next_sequence, &mut self.bytes);
         self.next_sequence += 1;
         // Usually empty: a subscriber waits only when it has sent everything, so the first event after
         // that wakes it and the rest of a gather interval's events find no one to wake.
@@ -90,6 +127,36 @@ impl EventLog {
                 waker.wake();
             }
         }
+    }
+
+    fn append(&mut self, event: EventRef<'_>) {
+        self.start_event();
+        event.encode_into(self.next_sequence - 1, &mut self.bytes);
+    }
+
+    /// Adds `key` to the open event if `fits` says its kind and parent relation match; returns whether it
+    /// did.
+    fn join_open(&mut self, key: &[u8], fits: impl FnOnce(&OpenKind, &[u8], &[u8]) -> Option<bool>) -> bool {
+        let Some(open) = &mut self.open else {
+            return false;
+        };
+        if self.bytes.len() - open.event.start() + key.len() + 3 > MAX_OPEN_EVENT_BYTES.min(self.capacity / 4) {
+            return false;
+        }
+        let Some(chained) = fits(&open.kind, &self.bytes, &self.bytes[open.last_key.clone()]) else {
+            return false;
+        };
+        if !open.event.push_key(&mut self.bytes, key) {
+            return false;
+        }
+        if let OpenKind::Stored { chained: decided @ None, .. } = &mut open.kind {
+            *decided = Some(chained);
+            if chained {
+                open.event.set_chained(&mut self.bytes);
+            }
+        }
+        open.last_key = self.bytes.len() - key.len()..self.bytes.len();
+        true
     }
 
     /// Drops the older half of the kept events (amortised: each byte is moved at most once per halving).
@@ -101,6 +168,8 @@ impl EventLog {
             self.starts.clear();
             return;
         };
+        // Offsets move: nothing may stay open (`start_event`, the caller, closed it already).
+        self.open = None;
         self.bytes.drain(..cut);
         self.starts.drain(..drop_events);
         for start in &mut self.starts {
@@ -111,16 +180,51 @@ impl EventLog {
 
     /// A block was stored in `tier`.
     pub fn stored(&mut self, key: &[u8], parent: Option<&[u8]>, size: u32, tier: Tier) {
-        if self.observed() {
-            self.append(EventRef::BlockStored { key, parent, size, tier });
+        if !self.observed() {
+            return;
         }
+        let parent = parent.filter(|parent| !parent.is_empty());
+        let joined = self.join_open(key, |kind, log, last_key| {
+            let OpenKind::Stored { size: open_size, tier: open_tier, parent: open_parent, chained } = kind else {
+                return None;
+            };
+            if (*open_size, *open_tier) != (size, tier) {
+                return None;
+            }
+            if *chained != Some(false) && parent == Some(last_key) {
+                Some(true)
+            } else if *chained != Some(true) && parent == open_parent.clone().map(|range| &log[range]) {
+                Some(false)
+            } else {
+                None
+            }
+        });
+        if joined {
+            return;
+        }
+        self.start_event();
+        let event = OpenEvent::block_stored(&mut self.bytes, self.next_sequence - 1, parent, size, tier);
+        let parent = parent.map(|parent| self.bytes.len() - parent.len()..self.bytes.len());
+        event.push_key(&mut self.bytes, key);
+        let last_key = self.bytes.len() - key.len()..self.bytes.len();
+        self.open = Some(Open { event, kind: OpenKind::Stored { size, tier, parent, chained: None }, last_key });
     }
 
     /// A block left the node.
     pub fn removed(&mut self, key: &[u8], reason: RemovalReason) {
-        if self.observed() {
-            self.append(EventRef::BlockRemoved { key, reason });
+        if !self.observed() {
+            return;
         }
+        let joined = self
+            .join_open(key, |kind, _, _| matches!(kind, OpenKind::Removed(open) if *open == reason).then_some(false));
+        if joined {
+            return;
+        }
+        self.start_event();
+        let event = OpenEvent::block_removed(&mut self.bytes, self.next_sequence - 1, reason);
+        event.push_key(&mut self.bytes, key);
+        let last_key = self.bytes.len() - key.len()..self.bytes.len();
+        self.open = Some(Open { event, kind: OpenKind::Removed(reason), last_key });
     }
 
     /// A block's fastest tier changed.
@@ -141,15 +245,18 @@ impl EventLog {
     /// Appends to `out` the events from `cursor` on whose keys start with `prefix` (all, for `None`), with
     /// the first `strip` bytes of each key taken off (a tenant's prefix), up to about `max_bytes`; returns
     /// the number appended and the next cursor. A cursor older than the oldest kept event first yields a
-    /// `LAGGED` event.
+    /// `LAGGED` event. An event some of whose keys match is sent with those keys only; a chain that loses
+    /// keys is sent as its runs of matching keys, each naming the key before it as its parent, all with the
+    /// event's sequence number. Closes the open event: what a subscriber has read never changes.
     pub fn read(
-        &self,
+        &mut self,
         cursor: u64,
         prefix: Option<&[u8]>,
         strip: usize,
         max_bytes: usize,
         out: &mut Vec<u8>,
     ) -> (u32, u64) {
+        self.open = None;
         let mut count = 0u32;
         let mut cursor = cursor;
         if cursor < self.first_sequence {
@@ -171,32 +278,99 @@ impl EventLog {
             let taken = (last - first) as u64;
             return (count + taken as u32, cursor + taken);
         }
+        let matches = |key: &[u8]| prefix.is_none_or(|prefix| key.starts_with(prefix));
+        let cut = |key| cut(key, strip);
         while cursor < self.next_sequence && out.len() - start_len < max_bytes {
             let index = (cursor - self.first_sequence) as usize;
             let start = self.starts[index];
             let end = self.starts.get(index + 1).copied().unwrap_or(self.bytes.len());
             let bytes = &self.bytes[start..end];
-            // The log holds only what `append` encoded, so this decodes; were it not to, the event is
-            // skipped rather than sent.
+            // The log holds only what it encoded, so this decodes; were it not to, the event is skipped
+            // rather than sent.
             let Ok((event, _, _)) = EventRef::decode(bytes) else {
                 debug_assert!(false, "the event log holds an event it cannot decode");
                 cursor += 1;
                 continue;
             };
-            // LAGGED has no key and goes to every subscriber.
-            let key = event.key();
-            if key.is_none_or(|key| prefix.is_none_or(|prefix| key.starts_with(prefix))) {
-                if strip == 0 || key.is_none() {
+            let whole = |keys: Keys<'_>| strip == 0 && keys.iter().all(matches);
+            count += match event {
+                // LAGGED has no key and goes to every subscriber.
+                EventRef::Lagged { .. } => {
                     out.extend_from_slice(bytes);
-                } else {
-                    event.stripped(strip).encode_into(cursor, out);
+                    1
                 }
-                count += 1;
-            }
+                EventRef::TierChanged { key, from, to } if matches(key) => {
+                    EventRef::TierChanged { key: cut(key), from, to }.encode_into(cursor, out);
+                    1
+                }
+                EventRef::TierChanged { .. } => 0,
+                EventRef::BlockRemoved { keys, .. } | EventRef::BlockStored { keys, .. } if whole(keys) => {
+                    out.extend_from_slice(bytes);
+                    1
+                }
+                EventRef::BlockRemoved { keys, reason } => {
+                    let event = OpenEvent::block_removed(out, cursor, reason);
+                    push_matching(out, event, keys, matches, strip)
+                }
+                EventRef::BlockStored { keys, parent, chained: false, size, tier } => {
+                    let event = OpenEvent::block_stored(out, cursor, parent.map(cut), size, tier);
+                    push_matching(out, event, keys, matches, strip)
+                }
+                EventRef::BlockStored { keys, parent, chained: true, size, tier } => {
+                    // Runs of matching keys; each run's parent is the key before it in the chain.
+                    let mut sent = 0;
+                    let mut before = parent;
+                    let mut run: Option<OpenEvent> = None;
+                    for key in keys {
+                        if matches(key) {
+                            match run {
+                                Some(event) => {
+                                    event.push_key(out, cut(key));
+                                    event.set_chained(out);
+                                }
+                                None => {
+                                    let event = OpenEvent::block_stored(out, cursor, before.map(cut), size, tier);
+                                    event.push_key(out, cut(key));
+                                    run = Some(event);
+                                    sent += 1;
+                                }
+                            }
+                        } else {
+                            run = None;
+                        }
+                        before = Some(key);
+                    }
+                    sent
+                }
+            };
             cursor += 1;
         }
         (count, cursor)
     }
+}
+
+/// `key` without its first `strip` bytes (a tenant's prefix).
+fn cut(key: &[u8], strip: usize) -> &[u8] {
+    &key[strip.min(key.len())..]
+}
+
+/// Adds to `event` (the last in `out`) the keys that match, cut; an event left with none is taken back.
+/// Returns the events written (0 or 1).
+fn push_matching(
+    out: &mut Vec<u8>,
+    event: OpenEvent,
+    keys: Keys<'_>,
+    matches: impl Fn(&[u8]) -> bool,
+    strip: usize,
+) -> u32 {
+    for key in keys.iter().filter(|key| matches(key)) {
+        event.push_key(out, cut(key, strip));
+    }
+    if event.keys(out) == 0 {
+        out.truncate(event.start());
+        return 0;
+    }
+    1
 }
 
 /// A subscriber's registration: counted while it lives, so the log records only while observed.
@@ -209,6 +383,8 @@ impl Subscription {
     /// Registers a subscriber of `log`; returns it and the cursor to read from.
     pub fn new(log: &Rc<RefCell<EventLog>>) -> (Self, u64) {
         let mut events = log.borrow_mut();
+        // It starts after the newest event, which must not grow behind its back.
+        events.open = None;
         events.subscribers += 1;
         let id = events.next_subscriber;
         events.next_subscriber += 1;
@@ -283,22 +459,31 @@ mod tests {
             log.borrow_mut().stored(format!("key-{index}").as_bytes(), None, index, Tier::Dram);
         }
         let mut out = Vec::new();
-        let (count, fast_cursor) = log.borrow().read(fast_cursor, None, 0, 1 << 20, &mut out);
+        let (count, fast_cursor) = log.borrow_mut().read(fast_cursor, None, 0, 1 << 20, &mut out);
         assert_eq!(count, 10);
         fast.consumed(fast_cursor);
         assert!(log.borrow().kept_bytes() > 0, "the slow subscriber has not sent them yet");
         out.clear();
-        let (count, slow_cursor) = log.borrow().read(slow_cursor, None, 0, 1 << 20, &mut out);
+        let (count, slow_cursor) = log.borrow_mut().read(slow_cursor, None, 0, 1 << 20, &mut out);
         assert_eq!(count, 10);
         slow.consumed(slow_cursor);
         assert_eq!(log.borrow().kept_bytes(), 0, "everyone has them: the buffer starts over");
         // Numbering goes on where it was; nothing is reported missed.
         log.borrow_mut().stored(b"key-10", None, 10, Tier::Dram);
         out.clear();
-        assert_eq!(log.borrow().read(fast_cursor, None, 0, 1 << 20, &mut out), (1, 11));
+        assert_eq!(log.borrow_mut().read(fast_cursor, None, 0, 1 << 20, &mut out), (1, 11));
         assert_eq!(
             decode_all(&out),
-            vec![(Event::BlockStored { key: b"key-10".to_vec(), parent: None, size: 10, tier: Tier::Dram }, 10)]
+            vec![(
+                Event::BlockStored {
+                    keys: vec![b"key-10".to_vec()],
+                    parent: None,
+                    chained: false,
+                    size: 10,
+                    tier: Tier::Dram
+                },
+                10
+            )]
         );
         drop(slow);
         fast.consumed(11);
@@ -315,27 +500,153 @@ mod tests {
             log.borrow_mut().stored(format!("key-{index}").as_bytes(), None, index, Tier::Dram);
         }
         let mut out = Vec::new();
-        let (count, next) = log.borrow().read(cursor, None, 0, usize::MAX, &mut out);
+        let (count, next) = log.borrow_mut().read(cursor, None, 0, usize::MAX, &mut out);
         let events = decode_all(&out);
         assert_eq!(count as usize, events.len());
         let Event::Lagged { missed } = events[0].0 else { panic!("first event {:?}", events[0]) };
         assert!(missed > 0 && (missed as usize) < 200);
         assert_eq!(events.len() - 1 + missed as usize, 200, "missed + delivered = produced");
         assert_eq!(next, 200);
-        let Event::BlockStored { key, .. } = &events.last().expect("events").0 else { panic!() };
-        assert_eq!(key, b"key-199");
+        // Each put a size of its own: an event each.
+        let Event::BlockStored { keys, .. } = &events.last().expect("events").0 else { panic!() };
+        assert_eq!(keys, &[b"key-199".to_vec()]);
         // A prefix filter, and a reader that is caught up.
         log.borrow_mut().removed(b"chat/1", RemovalReason::Evicted);
         log.borrow_mut().tier_changed(b"sys/1", Tier::Dram, Tier::Nvme);
         let mut out = Vec::new();
-        let (count, next) = log.borrow().read(next, Some(b"sys/"), 0, usize::MAX, &mut out);
+        let (count, next) = log.borrow_mut().read(next, Some(b"sys/"), 0, usize::MAX, &mut out);
         assert_eq!(count, 1);
         assert_eq!(
             decode_all(&out)[0].0,
             Event::TierChanged { key: b"sys/1".to_vec(), from: Tier::Dram, to: Tier::Nvme }
         );
-        assert_eq!(log.borrow().read(next, None, 0, usize::MAX, &mut Vec::new()).0, 0);
+        assert_eq!(log.borrow_mut().read(next, None, 0, usize::MAX, &mut Vec::new()).0, 0);
         drop(subscription);
         assert!(!log.borrow().observed());
+    }
+
+    fn stored(keys: &[&str], parent: Option<&str>, chained: bool) -> Event {
+        Event::BlockStored {
+            keys: keys.iter().map(|key| key.as_bytes().to_vec()).collect(),
+            parent: parent.map(|parent| parent.as_bytes().to_vec()),
+            chained,
+            size: 64,
+            tier: Tier::Dram,
+        }
+    }
+
+    #[test]
+    fn keys_join_the_newest_event_until_it_is_read_or_stops_fitting() {
+        let log = Rc::new(RefCell::new(EventLog::new(1 << 20)));
+        let (subscription, cursor) = Subscription::new(&log);
+        {
+            let mut log = log.borrow_mut();
+            // Siblings (no parent), then a chain under "t/p", then a put that fits neither.
+            log.stored(b"t/a", None, 64, Tier::Dram);
+            log.stored(b"t/b", None, 64, Tier::Dram);
+            log.stored(b"t/c1", Some(b"t/p"), 64, Tier::Dram);
+            log.stored(b"u/c2", Some(b"t/c1"), 64, Tier::Dram);
+            log.stored(b"t/c3", Some(b"u/c2"), 64, Tier::Dram);
+            log.stored(b"t/x", Some(b"t/p"), 64, Tier::Dram);
+            // Another size, then siblings under one parent.
+            log.stored(b"t/big", None, 65, Tier::Dram);
+            log.stored(b"t/s1", Some(b"t/q"), 64, Tier::Dram);
+            log.stored(b"t/s2", Some(b"t/q"), 64, Tier::Dram);
+            log.removed(b"t/a", RemovalReason::Evicted);
+            log.removed(b"u/b", RemovalReason::Evicted);
+            log.removed(b"t/c", RemovalReason::Removed);
+            log.tier_changed(b"t/s1", Tier::Dram, Tier::Nvme);
+            log.stored(b"t/d", None, 64, Tier::Dram);
+        }
+        let mut out = Vec::new();
+        let (count, next) = log.borrow_mut().read(cursor, None, 0, usize::MAX, &mut out);
+        let expected = vec![
+            (stored(&["t/a", "t/b"], None, false), 0),
+            (stored(&["t/c1", "u/c2", "t/c3"], Some("t/p"), true), 1),
+            (stored(&["t/x"], Some("t/p"), false), 2),
+            (
+                Event::BlockStored {
+                    keys: vec![b"t/big".to_vec()],
+                    parent: None,
+                    chained: false,
+                    size: 65,
+                    tier: Tier::Dram,
+                },
+                3,
+            ),
+            (stored(&["t/s1", "t/s2"], Some("t/q"), false), 4),
+            (Event::BlockRemoved { keys: vec![b"t/a".to_vec(), b"u/b".to_vec()], reason: RemovalReason::Evicted }, 5),
+            (Event::BlockRemoved { keys: vec![b"t/c".to_vec()], reason: RemovalReason::Removed }, 6),
+            (Event::TierChanged { key: b"t/s1".to_vec(), from: Tier::Dram, to: Tier::Nvme }, 7),
+            (stored(&["t/d"], None, false), 8),
+        ];
+        assert_eq!(decode_all(&out), expected);
+        assert_eq!((count, next), (9, 9));
+        // Read, the newest event is closed: the next key starts an event of its own.
+        log.borrow_mut().stored(b"t/e", None, 64, Tier::Dram);
+        out.clear();
+        assert_eq!(log.borrow_mut().read(next, None, 0, usize::MAX, &mut out), (1, 10));
+        assert_eq!(decode_all(&out), vec![(stored(&["t/e"], None, false), 9)]);
+        // A tenant's view ("t/", cut): only its keys; the chain split into its runs, each naming the key
+        // before it (the other tenant's key is named, cut like the rest, as the parent of "c3").
+        out.clear();
+        let (count, _) = log.borrow_mut().read(0, Some(b"t/"), 2, usize::MAX, &mut out);
+        let filtered = decode_all(&out);
+        assert_eq!(count as usize, filtered.len());
+        assert_eq!(
+            filtered[..4],
+            [
+                (stored(&["a", "b"], None, false), 0),
+                (stored(&["c1"], Some("p"), false), 1),
+                (stored(&["c3"], Some("c2"), false), 1),
+                (stored(&["x"], Some("p"), false), 2),
+            ]
+        );
+        assert_eq!(filtered[6], (Event::BlockRemoved { keys: vec![b"a".to_vec()], reason: RemovalReason::Evicted }, 5));
+        assert_eq!(filtered.len(), 11);
+        // A prefix nothing of an event matches leaves nothing of it.
+        out.clear();
+        assert_eq!(log.borrow_mut().read(0, Some(b"u/"), 0, usize::MAX, &mut out).0, 2);
+        assert_eq!(
+            decode_all(&out),
+            vec![
+                (stored(&["u/c2"], Some("t/c1"), false), 1),
+                (Event::BlockRemoved { keys: vec![b"u/b".to_vec()], reason: RemovalReason::Evicted }, 5),
+            ]
+        );
+        // A subscriber that joins now sees every key stored after it joined: the open event closes.
+        log.borrow_mut().stored(b"t/f", None, 64, Tier::Dram);
+        let (late, late_cursor) = Subscription::new(&log);
+        log.borrow_mut().stored(b"t/g", None, 64, Tier::Dram);
+        out.clear();
+        assert_eq!(log.borrow_mut().read(late_cursor, None, 0, usize::MAX, &mut out), (1, 12));
+        assert_eq!(decode_all(&out), vec![(stored(&["t/g"], None, false), 11)]);
+        drop((subscription, late));
+    }
+
+    #[test]
+    fn an_event_stops_growing_at_its_byte_bound() {
+        let log = Rc::new(RefCell::new(EventLog::new(8 << 20)));
+        let (_subscription, cursor) = Subscription::new(&log);
+        let key = [b'k'; 100];
+        let keys = 2 * MAX_OPEN_EVENT_BYTES / key.len();
+        for _ in 0..keys {
+            log.borrow_mut().stored(&key, None, 64, Tier::Dram);
+        }
+        let mut out = Vec::new();
+        let (count, _) = log.borrow_mut().read(cursor, None, 0, usize::MAX, &mut out);
+        let events = decode_all(&out);
+        assert_eq!(count as usize, events.len());
+        assert!((2..=3).contains(&events.len()), "{} events", events.len());
+        let mut total = 0;
+        let mut at = 0;
+        for (event, _) in &events {
+            let (_, _, len) = Event::decode(&out[at..]).expect("decodes");
+            assert!(len <= MAX_OPEN_EVENT_BYTES, "an event of {len} bytes");
+            at += len;
+            let Event::BlockStored { keys, .. } = event else { panic!("{event:?}") };
+            total += keys.len();
+        }
+        assert_eq!(total, keys);
     }
 }

@@ -532,7 +532,7 @@ async fn handle_subscribe(
     loop {
         frame.clear();
         frame.resize(FRAME_HEADER_BYTES, 0);
-        let (count, next) = shard.events.borrow().read(cursor, prefix, strip, EVENT_FRAME_BYTES, &mut frame);
+        let (count, next) = shard.events.borrow_mut().read(cursor, prefix, strip, EVENT_FRAME_BYTES, &mut frame);
         cursor = next;
         if count == 0 {
             let woken = futures_lite::future::or(

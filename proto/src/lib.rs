@@ -18,7 +18,7 @@ mod frame;
 mod hash;
 mod items;
 
-pub use events::{Event, EventRef, MIN_EVENT_BYTES, RemovalReason, Tier};
+pub use events::{Event, EventRef, Keys, KeysIter, MAX_EVENT_KEYS, MIN_EVENT_BYTES, OpenEvent, RemovalReason, Tier};
 pub use frame::{
     FRAME_HEADER_BYTES, FrameHeader, MAGIC, Opcode, PROTOCOL_VERSION, ProtoError, RequestFrame, RequestItem, Status,
     decode_request_frame,

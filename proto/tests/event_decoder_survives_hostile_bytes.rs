@@ -14,15 +14,20 @@ proptest! {
 
     #[test]
     fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
-        if let Ok((_, _, len)) = EventRef::decode(&bytes) {
+        if let Ok((event, _, len)) = EventRef::decode(&bytes) {
             prop_assert!(len <= bytes.len());
+            // Its keys, checked at decode, all come out.
+            if let EventRef::BlockStored { keys, .. } | EventRef::BlockRemoved { keys, .. } = event {
+                prop_assert_eq!(keys.iter().count(), keys.len());
+            }
         }
     }
 
     #[test]
     fn encoded_events_decode_to_what_was_encoded(
         kind in 0u8..4,
-        key in proptest::collection::vec(any::<u8>(), 0..80),
+        keys in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..80), 1..6),
+        chained in any::<bool>(),
         parent in proptest::option::of(proptest::collection::vec(any::<u8>(), 1..80)),
         size in any::<u32>(),
         codes in (0u8..3, 0u8..3, 1u8..=5),
@@ -37,9 +42,9 @@ proptest! {
             RemovalReason::Cascaded,
         ];
         let event = match kind {
-            0 => Event::BlockStored { key: key.clone(), parent, size, tier: tier(codes.0) },
-            1 => Event::BlockRemoved { key: key.clone(), reason: reasons[usize::from(codes.2 - 1)] },
-            2 => Event::TierChanged { key: key.clone(), from: tier(codes.0), to: tier(codes.1) },
+            0 => Event::BlockStored { keys: keys.clone(), parent, chained, size, tier: tier(codes.0) },
+            1 => Event::BlockRemoved { keys: keys.clone(), reason: reasons[usize::from(codes.2 - 1)] },
+            2 => Event::TierChanged { key: keys[0].clone(), from: tier(codes.0), to: tier(codes.1) },
             _ => Event::Lagged { missed: size },
         };
         let mut bytes = Vec::new();

@@ -11,6 +11,11 @@ use common::{Scratch, client, config, key_of, start, value_of, with_file};
 use strata_client::{Event, EventStream, RemovalReason, ShardEvent, Tier};
 use strata_engine::config::EventCpus;
 
+/// The blocks `events` report on (an event names one key or many).
+fn blocks(events: &[ShardEvent]) -> usize {
+    events.iter().map(|event| event.event.blocks()).sum()
+}
+
 /// Collects events until `done` says so or 10 s pass.
 fn collect(stream: &EventStream, mut done: impl FnMut(&[ShardEvent]) -> bool) -> Vec<ShardEvent> {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -46,19 +51,23 @@ fn reports_in_order(event_cpus: EventCpus) {
         client.put(&key_of(index), &value_of(index, 4096)).expect("put");
     }
     client.remove(&key_of(3)).expect("remove");
-    let events = collect(&everything, |events| events.len() >= 12);
+    // Eleven blocks stored and one removed, in however many events the shards grouped them.
+    let events = collect(&everything, |events| blocks(events) >= 12);
     let stored: Vec<_> = events
         .iter()
-        .filter_map(|event| match &event.event {
-            Event::BlockStored { key, size, tier, parent } => Some((key.clone(), *size, *tier, parent.clone())),
-            _ => None,
+        .flat_map(|event| {
+            let (size, tier) = match event.event {
+                Event::BlockStored { size, tier, .. } => (size, tier),
+                _ => (0, Tier::None),
+            };
+            event.event.stored_blocks().map(move |(key, parent)| (key.to_vec(), size, tier, parent.map(<[u8]>::to_vec)))
         })
         .collect();
     assert_eq!(stored.len(), 11, "{events:?}");
     assert!(stored.contains(&(b"sys/prompt".to_vec(), 1000, Tier::Dram, None)));
     assert!(stored.contains(&(key_of(9), 4096, Tier::Dram, None)));
     let removed = events.iter().find(|event| matches!(event.event, Event::BlockRemoved { .. })).expect("removal");
-    assert_eq!(removed.event, Event::BlockRemoved { key: key_of(3), reason: RemovalReason::Removed });
+    assert_eq!(removed.event, Event::BlockRemoved { keys: vec![key_of(3)], reason: RemovalReason::Removed });
     // Per shard, sequence numbers are consecutive.
     let mut last: HashMap<u32, u64> = HashMap::new();
     for event in &events {
@@ -95,13 +104,14 @@ fn reports_in_order(event_cpus: EventCpus) {
     // The prefix subscription saw only its key: stored, then (maybe) moved to NVMe and back.
     let mut filtered = collect(&system_only, |events| !events.is_empty());
     filtered.extend(system_only.drain().into_iter().map(|event| event.expect("event")));
-    assert!(matches!(&filtered[0].event, Event::BlockStored { key, .. } if key == b"sys/prompt"));
+    assert!(matches!(&filtered[0].event, Event::BlockStored { keys, .. } if keys == &[b"sys/prompt".to_vec()]));
     for event in &filtered {
-        let key = match &event.event {
-            Event::BlockStored { key, .. } | Event::BlockRemoved { key, .. } | Event::TierChanged { key, .. } => key,
+        let keys = match &event.event {
+            Event::BlockStored { keys, .. } | Event::BlockRemoved { keys, .. } => keys.clone(),
+            Event::TierChanged { key, .. } => vec![key.clone()],
             Event::Lagged { .. } => panic!("lagged"),
         };
-        assert!(key.starts_with(b"sys/"), "{event:?}");
+        assert!(keys.iter().all(|key| key.starts_with(b"sys/")), "{event:?}");
     }
     drop(everything);
     drop(system_only);
@@ -133,24 +143,35 @@ fn falls_behind(event_cpus: EventCpus) {
         let items: Vec<(&[u8], &[u8])> = batch.iter().map(|key| (&key[..], &b"v"[..])).collect();
         assert!(client.batch_put(&items).iter().all(Result::is_ok));
     }
-    // One event per put, and one per block evicted to make room (a DRAM-only node drops them).
-    let produced = PUTS + common::total(&node, |shard| &shard.dram_evictions);
-    let mut delivered = 0u64;
-    let mut missed = 0u64;
+    // A last put of another size starts an event of its own: the stream has been read to its end when
+    // that event arrives. Events are numbered from 0 (a node records nothing before its first subscriber).
+    client.put(b"the-last-put", b"vv").expect("put");
+    let (mut delivered, mut missed, mut blocks) = (0u64, 0u64, 0u64);
+    let mut last_sequence = None;
     let deadline = Instant::now() + Duration::from_secs(30);
-    while delivered + missed < produced && Instant::now() < deadline {
+    while last_sequence.is_none() && Instant::now() < deadline {
         match stream.next_timeout(Duration::from_millis(200)) {
             Some(Ok(ShardEvent { event: Event::Lagged { missed: count }, .. })) => missed += u64::from(count),
-            Some(Ok(ShardEvent { event: Event::BlockStored { .. } | Event::BlockRemoved { .. }, .. })) => {
-                delivered += 1
+            Some(Ok(ShardEvent { event, sequence, .. })) => {
+                assert!(matches!(event, Event::BlockStored { .. } | Event::BlockRemoved { .. }), "{event:?}");
+                delivered += 1;
+                blocks += event.blocks() as u64;
+                if matches!(&event, Event::BlockStored { keys, .. } if keys == &[b"the-last-put".to_vec()]) {
+                    last_sequence = Some(sequence);
+                }
             }
-            Some(other) => panic!("unexpected {other:?}"),
+            Some(Err(error)) => panic!("{error}"),
             None => {}
         }
     }
+    let last_sequence = last_sequence.expect("the last put's event arrived");
     assert!(missed > 0, "the subscriber was told it lagged");
     assert!(delivered > 0);
-    assert_eq!(delivered + missed, produced, "every event is delivered or counted as missed");
+    assert_eq!(delivered + missed, last_sequence + 1, "every event is delivered or counted as missed");
+    // Blocks: one per put and one per block evicted to make room (a DRAM-only node drops them), the ones in
+    // the events delivered fewer.
+    let produced = PUTS + 1 + common::total(&node, |shard| &shard.dram_evictions);
+    assert!(blocks < produced, "{blocks} of {produced} blocks");
     drop(stream);
     node.shutdown().expect("shutdown");
 }
@@ -166,8 +187,8 @@ fn batches_borrow_their_keys_and_say_what_owned_events_say() {
         client.put(&key_of(index), &value_of(index, 100)).expect("put");
     }
     client.remove(&key_of(5)).expect("remove");
-    let expected = collect(&owned, |events| events.len() >= 22);
-    assert_eq!(expected.len(), 22);
+    let expected = collect(&owned, |events| blocks(events) >= 22);
+    assert_eq!(blocks(&expected), 22);
 
     // The same events through batches: one owned event first, then the rest of its batch and the ones after.
     let mut seen: Vec<ShardEvent> =
@@ -179,7 +200,9 @@ fn batches_borrow_their_keys_and_say_what_owned_events_say() {
         assert!(!batch.is_empty() && batch.shard() == 0);
         let before = seen.len();
         for (sequence, event) in batch.iter() {
-            if let strata_client::EventRef::BlockStored { key: b"child", parent, .. } = event {
+            if let strata_client::EventRef::BlockStored { keys, parent, .. } = event
+                && keys.first() == Some(b"child")
+            {
                 assert_eq!(parent, Some(&b"root"[..]), "the parent borrowed from the frame");
             }
             seen.push(ShardEvent { shard: batch.shard(), sequence, event: event.to_event() });
@@ -215,4 +238,48 @@ fn a_node_that_stops_ends_its_subscribers_streams() {
         assert_eq!(node.event_sender_threads(), 0, "{event_cpus:?}");
         node.shutdown().expect("shutdown");
     }
+}
+
+#[test]
+fn a_chain_put_in_one_batch_arrives_as_chained_events() {
+    let node = start(config(&[0], 32 << 20));
+    let mut client = client(&node);
+    let stream = client.subscribe_events(None).expect("subscribe");
+    let chain: Vec<Vec<u8>> = (0..16).map(|index| format!("chain-block-{index}").into_bytes()).collect();
+    let value: &[&[u8]] = &[b"kv"];
+    let puts: Vec<strata_client::BlockPut<'_>> = chain
+        .iter()
+        .enumerate()
+        .map(|(index, key)| strata_client::BlockPut {
+            key,
+            parts: value,
+            links: strata_client::Links::parent(if index == 0 { b"prompt-root" } else { &chain[index - 1] }),
+        })
+        .collect();
+    assert!(client.batch_put_blocks(&puts, Default::default()).iter().all(Result::is_ok));
+    let events = collect(&stream, |events| blocks(events) >= chain.len());
+    // Each block with the parent it named, in order, however the shard grouped them.
+    let seen: Vec<(Vec<u8>, Option<Vec<u8>>)> = events
+        .iter()
+        .flat_map(|event| event.event.stored_blocks())
+        .map(|(key, parent)| (key.to_vec(), parent.map(<[u8]>::to_vec)))
+        .collect();
+    let expected: Vec<(Vec<u8>, Option<Vec<u8>>)> = chain
+        .iter()
+        .enumerate()
+        .map(|(index, key)| {
+            (key.clone(), Some(if index == 0 { b"prompt-root".to_vec() } else { chain[index - 1].clone() }))
+        })
+        .collect();
+    assert_eq!(seen, expected);
+    // One batch, read by the subscriber at most a few times meanwhile: the chain came as chained events.
+    assert!(
+        events
+            .iter()
+            .any(|event| matches!(&event.event, Event::BlockStored { keys, chained: true, .. } if keys.len() > 1)),
+        "{events:?}"
+    );
+    assert!(events.len() < chain.len(), "{} events for {} blocks", events.len(), chain.len());
+    drop(stream);
+    node.shutdown().expect("shutdown");
 }

@@ -69,7 +69,7 @@ fn tenants_see_only_their_own_keys_and_a_wrong_token_is_refused() {
         }
     }
     assert_eq!(seen.len(), 1, "{seen:?}");
-    assert!(matches!(&seen[0], Event::BlockStored { key, size: 13, .. } if key == b"shared-name"));
+    assert!(matches!(&seen[0], Event::BlockStored { keys, size: 13, .. } if keys == &[b"shared-name".to_vec()]));
     drop(alpha_events);
     drop((alpha, beta));
     node.shutdown().expect("shutdown");

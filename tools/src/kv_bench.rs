@@ -169,14 +169,17 @@ pub struct KvReport {
     pub client_cpu_ns_per_op: f64,
     /// Up to 5 error messages.
     pub error_samples: Vec<String>,
-    /// Events received by the --subscribe subscriber during the run.
+    /// Block events received by the --subscribe subscriber during the run: one per key an event names
+    /// (an event on the wire names one key or many, as vLLM's do).
     pub events_received: Option<u64>,
-    /// Events it was told it missed (LAGGED).
+    /// The events on the wire that carried them.
+    pub wire_events_received: Option<u64>,
+    /// Events on the wire it was told it missed (LAGGED).
     pub events_missed: Option<u64>,
-    /// Events received per second.
+    /// Block events received per second.
     pub events_per_sec: Option<f64>,
-    /// CPU time of the subscriber's thread per event received (what looking at the stream costs a router;
-    /// at the kernel's 10 ms tick resolution, so meaningful over runs of seconds).
+    /// CPU time of the subscriber's thread per block event received (what looking at the stream costs a
+    /// router; at the kernel's 10 ms tick resolution, so meaningful over runs of seconds).
     pub subscriber_cpu_ns_per_event: Option<f64>,
     /// With --subscribe-windows: puts/s with and without a subscriber, windows interleaved.
     pub windows: Option<WindowReport>,
@@ -379,7 +382,7 @@ pub fn run(args: &KvArgs, show_progress: bool) -> anyhow::Result<KvReport> {
     let threads = args.connections;
     let completions = window.map(|_| Completions::new(started, runtime));
     let workers_done = std::sync::atomic::AtomicBool::new(false);
-    type Outcome = (Vec<ThreadResult>, f64, (u64, u64, u64), Option<WindowReport>);
+    type Outcome = (Vec<ThreadResult>, f64, (u64, u64, u64, u64), Option<WindowReport>);
     let (results, elapsed, event_counts, windows) = std::thread::scope(|scope| -> anyhow::Result<Outcome> {
         let completions = completions.as_ref();
         let windowed = completions.zip(window).map(|(completions, window)| {
@@ -393,7 +396,7 @@ pub fn run(args: &KvArgs, show_progress: bool) -> anyhow::Result<KvReport> {
         let counter = events.map(|events| {
             scope.spawn(move || {
                 let cpu_before = strata_engine::metrics::thread_cpu_ns();
-                let (mut received, mut missed) = (0u64, 0u64);
+                let (mut received, mut wire, mut missed) = (0u64, 0u64, 0u64);
                 let mut quiet_since: Option<Instant> = None;
                 while quiet_since.is_none_or(|since| since.elapsed() < Duration::from_millis(200)) {
                     // Batches, keys borrowed: a router's cost of looking at each event, not of copying it.
@@ -403,7 +406,10 @@ pub fn run(args: &KvArgs, show_progress: bool) -> anyhow::Result<KvReport> {
                             for (_sequence, event) in batch.iter() {
                                 match event {
                                     strata_client::EventRef::Lagged { missed: count } => missed += u64::from(count),
-                                    _ => received += 1,
+                                    event => {
+                                        received += event.blocks() as u64;
+                                        wire += 1;
+                                    }
                                 }
                             }
                         }
@@ -416,7 +422,7 @@ pub fn run(args: &KvArgs, show_progress: bool) -> anyhow::Result<KvReport> {
                         None => {}
                     }
                 }
-                (received, missed, strata_engine::metrics::thread_cpu_ns().saturating_sub(cpu_before))
+                (received, wire, missed, strata_engine::metrics::thread_cpu_ns().saturating_sub(cpu_before))
             })
         });
         let handles: Vec<_> = (0..threads)
@@ -443,7 +449,7 @@ pub fn run(args: &KvArgs, show_progress: bool) -> anyhow::Result<KvReport> {
         let elapsed = started.elapsed().as_secs_f64();
         let counts = match counter {
             Some(counter) => counter.join().map_err(|_| anyhow::anyhow!("the event counter panicked"))?,
-            None => (0, 0, 0),
+            None => (0, 0, 0, 0),
         };
         let windows = match windowed {
             Some(windowed) => Some(windowed.join().map_err(|_| anyhow::anyhow!("the windowed subscriber panicked"))??),
@@ -498,10 +504,11 @@ pub fn run(args: &KvArgs, show_progress: bool) -> anyhow::Result<KvReport> {
         client_cpu_ns_per_op: if keys > 0 { client_cpu as f64 / keys as f64 } else { 0.0 },
         error_samples: samples,
         events_received: args.subscribe.then_some(event_counts.0),
-        events_missed: args.subscribe.then_some(event_counts.1),
+        wire_events_received: args.subscribe.then_some(event_counts.1),
+        events_missed: args.subscribe.then_some(event_counts.2),
         events_per_sec: args.subscribe.then(|| event_counts.0 as f64 / args.runtime.min(elapsed).max(1e-9)),
         subscriber_cpu_ns_per_event: (args.subscribe && event_counts.0 > 0)
-            .then(|| event_counts.2 as f64 / event_counts.0 as f64),
+            .then(|| event_counts.3 as f64 / event_counts.0 as f64),
         windows,
     })
 }
@@ -726,11 +733,14 @@ pub fn format_report(report: &KvReport) -> String {
         report.server_cpu_ns_per_op.map_or("n/a".to_string(), |ns| format!("{ns:.0} ns")),
         report.client_cpu_ns_per_op
     );
-    if let (Some(received), Some(missed), Some(rate)) =
-        (report.events_received, report.events_missed, report.events_per_sec)
+    if let (Some(received), Some(wire), Some(missed), Some(rate)) =
+        (report.events_received, report.wire_events_received, report.events_missed, report.events_per_sec)
     {
         let cpu = report.subscriber_cpu_ns_per_event.map_or("n/a".to_string(), |ns| format!("{ns:.0} ns"));
-        out += &format!("  events received {received} ({rate:.0}/s), missed {missed}, subscriber CPU/event {cpu}\n");
+        out += &format!(
+            "  block events received {received} ({rate:.0}/s) in {wire} events, missed {missed} events, subscriber \
+             CPU/block event {cpu}\n"
+        );
     }
     if let Some(windows) = &report.windows {
         if let (Some(unobserved), Some(observed)) =

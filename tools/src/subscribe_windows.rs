@@ -73,7 +73,7 @@ pub struct WindowReport {
     pub node_cpu_ns_per_op_unobserved: Option<f64>,
     /// And with one.
     pub node_cpu_ns_per_op_observed: Option<f64>,
-    /// Events received. Not a rate: what was in flight each time the subscriber closed is not received
+    /// Block events received (one per key an event names). Not a rate: what was in flight each time the subscriber closed is not received
     /// (the events row takes its events/s from a run subscribed throughout).
     pub events_received: u64,
     /// Events the subscriber was told it missed.
@@ -193,7 +193,7 @@ impl EventCount {
             for (_sequence, event) in batch.context("the event stream failed")?.iter() {
                 match event {
                     EventRef::Lagged { missed } => self.missed += u64::from(missed),
-                    _ => self.received += 1,
+                    event => self.received += event.blocks() as u64,
                 }
             }
         }

@@ -130,6 +130,9 @@ fn bench_kv_writes_verifies_and_reports_with_the_nodes_cpu_and_events() {
     );
     assert_eq!(count(&observed, "keys_done"), 3000, "{observed}");
     assert!(count(&observed, "events_received") >= 3000, "{observed}");
+    // Events on the wire name one key or many.
+    let wire = count(&observed, "wire_events_received");
+    assert!(wire >= 1 && wire <= count(&observed, "events_received"), "{observed}");
     assert_eq!(count(&observed, "events_missed"), 0, "{observed}");
     assert!(observed["subscriber_cpu_ns_per_event"].as_f64().is_some_and(|ns| ns >= 0.0), "{observed}");
     assert!(get["events_received"].is_null() && get["subscriber_cpu_ns_per_event"].is_null(), "{get}");

@@ -52,16 +52,17 @@ fn event_dict<'py>(py: Python<'py>, event: &ShardEvent) -> PyResult<Bound<'py, P
     dict.set_item("shard", event.shard)?;
     dict.set_item("sequence", event.sequence)?;
     match &event.event {
-        Event::BlockStored { key, parent, size, tier } => {
+        Event::BlockStored { keys, parent, chained, size, tier } => {
             dict.set_item("type", "BlockStored")?;
-            dict.set_item("keys", PyList::new(py, [key_object(py, key)])?)?;
+            dict.set_item("keys", PyList::new(py, keys.iter().map(|key| key_object(py, key)))?)?;
             dict.set_item("parent", parent.as_deref().map(|parent| key_object(py, parent)))?;
+            dict.set_item("chained", *chained)?;
             dict.set_item("size", *size)?;
             dict.set_item("tier", tier_name(*tier))?;
         }
-        Event::BlockRemoved { key, reason } => {
+        Event::BlockRemoved { keys, reason } => {
             dict.set_item("type", "BlockRemoved")?;
-            dict.set_item("keys", PyList::new(py, [key_object(py, key)])?)?;
+            dict.set_item("keys", PyList::new(py, keys.iter().map(|key| key_object(py, key)))?)?;
             dict.set_item("reason", reason_name(*reason))?;
         }
         Event::TierChanged { key, from, to } => {
@@ -88,8 +89,10 @@ fn error_dict<'py>(py: Python<'py>, code: i64) -> PyResult<Bound<'py, PyDict>> {
 #[pymethods]
 impl EventSubscription {
     /// The next event as a dict, waiting at most `timeout_seconds`; None if none came (or closed). Types:
-    /// `BlockStored` {keys, parent, size, tier}, `BlockRemoved` {keys, reason}, `TierChanged` {key, from,
-    /// to}, `Lagged` {missed} (events were lost: resync), `Error` {code} (a shard's stream ended).
+    /// `BlockStored` {keys, parent, chained, size, tier} (chained: each key after the first names the one
+    /// before it as its parent, as vLLM's `block_hashes`; else every key names `parent`), `BlockRemoved`
+    /// {keys, reason}, `TierChanged` {key, from, to}, `Lagged` {missed} (events were lost: resync), `Error`
+    /// {code} (a shard's stream ended).
     #[pyo3(signature = (timeout_seconds = 1.0))]
     fn next<'py>(&self, py: Python<'py>, timeout_seconds: f64) -> PyResult<Option<Bound<'py, PyDict>>> {
         let timeout = Duration::from_secs_f64(timeout_seconds.clamp(0.0, 3600.0));
