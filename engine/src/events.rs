@@ -649,4 +649,88 @@ mod tests {
         }
         assert_eq!(total, keys);
     }
+
+    /// What a router learns about one key, in the order it learns it.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    enum Fact {
+        Stored { key: u8, parent: Option<u8>, size: u32 },
+        Removed { key: u8, reason: RemovalReason },
+        Moved { key: u8 },
+    }
+
+    impl Fact {
+        fn key(&self) -> u8 {
+            match *self {
+                Fact::Stored { key, .. } | Fact::Removed { key, .. } | Fact::Moved { key } => key,
+            }
+        }
+    }
+
+    fn name(key: u8) -> Vec<u8> {
+        format!("key-{key}").into_bytes()
+    }
+
+    fn number(name: &[u8]) -> u8 {
+        std::str::from_utf8(&name[4..]).expect("utf-8").parse().expect("a number")
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 512, ..Default::default() })]
+
+        /// Events grouped any way the log likes still tell each key's story in order, and every fact once.
+        #[test]
+        fn grouping_never_reorders_a_keys_own_events(
+            ops in proptest::collection::vec((0u8..5, 0u8..6, 0u8..7, 1u32..3), 1..200),
+        ) {
+            let log = Rc::new(RefCell::new(EventLog::new(1 << 20)));
+            let (_subscription, mut cursor) = Subscription::new(&log);
+            let mut facts = Vec::new();
+            let mut out = Vec::new();
+            for (op, key, parent, size) in ops {
+                let mut log = log.borrow_mut();
+                match op {
+                    0 | 1 => {
+                        let parent = (parent < 6).then_some(parent);
+                        log.stored(&name(key), parent.map(name).as_deref(), size, Tier::Dram);
+                        facts.push(Fact::Stored { key, parent, size });
+                    }
+                    2 => {
+                        let reason = if size == 1 { RemovalReason::Evicted } else { RemovalReason::Cascaded };
+                        log.removed(&name(key), reason);
+                        facts.push(Fact::Removed { key, reason });
+                    }
+                    3 => {
+                        log.tier_changed(&name(key), Tier::Dram, Tier::Nvme);
+                        facts.push(Fact::Moved { key });
+                    }
+                    _ => cursor = log.read(cursor, None, 0, usize::MAX, &mut out).1,
+                }
+            }
+            cursor = log.borrow_mut().read(cursor, None, 0, usize::MAX, &mut out).1;
+            proptest::prop_assert_eq!(cursor, log.borrow().next_sequence());
+            let mut told = Vec::new();
+            for (expected_sequence, (event, sequence)) in (0u64..).zip(decode_all(&out)) {
+                proptest::prop_assert_eq!(sequence, expected_sequence, "numbered in order, no gap");
+                match &event {
+                    Event::BlockStored { size, .. } => told.extend(
+                        event.stored_blocks().map(|(key, parent)| Fact::Stored {
+                            key: number(key),
+                            parent: parent.map(number),
+                            size: *size,
+                        }),
+                    ),
+                    Event::BlockRemoved { keys, reason } => {
+                        told.extend(keys.iter().map(|key| Fact::Removed { key: number(key), reason: *reason }))
+                    }
+                    Event::TierChanged { key, .. } => told.push(Fact::Moved { key: number(key) }),
+                    Event::Lagged { .. } => proptest::prop_assert!(false, "lagged"),
+                }
+            }
+            proptest::prop_assert_eq!(told.len(), facts.len());
+            for key in 0..6 {
+                let of = |facts: &[Fact]| facts.iter().filter(|fact| fact.key() == key).cloned().collect::<Vec<_>>();
+                proptest::prop_assert_eq!(of(&told), of(&facts), "key {}", key);
+            }
+        }
+    }
 }
