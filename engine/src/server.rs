@@ -394,19 +394,35 @@ async fn handle_frame(
                     let prefix = header.opcode == Opcode::PrefixMatch;
                     let mut broken_chains: std::collections::HashSet<u32> = std::collections::HashSet::new();
                     let mut statuses = Vec::with_capacity(items.len());
-                    for (item, key_at, key_len) in &items {
+                    // Each key of this shard hashed once, and its index lines asked for one and two items
+                    // ahead (see `prefetch_next_puts`): a 1,000-key chain is otherwise a chain of misses.
+                    let hashes: Vec<Option<u64>> = items
+                        .iter()
+                        .map(|(_, key_at, key_len)| {
+                            let user_key = &body[*key_at..*key_at + *key_len];
+                            other_owner(shard, user_key)
+                                .is_none()
+                                .then(|| crate::index::index_hash(&scope.scoped(user_key)))
+                        })
+                        .collect();
+                    for (at, (item, key_at, key_len)) in items.iter().enumerate() {
+                        for (ahead, stage) in [Prefetch::Entry, Prefetch::IndexSlot].into_iter().enumerate() {
+                            if let Some(Some(hash)) = hashes.get(at + 1 + ahead) {
+                                shard.prefetch(*hash, stage);
+                            }
+                        }
                         let user_key = &body[*key_at..*key_at + *key_len];
                         if prefix && !broken_chains.is_empty() && broken_chains.contains(&item.offset) {
                             statuses.push(ResponseItemHeader::status(Status::NotFound));
                             continue;
                         }
-                        let key = scope.scoped(user_key);
                         // A prefix match is asked before the blocks are loaded: the blocks it finds are held
                         // for a read lease, so that the load that follows finds them still there.
-                        let found = match other_owner(shard, user_key) {
-                            None if prefix => shard.exists_leased(&key),
-                            None => shard.exists(&key),
-                            Some(owner) => {
+                        let found = match hashes[at] {
+                            Some(hash) => shard.exists_hashed(hash, prefix),
+                            None => {
+                                let owner = other_owner(shard, user_key).unwrap_or(shard.id);
+                                let key = scope.scoped(user_key);
                                 let reply = forward(shard, owner, &key, ForwardOp::Exists { lease: prefix }).await;
                                 if reply.status == Status::Ok { Ok(reply.object_len) } else { Err(reply.status) }
                             }

@@ -1743,19 +1743,24 @@ impl Shard {
     /// DRAM and NVMe objects alike, so that a scheduler's batch of lookups touches no object memory. A hash
     /// collision (see `index.rs`) can make this say yes for a key a get then misses; never the reverse.
     pub fn exists(&self, key: &[u8]) -> Result<u32, Status> {
-        let index = self.index.borrow();
-        let Some(id) = index.find(index_hash(key)) else { return Err(Status::NotFound) };
-        Ok(index.get(id).value_len)
+        self.exists_hashed(index_hash(key), false)
     }
 
     /// [`Shard::exists`], and a read lease on the object (its last hit is now): a prefix match's blocks
     /// are not evicted before the engine that asked loads them (`read_lease`, 5 s by default).
     pub fn exists_leased(&self, key: &[u8]) -> Result<u32, Status> {
-        let now = self.now_tick();
+        self.exists_hashed(index_hash(key), true)
+    }
+
+    /// [`Shard::exists`] (with a read lease if `lease`) of the key whose index hash is `hash`: for a batch
+    /// that hashed its keys already, to prefetch their lines.
+    pub fn exists_hashed(&self, hash: u64, lease: bool) -> Result<u32, Status> {
         let mut index = self.index.borrow_mut();
-        let Some(id) = index.find(index_hash(key)) else { return Err(Status::NotFound) };
+        let Some(id) = index.find(hash) else { return Err(Status::NotFound) };
         let entry = index.get_mut(id);
-        entry.last_hit = now;
+        if lease {
+            entry.last_hit = self.now_tick();
+        }
         Ok(entry.value_len)
     }
 

@@ -13,7 +13,12 @@ pub fn fnv1a_64(bytes: &[u8]) -> u64 {
 
 /// The shard (0-based) that owns `key` on a node of `shard_count` shards.
 pub fn shard_of(key: &[u8], shard_count: u32) -> u32 {
-    (fnv1a_64(key) % u64::from(shard_count.max(1))) as u32
+    // One shard owns everything: no hash (FNV-1a takes a multiply per byte, ~25 ns for a 21-byte key, paid
+    // by every item of a batch on the node and on the client).
+    if shard_count <= 1 {
+        return 0;
+    }
+    (fnv1a_64(key) % u64::from(shard_count)) as u32
 }
 
 #[cfg(test)]
