@@ -395,22 +395,10 @@ async fn handle_frame(
                     let mut broken_chains: std::collections::HashSet<u32> = std::collections::HashSet::new();
                     let mut statuses = Vec::with_capacity(items.len());
                     // Each key of this shard hashed once, and its index lines asked for one and two items
-                    // ahead (see `prefetch_next_puts`): a 1,000-key chain is otherwise a chain of misses.
-                    let hashes: Vec<Option<u64>> = items
-                        .iter()
-                        .map(|(_, key_at, key_len)| {
-                            let user_key = &body[*key_at..*key_at + *key_len];
-                            other_owner(shard, user_key)
-                                .is_none()
-                                .then(|| crate::index::index_hash(&scope.scoped(user_key)))
-                        })
-                        .collect();
+                    // ahead: a 1,000-key chain is otherwise a chain of misses.
+                    let hashes = local_hashes(shard, scope, body_keys(&body, &items));
                     for (at, (item, key_at, key_len)) in items.iter().enumerate() {
-                        for (ahead, stage) in [Prefetch::Entry, Prefetch::IndexSlot].into_iter().enumerate() {
-                            if let Some(Some(hash)) = hashes.get(at + 1 + ahead) {
-                                shard.prefetch(*hash, stage);
-                            }
-                        }
+                        prefetch_stages(shard, &hashes, at + 1, &[Prefetch::Entry, Prefetch::IndexSlot]);
                         let user_key = &body[*key_at..*key_at + *key_len];
                         if prefix && !broken_chains.is_empty() && broken_chains.contains(&item.offset) {
                             statuses.push(ResponseItemHeader::status(Status::NotFound));
@@ -842,6 +830,34 @@ fn prefetch_next_puts(
     ahead.pop_front();
 }
 
+/// The keys of a read-side body's items, as the client sent them.
+fn body_keys<'a>(
+    body: &'a [u8],
+    items: &'a [(RequestItemHeader, usize, usize)],
+) -> impl Iterator<Item = &'a [u8]> + 'a {
+    items.iter().map(|(_, key_at, key_len)| &body[*key_at..*key_at + *key_len])
+}
+
+/// Each key's index hash as this shard stores it, or `None` for a key another shard owns (forwarded).
+fn local_hashes<'a>(shard: &Shard, scope: &Scope, user_keys: impl Iterator<Item = &'a [u8]>) -> Vec<Option<u64>> {
+    user_keys
+        .map(|user_key| {
+            other_owner(shard, user_key).is_none().then(|| crate::index::index_hash(&scope.scoped(user_key)))
+        })
+        .collect()
+}
+
+/// Asks for one stage of lines for each of the items from `from` on: `stages[0]` (an operation's last
+/// stage) for item `from`, `stages[1]` for the one after, and so on, so that each item gets its stages in
+/// order over the calls before it runs (see `prefetch_next_puts`).
+fn prefetch_stages(shard: &Shard, hashes: &[Option<u64>], from: usize, stages: &[Prefetch]) {
+    for (ahead, &stage) in stages.iter().enumerate() {
+        if let Some(Some(hash)) = hashes.get(from + ahead) {
+            shard.prefetch(*hash, stage);
+        }
+    }
+}
+
 /// The key and the length of the put item at the front of `bytes`, if its header and key are there and it
 /// is a plain one (no links block, not progressive).
 fn buffered_put_item<'a>(bytes: &'a [u8], limits: &strata_proto::Limits) -> Option<(&'a [u8], usize)> {
@@ -983,23 +999,13 @@ async fn handle_get(
         join_in_order(items.iter().map(|item| Box::pin(read(item)) as Pin<Box<dyn Future<Output = _> + '_>>).collect())
             .await
     } else {
-        // The lines each read will touch, asked for in stages one to three items ahead (see
-        // `prefetch_next_puts`), for keys of this shard: a batch of small reads is otherwise a chain of misses.
-        let hashes: Vec<Option<u64>> = items
-            .iter()
-            .map(|(_, key_at, key_len)| {
-                let user_key = &body[*key_at..*key_at + *key_len];
-                other_owner(shard, user_key).is_none().then(|| crate::index::index_hash(&scope.scoped(user_key)))
-            })
-            .collect();
+        // The lines each read will touch, asked for in stages up to three items ahead, for keys of this
+        // shard: a batch of small reads is otherwise a chain of misses.
+        let hashes = local_hashes(shard, scope, body_keys(body, items));
         let stages = [Prefetch::DramBytes, Prefetch::DramSlot, Prefetch::Entry, Prefetch::IndexSlot];
         let mut results = Vec::with_capacity(items.len());
         for (at, item) in items.iter().enumerate() {
-            for (ahead, stage) in stages.iter().enumerate() {
-                if let Some(Some(hash)) = hashes.get(at + ahead) {
-                    shard.prefetch(*hash, *stage);
-                }
-            }
+            prefetch_stages(shard, &hashes, at, &stages);
             results.push(read(item).await);
         }
         results
