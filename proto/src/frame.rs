@@ -297,6 +297,9 @@ impl FrameHeader {
             return Err(ProtoError::Version(bytes[4]));
         }
         let opcode = Opcode::from_u8(bytes[5]).ok_or(ProtoError::Opcode(bytes[5]))?;
+        if u16_at(bytes, 22) != 0 || u32_at(bytes, 36) != 0 {
+            return Err(ProtoError::Field("reserved bytes of the frame header"));
+        }
         let status_value = u16_at(bytes, 20);
         let status = Status::from_u16(status_value).ok_or(ProtoError::Status(status_value))?;
         Ok(Self {
@@ -309,9 +312,16 @@ impl FrameHeader {
         })
     }
 
-    /// The bounds a node applies to a request header before reading its body: an item count in
-    /// `1..=max_batch_items`, and a body no longer than the opcode can need.
+    /// The bounds a node applies to a request header before reading its body: no frame flags (none are
+    /// defined) and no status (replies carry one), an item count in `1..=max_batch_items`, and a body no
+    /// longer than the opcode can need.
     pub fn check_request(&self, limits: &Limits) -> Result<(), ProtoError> {
+        if self.flags != 0 {
+            return Err(ProtoError::Field("frame flags (none are defined)"));
+        }
+        if self.status != Status::Ok {
+            return Err(ProtoError::Field("status of a request (only replies carry one)"));
+        }
         let max_items = if self.opcode == Opcode::Hello { 1 } else { limits.max_batch_items };
         if self.count == 0 || self.count > max_items {
             return Err(ProtoError::ItemCount { count: self.count, max: max_items });
@@ -465,6 +475,30 @@ mod tests {
             let mut damaged = bytes;
             damaged[bit / 8] ^= 1 << (bit % 8);
             assert!(FrameHeader::decode(&damaged).is_err(), "bit {bit}");
+        }
+    }
+
+    #[test]
+    fn reserved_bytes_flags_and_a_status_in_a_request_are_refused() {
+        let limits = Limits::default();
+        let good = FrameHeader::request(Opcode::Get, 7, 1, 20);
+        assert_eq!(good.check_request(&limits), Ok(()));
+        let flagged = FrameHeader { flags: 1, ..good };
+        assert!(matches!(FrameHeader::decode(&flagged.encode()).map(|h| h.check_request(&limits)), Ok(Err(_))));
+        let with_status = FrameHeader { status: Status::NotFound, ..good };
+        assert!(matches!(with_status.check_request(&limits), Err(ProtoError::Field(_))));
+        // Reserved bytes 22..24 and 36..40, with the crc made right again where it covers them.
+        for at in [22, 23] {
+            let mut bytes = good.encode();
+            bytes[at] = 1;
+            let crc = crc32c::crc32c(&bytes[..32]);
+            bytes[32..36].copy_from_slice(&crc.to_le_bytes());
+            assert!(matches!(FrameHeader::decode(&bytes), Err(ProtoError::Field(_))), "byte {at}");
+        }
+        for at in 36..40 {
+            let mut bytes = good.encode();
+            bytes[at] = 0x80;
+            assert!(matches!(FrameHeader::decode(&bytes), Err(ProtoError::Field(_))), "byte {at}");
         }
     }
 

@@ -441,6 +441,9 @@ impl ResponseItemHeader {
         }
         let value = u16_at(bytes, 0);
         let status = Status::from_u16(value).ok_or(ProtoError::Status(value))?;
+        if u16_at(bytes, 2) != 0 {
+            return Err(ProtoError::Field("reserved bytes of a reply item"));
+        }
         let header =
             Self { status, data_len: u32_at(bytes, 4), data_crc: u32_at(bytes, 8), object_len: u32_at(bytes, 12) };
         if status != Status::Ok && header.data_len != 0 {
@@ -478,6 +481,9 @@ impl HelloRequest {
         let len = usize::from(u16_at(body, 0));
         if len > MAX_TOKEN_BYTES {
             return Err(ProtoError::Field("token length"));
+        }
+        if u16_at(body, 2) != 0 {
+            return Err(ProtoError::Field("reserved bytes of a HELLO"));
         }
         if body.len() != 4 + len {
             return Err(ProtoError::BodyMismatch { items: (4 + len) as u64, body: body.len() as u64 });
@@ -722,6 +728,8 @@ mod tests {
         request.encode_into(&mut body);
         assert_eq!(body.len(), request.encoded_len());
         assert_eq!(HelloRequest::decode(&body), Ok(request));
+        body[2] = 1;
+        assert_eq!(HelloRequest::decode(&body), Err(ProtoError::Field("reserved bytes of a HELLO")));
         let bad = HelloReply { shard_id: 3, ..reply };
         let mut body = Vec::new();
         bad.encode_into(&mut body);
@@ -734,6 +742,8 @@ mod tests {
         let mut bytes = Vec::new();
         item.encode_into(&mut bytes);
         assert_eq!(ResponseItemHeader::decode(&bytes), Ok(item));
+        bytes[3] = 1;
+        assert!(ResponseItemHeader::decode(&bytes).is_err(), "reserved bytes");
         let mut bytes = Vec::new();
         ResponseItemHeader { status: Status::NotFound, ..item }.encode_into(&mut bytes);
         assert!(ResponseItemHeader::decode(&bytes).is_err());

@@ -287,7 +287,9 @@ fn subscribers_that_read_nothing_are_closed(event_cpus: EventCpus) {
     let keys: Vec<Vec<u8>> = (0..1_000u64).map(|index| format!("deaf-subscriber-{index:020}").into_bytes()).collect();
     let started = std::time::Instant::now();
     let mut rounds = 0;
-    while total(&node, |m| &m.stalled_connections) == 0 && rounds < 2_000 && started.elapsed() < Duration::from_secs(20)
+    while total(&node, |m| &m.stalled_connections) == 0
+        && rounds < 100_000
+        && started.elapsed() < Duration::from_secs(20)
     {
         let items: Vec<(&[u8], &[u8])> = keys.iter().map(|key| (&key[..], &b"v"[..])).collect();
         assert!(good.batch_upsert(&items).iter().all(Result::is_ok), "puts go on beside the subscriber");
@@ -303,5 +305,43 @@ fn subscribers_that_read_nothing_are_closed(event_cpus: EventCpus) {
     };
     assert!(closed_by_node, "the node closed the subscriber (not our read timeout): {ended:?}");
     assert_eq!(good.get(&keys[0]).expect("the node still serves"), b"v");
+    node.shutdown().expect("shutdown");
+}
+
+#[test]
+fn frame_flags_statuses_and_reserved_bytes_in_requests_are_refused() {
+    let node = start(config(&[0], 32 << 20));
+    let mut body = Vec::new();
+    RequestItemHeader { key_len: 3, ..Default::default() }.encode_into(&mut body);
+    body.extend_from_slice(b"abc");
+    let good = FrameHeader::request(Opcode::Exists, 11, 1, body.len() as u64);
+    let mut damaged: Vec<(&str, Vec<u8>)> = vec![
+        ("flags", FrameHeader { flags: 1, ..good }.encode().to_vec()),
+        ("status", FrameHeader { status: Status::NotFound, ..good }.encode().to_vec()),
+    ];
+    // Reserved bytes 36..40 lie outside the header crc; 22..24 inside it (the crc is made right again).
+    let mut trailing = good.encode();
+    trailing[38] = 1;
+    damaged.push(("reserved after the crc", trailing.to_vec()));
+    let mut inner = good.encode();
+    inner[22] = 1;
+    let crc = crc32c::crc32c(&inner[..32]);
+    inner[32..36].copy_from_slice(&crc.to_le_bytes());
+    damaged.push(("reserved under the crc", inner.to_vec()));
+    for (what, mut frame) in damaged {
+        frame.extend_from_slice(&body);
+        let mut stream = raw(&node);
+        stream.write_all(&frame).expect("send");
+        assert_eq!(error_then_close(stream).status, Status::Invalid, "{what}");
+    }
+    // The same frame with every reserved field zero is answered.
+    let mut frame = good.encode().to_vec();
+    frame.extend_from_slice(&body);
+    let mut stream = raw(&node);
+    stream.write_all(&frame).expect("send");
+    let mut reply = [0u8; FRAME_HEADER_BYTES + 16];
+    stream.read_exact(&mut reply).expect("reply");
+    let item = ResponseItemHeader::decode(&reply[FRAME_HEADER_BYTES..]).expect("item");
+    assert_eq!(item.status, Status::NotFound);
     node.shutdown().expect("shutdown");
 }
