@@ -11,7 +11,9 @@ use strata_nvme::spec::{
     AdminOpcode, Command, Completion, ConnectData, DISCOVERY_NQN, FABRICS_OPCODE, FabricsType, NvmeStatus,
 };
 use strata_nvme::target::{self, NamespaceBackend, NamespaceConfig, SubsystemConfig, TargetConfig, TargetHandle};
-use strata_nvme::tcp::pdu::{Decoder, Digests, PduHeader, ReceivedHeader, decode_pdu, encode_header};
+use strata_nvme::tcp::pdu::{
+    Decoder, Digests, PduHeader, ReceivedHeader, decode_pdu, encode_data_digest, encode_header,
+};
 use strata_nvme::{BlockDevice, BlockErrorKind, HostOptions, NvmfAddress, NvmfDevice, NvmfError};
 
 const OPEN: &str = "nqn.2026-12.io.strata:open";
@@ -47,20 +49,32 @@ struct RawHost {
 
 impl RawHost {
     fn connect(addr: SocketAddr) -> Self {
+        Self::connect_with(addr, Digests::default())
+    }
+
+    fn connect_with(addr: SocketAddr, digests: Digests) -> Self {
         let stream = TcpStream::connect(addr).unwrap();
         stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let decoder = Decoder { controller: false, digests: Digests::default(), max_data_bytes: 1 << 20 };
         let mut host = Self { stream, decoder, pending: Vec::new() };
-        host.send(&PduHeader::InitRequest { pfv: 0, hpda: 0, digests: Digests::default(), maxr2t: 0 }, &[]);
+        host.send(&PduHeader::InitRequest { pfv: 0, hpda: 0, digests, maxr2t: 0 }, &[]);
         assert!(matches!(host.receive().unwrap().0.header, PduHeader::InitResponse { .. }));
+        host.decoder.digests = digests;
         host
     }
 
     fn send(&mut self, header: &PduHeader, data: &[u8]) {
-        let mut bytes = Vec::new();
-        encode_header(&mut bytes, header, Digests::default(), data.len() as u32, 4);
-        bytes.extend_from_slice(data);
+        let bytes = self.encode(header, data);
         self.stream.write_all(&bytes).unwrap();
+    }
+
+    /// A whole PDU as this connection's digests want it.
+    fn encode(&self, header: &PduHeader, data: &[u8]) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        encode_header(&mut bytes, header, self.decoder.digests, data.len() as u32, 4);
+        bytes.extend_from_slice(data);
+        encode_data_digest(&mut bytes, header, self.decoder.digests, data);
+        bytes
     }
 
     /// The next PDU and its data; `None` when the target closed the connection.
@@ -188,6 +202,39 @@ fn a_malformed_pdu_ends_only_its_own_connection() {
 
     done.send(()).unwrap();
     healthy.join().unwrap();
+    target.stop();
+}
+
+#[test]
+fn a_bad_data_digest_fails_its_command_with_a_transient_transport_error_and_keeps_the_connection() {
+    let target = start("127.0.0.1:0", vec![0]);
+    let mut host = RawHost::connect_with(target.local_addr(), Digests { header: false, data: true });
+    let mut command = Command::new(FABRICS_OPCODE, 7);
+    command.nsid = FabricsType::Connect as u32;
+    command.sgl = strata_nvme::spec::SglDescriptor::in_capsule(1024);
+    command.set_cdw(11, 31);
+    let data = ConnectData {
+        host_id: [1; 16],
+        cntlid: 0xffff,
+        subnqn: OPEN.into(),
+        hostnqn: "nqn.2026-12.io.strata:digest".into(),
+    }
+    .encode();
+    let mut capsule = host.encode(&PduHeader::Command(command), &data);
+    let last = capsule.len() - 1;
+    capsule[last] ^= 0x01;
+    host.stream.write_all(&capsule).unwrap();
+    let (header, _) = host.receive().expect("a response, not a closed connection");
+    let PduHeader::Response(completion) = header.header else {
+        panic!("a bad data digest must not end the connection with {:?}", header.header)
+    };
+    assert_eq!((completion.cid, completion.status), (7, NvmeStatus::TRANSIENT_TRANSPORT_ERROR));
+    let (completion, _) = host.command(Command { cid: 8, ..command }, &data);
+    assert!(
+        completion.status.is_success(),
+        "the same connection connects once the data is intact: {}",
+        completion.status
+    );
     target.stop();
 }
 

@@ -35,6 +35,9 @@ struct Pending {
     waker: Option<Waker>,
     /// The submitter went away (its future was dropped): free the CID when the completion comes.
     abandoned: bool,
+    /// A C2HData PDU of this read failed its data digest: the command fails when it completes, and the
+    /// connection stays up (the whole PDU was consumed, so the stream is in step).
+    corrupt: Option<PduError>,
 }
 
 struct State {
@@ -218,7 +221,10 @@ impl HostQueue {
             state.free_cids.push(cid);
             return;
         }
-        pending.result = Some(result);
+        pending.result = Some(match (pending.corrupt.take(), result) {
+            (Some(corrupt), Ok(_)) => Err(NvmfError::Transport(corrupt.into())),
+            (_, result) => result,
+        });
         if let Some(waker) = pending.waker.take() {
             waker.wake();
         }
@@ -329,8 +335,13 @@ impl HostQueue {
         } else {
             Err(PduError::DataOutOfRange { offset, len, expected: buffer.len() as u32 }.into())
         };
+        let (outcome, corrupt) = match outcome {
+            Err(TransportError::Pdu(corrupt @ PduError::DataDigest { .. })) => (Ok(()), Some(corrupt)),
+            outcome => (outcome, None),
+        };
         if let Some(Some(pending)) = self.state.borrow_mut().pending.get_mut(usize::from(cid)) {
             pending.read = Some(buffer);
+            pending.corrupt = pending.corrupt.take().or(corrupt);
         }
         outcome?;
         if success {

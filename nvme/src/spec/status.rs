@@ -55,6 +55,9 @@ impl NvmeStatus {
     pub const ABORTED_SQ_DELETION: Self = Self::generic(0x08);
     /// Invalid Namespace or Format.
     pub const INVALID_NAMESPACE: Self = Self::generic(0x0b);
+    /// Transient Transport Error: the transport failed this command (e.g. its data digest did not match)
+    /// but the connection stays up, so a retry may succeed.
+    pub const TRANSIENT_TRANSPORT_ERROR: Self = Self::generic(0x22);
     /// Command Sequence Error.
     pub const COMMAND_SEQUENCE_ERROR: Self = Self::generic(0x0c);
     /// Data SGL Length Invalid.

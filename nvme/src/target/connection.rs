@@ -83,7 +83,10 @@ struct Transfer {
     cid: u16,
     buffer: Option<IoBuffer>,
     received: u32,
-    done: LocalSender<IoBuffer>,
+    /// An H2CData PDU of this transfer failed its data digest: the rest is still received, to keep the
+    /// stream in step, and the command then fails with Transient Transport Error.
+    corrupt: bool,
+    done: LocalSender<Result<IoBuffer, NvmeStatus>>,
 }
 
 pub(crate) struct QueueState {
@@ -184,11 +187,15 @@ impl Queue {
     }
 
     /// Asks the host for a write's data; the returned channel yields the filled buffer.
-    pub(crate) fn request_data(&self, cid: u16, buffer: IoBuffer) -> local_channel::LocalReceiver<IoBuffer> {
+    pub(crate) fn request_data(
+        &self,
+        cid: u16,
+        buffer: IoBuffer,
+    ) -> local_channel::LocalReceiver<Result<IoBuffer, NvmeStatus>> {
         let (done, receiver) = local_channel::new_bounded(1);
         let len = buffer.len() as u32;
         let mut state = self.state.borrow_mut();
-        let transfer = Transfer { cid, buffer: Some(buffer), received: 0, done };
+        let transfer = Transfer { cid, buffer: Some(buffer), received: 0, corrupt: false, done };
         let ttag = match state.transfers.iter().position(Option::is_none) {
             Some(free) => {
                 state.transfers[free] = Some(transfer);
@@ -403,8 +410,11 @@ async fn receive_command(
             Some(device) if command.opcode == IoOpcode::Write as u8 => queue.ctx.buffer_for(&device, data_len as usize),
             _ => IoBuffer::aligned(data_len as usize, 8),
         };
-        reader.read_data(received, buffer.as_mut_slice()).await?;
-        Some(buffer)
+        match reader.read_data(received, buffer.as_mut_slice()).await {
+            Ok(()) => Some(Ok(buffer)),
+            Err(TransportError::Pdu(PduError::DataDigest { .. })) => Some(Err(NvmeStatus::TRANSIENT_TRANSPORT_ERROR)),
+            Err(error) => return Err(error),
+        }
     } else {
         None
     };
@@ -423,6 +433,13 @@ async fn receive_command(
             return Ok(());
         }
     }
+    let data = match data.transpose() {
+        Ok(data) => data,
+        Err(status) => {
+            queue.respond(command.cid, status, 0);
+            return Ok(());
+        }
+    };
     if command.opcode == FABRICS_OPCODE {
         fabrics_command(queue, &command, data);
         return Ok(());
@@ -466,11 +483,16 @@ async fn receive_host_data(
         return Err(PduError::DataOutOfRange { offset, len, expected }.into());
     }
     let range = offset as usize..(offset + len) as usize;
-    reader.read_data(received, &mut buffer.as_mut_slice()[range]).await?;
+    match reader.read_data(received, &mut buffer.as_mut_slice()[range]).await {
+        Ok(()) => {}
+        Err(TransportError::Pdu(PduError::DataDigest { .. })) => transfer.corrupt = true,
+        Err(error) => return Err(error),
+    }
     transfer.received += len;
     if transfer.received == expected {
+        let delivered = if transfer.corrupt { Err(NvmeStatus::TRANSIENT_TRANSPORT_ERROR) } else { Ok(buffer) };
         // The command task is waiting on the other end; if it is gone, the data has nowhere to go.
-        let _ = transfer.done.try_send(buffer);
+        let _ = transfer.done.try_send(delivered);
     } else {
         transfer.buffer = Some(buffer);
         queue.state.borrow_mut().transfers[usize::from(ttag)] = Some(transfer);

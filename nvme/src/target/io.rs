@@ -119,7 +119,7 @@ async fn receive_data(
         (SglDescriptor::TRANSPORT, None) => {
             let receiver = queue.request_data(command.cid, queue.ctx.buffer_for(device, len));
             // `None`: the connection ended before the data came; nobody is left to answer.
-            receiver.recv().await.ok_or(NvmeStatus::ABORTED_SQ_DELETION)
+            receiver.recv().await.ok_or(NvmeStatus::ABORTED_SQ_DELETION)?
         }
         (SglDescriptor::TRANSPORT, Some(_)) => Err(NvmeStatus::SGL_OFFSET_INVALID.with_dnr()),
         _ => Err(NvmeStatus::SGL_TYPE_INVALID.with_dnr()),

@@ -213,18 +213,19 @@ pub enum PduError {
 }
 
 impl PduError {
-    /// The TermReq's fatal error status and information for this error (`None` for a received TermReq,
-    /// which is answered by closing).
+    /// The TermReq's fatal error status and information for this error. `None` for a received TermReq
+    /// (answered by closing) and for a data digest error, which is not a fatal transport error: the whole
+    /// PDU was consumed, the stream is still in step, and the receiver fails only the command the data
+    /// belongs to (the controller with Transient Transport Error), as SPDK and the Linux host do.
     pub fn term_request(&self) -> Option<(FatalError, u32)> {
         Some(match self {
             Self::InvalidField { offset, .. } => (FatalError::InvalidHeaderField, *offset),
             Self::Sequence(_) => (FatalError::SequenceError, 0),
             Self::HeaderDigest { .. } => (FatalError::HeaderDigest, 0),
-            Self::DataDigest { .. } => (FatalError::InvalidHeaderField, 0),
             Self::DataOutOfRange { .. } => (FatalError::DataOutOfRange, 0),
             Self::DataLimitExceeded { .. } => (FatalError::DataLimitExceeded, 0),
             Self::Unsupported { offset, .. } => (FatalError::UnsupportedParameter, *offset),
-            Self::Terminated { .. } => return None,
+            Self::Terminated { .. } | Self::DataDigest { .. } => return None,
         })
     }
 }
