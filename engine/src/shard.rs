@@ -750,10 +750,7 @@ impl Shard {
 
     fn poison(&self, what: &str, error: &dyn std::fmt::Display) {
         if !self.poisoned.replace(true) {
-            eprintln!(
-                "strata-node shard {}: {what} failed ({error}); the NVMe tier is poisoned and takes no more writes",
-                self.id
-            );
+            tracing::error!(shard = self.id, what, %error, "NVMe tier poisoned: it takes no more writes");
         }
         add(&self.metrics.io_errors, 1);
         set(&self.metrics.nvme_poisoned, 1);
@@ -1293,7 +1290,7 @@ impl Shard {
                 }
                 Err(error) => {
                     // The region cannot be read back: everything in it is lost. Drop what points at it.
-                    eprintln!("strata-node shard {}: reading region {id} for reclaim: {error}", self.id);
+                    tracing::error!(shard = self.id, region = id, %error, "region unreadable for reclaim: its objects are dropped");
                     add(&self.metrics.io_errors, 1);
                     let ids: Vec<u32> = index.ids().collect();
                     let mut lost = 0u32;
@@ -1594,7 +1591,7 @@ impl Shard {
         match read {
             Ok(staged) => self.check_record(id, entry, key, staged).map(Some),
             Err(error) => {
-                eprintln!("strata-node shard {}: {error}", self.id);
+                tracing::error!(shard = self.id, %error, "NVMe-tier read failed");
                 add(&self.metrics.io_errors, 1);
                 Err(Status::Io)
             }

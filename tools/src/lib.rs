@@ -8,7 +8,9 @@
 pub mod alloc_bench;
 pub mod block_bench;
 pub mod byte_size;
+pub mod file_dirs;
 pub mod kv_bench;
+pub mod logging;
 pub mod node;
 pub mod pool;
 pub mod stall_bench;

@@ -11,6 +11,7 @@ use strata_nvme::DeviceSpec;
 use strata_proto::WritePolicy;
 
 use crate::byte_size::parse_byte_size;
+use crate::file_dirs::ensure_parent_dir;
 use crate::pool::{PoolDescription, parse_duration};
 
 /// Where the embedded default keeps its NVMe tier.
@@ -60,6 +61,10 @@ pub struct NodeSettings {
     /// Pool description written by strata-pool create: its namespaces become the NVMe tier.
     #[arg(long)]
     pub pool: Option<PathBuf>,
+    /// Create the missing directories of `file:` namespaces given by --nvme (without it they are refused,
+    /// naming the path; the embedded default's ./strata-data is always created).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub create_dirs: Option<bool>,
     /// No NVMe tier (DRAM only).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub dram_only: Option<bool>,
@@ -130,6 +135,7 @@ impl NodeSettings {
             dram,
             nvme,
             pool,
+            create_dirs,
             dram_only,
             write_policy,
             metrics,
@@ -194,14 +200,11 @@ impl NodeSettings {
                 config.nvme.push(DeviceSpec::parse(&namespace.spec, size)?);
             }
         } else {
+            let create_dirs = self.create_dirs.unwrap_or(false) || self.nvme.is_none();
             let specs = self.nvme.clone().unwrap_or_else(|| vec![DEFAULT_NVME.to_string()]);
             for spec in specs {
                 let parsed = DeviceSpec::parse(&spec, size)?;
-                if let DeviceSpec::File { path, .. } = &parsed
-                    && let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty())
-                {
-                    std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-                }
+                ensure_parent_dir(&parsed, create_dirs)?;
                 config.nvme.push(parsed);
             }
         }
@@ -360,5 +363,20 @@ mod tests {
         let both = NodeSettings { token: Some("t".into()), ..file };
         assert!(both.engine_config().is_err());
         assert!(toml::from_str::<NodeSettings>("[[tenants]]\nname = \"a\"\n").is_err(), "a token is required");
+    }
+
+    #[test]
+    fn a_file_namespace_in_a_missing_directory_is_refused_unless_create_dirs() {
+        let root = std::env::temp_dir().join(format!("strata-node-dirs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let spec = format!("file:{}/ns0.img,size=64MiB", root.join("typo").display());
+        let settings = NodeSettings { nvme: Some(vec![spec]), ..NodeSettings::default() };
+        let error = format!("{:#}", settings.clone().engine_config().expect_err("refused"));
+        assert!(error.contains(&root.join("typo").display().to_string()), "names the path: {error}");
+        assert!(!root.exists(), "nothing was created");
+        let asked = NodeSettings { create_dirs: Some(true), ..settings };
+        asked.engine_config().expect("created when asked");
+        assert!(root.join("typo").is_dir());
+        std::fs::remove_dir_all(&root).expect("cleanup");
     }
 }

@@ -336,6 +336,17 @@ fn new_uuid() -> anyhow::Result<String> {
         .to_string())
 }
 
+/// How `create` and `add` treat the namespaces they are given.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FormatOptions {
+    /// Take namespaces that belong to another pool, or whose superblock is damaged.
+    pub force: bool,
+    /// Create the missing directories of `file:` namespaces (otherwise they are refused, naming the path).
+    pub create_dirs: bool,
+    /// Show the wipe's progress on stderr.
+    pub show_progress: bool,
+}
+
 /// Formats `specs` as namespaces `first_index..` of `pool`: refuses a namespace that belongs to another
 /// pool (or whose superblock is damaged) unless `force`, wipes it, writes its superblock.
 fn format_namespaces(
@@ -343,11 +354,15 @@ fn format_namespaces(
     specs: Vec<String>,
     first_index: u32,
     count: u32,
-    force: bool,
-    show_progress: bool,
+    options: FormatOptions,
 ) -> anyhow::Result<Vec<PoolNamespace>> {
     let uuid = pool.uuid_bytes()?;
     let name = pool.name.clone();
+    let FormatOptions { force, create_dirs, show_progress } = options;
+    for spec in &specs {
+        let parsed = strata_nvme::DeviceSpec::parse(spec, |size| parse_byte_size(size).ok())?;
+        crate::file_dirs::ensure_parent_dir(&parsed, create_dirs)?;
+    }
     run_on_executor(move || async move {
         let mut devices = Vec::new();
         // Check every namespace before changing any, so a refusal leaves them all as they were.
@@ -394,13 +409,12 @@ fn format_namespaces(
     })
 }
 
-/// `strata-pool create NAME --ns SPEC ... [--force] [--out FILE]`.
+/// `strata-pool create NAME --ns SPEC ... [--force] [--create-dirs] [--out FILE]`.
 pub fn create(
     name: &str,
     specs: Vec<String>,
-    force: bool,
     out: &std::path::Path,
-    show_progress: bool,
+    options: FormatOptions,
 ) -> anyhow::Result<PoolDescription> {
     if name.is_empty() || name.len() > strata_nvme::superblock::POOL_NAME_MAX_BYTES || name.contains('\0') {
         bail!("pool name must be 1 to {} bytes", strata_nvme::superblock::POOL_NAME_MAX_BYTES);
@@ -408,12 +422,12 @@ pub fn create(
     if specs.is_empty() {
         bail!("a pool needs at least one --ns SPEC");
     }
-    if out.exists() && !force {
+    if out.exists() && !options.force {
         bail!("{} exists; add --force to replace it", out.display());
     }
     let mut pool = PoolDescription { name: name.into(), uuid: new_uuid()?, namespaces: Vec::new() };
     let count = specs.len() as u32;
-    pool.namespaces = format_namespaces(&pool, specs, 0, count, force, show_progress)?;
+    pool.namespaces = format_namespaces(&pool, specs, 0, count, options)?;
     pool.save(out)?;
     Ok(pool)
 }
@@ -422,8 +436,7 @@ pub fn create(
 pub fn add(
     description: &std::path::Path,
     specs: Vec<String>,
-    force: bool,
-    show_progress: bool,
+    options: FormatOptions,
 ) -> anyhow::Result<PoolDescription> {
     let mut pool = PoolDescription::load(description)?;
     if let Some(spec) = specs.iter().find(|spec| pool.namespaces.iter().any(|namespace| &namespace.spec == *spec)) {
@@ -431,7 +444,7 @@ pub fn add(
     }
     let first = pool.namespaces.iter().map(|namespace| namespace.index + 1).max().unwrap_or(0);
     let count = pool.namespaces.len() as u32 + specs.len() as u32;
-    let added = format_namespaces(&pool, specs, first, count, force, show_progress)?;
+    let added = format_namespaces(&pool, specs, first, count, options)?;
     pool.namespaces.extend(added);
     pool.save(description)?;
     Ok(pool)

@@ -9,6 +9,7 @@ use std::time::Duration;
 use strata_engine::EngineConfig;
 use strata_nvme::target::{self, NamespaceBackend, NamespaceConfig, SubsystemConfig, TargetConfig};
 use strata_tools::node::NodeSettings;
+use strata_tools::pool::FormatOptions;
 
 fn value_of(index: u64) -> Vec<u8> {
     (0..(64usize << 10)).map(|at| (index as usize * 131 + at * 7 + at / 4096) as u8).collect()
@@ -44,7 +45,8 @@ fn a_pool_with_a_remote_namespace_holds_the_nvme_tier() {
     let file = format!("file:{},size=48m", dir.join("ns0.img").display());
     let remote = format!("nvmf:trtype=tcp,traddr=127.0.0.1,trsvcid={port},subnqn={nqn},ns=1");
     let pool_file = dir.join("kv.pool.toml");
-    strata_tools::pool::create("kv", vec![file.clone(), remote], false, &pool_file, false).expect("pool created");
+    strata_tools::pool::create("kv", vec![file.clone(), remote], &pool_file, FormatOptions::default())
+        .expect("pool created");
 
     let node = strata_engine::start(node_config(&pool_file)).expect("node on the pool");
     assert_eq!(node.summary().namespaces.len(), 2);
@@ -74,9 +76,29 @@ fn a_pool_with_a_remote_namespace_holds_the_nvme_tier() {
 
     // The file joins another pool (forced); the first pool's description no longer matches it.
     let other = dir.join("other.pool.toml");
-    strata_tools::pool::create("other", vec![file], true, &other, false).expect("forced into another pool");
+    strata_tools::pool::create("other", vec![file], &other, FormatOptions { force: true, ..FormatOptions::default() })
+        .expect("forced into another pool");
     let refused = strata_engine::start(node_config(&pool_file)).err().expect("refused");
     assert!(refused.to_string().contains("belongs to pool \"other\""), "{refused}");
     server.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn pool_create_refuses_a_file_in_a_missing_directory_unless_asked_to_create_it() {
+    let dir = std::env::temp_dir().join(format!("strata-pool-dirs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let missing = dir.join("not-yet");
+    let file = format!("file:{},size=8m", missing.join("ns0.img").display());
+    let pool_file = dir.join("p.pool.toml");
+    let refused = strata_tools::pool::create("p", vec![file.clone()], &pool_file, FormatOptions::default())
+        .expect_err("a missing directory is refused");
+    let message = refused.to_string();
+    assert!(message.contains(&missing.display().to_string()) && message.contains("does not exist"), "{message}");
+    assert!(!missing.exists() && !pool_file.exists(), "nothing was created");
+    let options = FormatOptions { create_dirs: true, ..FormatOptions::default() };
+    strata_tools::pool::create("p", vec![file], &pool_file, options).expect("created when asked");
+    assert!(missing.join("ns0.img").is_file());
     let _ = std::fs::remove_dir_all(&dir);
 }

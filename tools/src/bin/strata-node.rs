@@ -2,6 +2,7 @@
 //! and a 4 GiB file-backed NVMe tier under ./strata-data, on 127.0.0.1:7600, metrics on 127.0.0.1:9600.
 
 use clap::Parser;
+use strata_tools::logging::say;
 use strata_tools::node::{NodeSettings, block_stop_signals, wait_for_stop_signal};
 
 #[derive(Parser, Debug)]
@@ -9,21 +10,28 @@ use strata_tools::node::{NodeSettings, block_stop_signals, wait_for_stop_signal}
 struct Cli {
     #[command(flatten)]
     settings: NodeSettings,
+    /// Log filter, e.g. debug or strata_engine=debug,info (the log goes to stderr). [default: $RUST_LOG, else
+    /// info]
+    #[arg(long)]
+    log: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    strata_tools::logging::init(cli.log.as_deref())?;
     let config = cli.settings.resolve()?.engine_config()?;
     block_stop_signals()?;
     let node = strata_engine::start(config)?;
-    println!("{}", node.summary());
+    say(format_args!("{}", node.summary()));
     if node.summary().metrics.is_none() {
-        println!("  (metrics off)");
+        say(format_args!("  (metrics off)"));
     }
-    println!("  ready; SIGINT or SIGTERM stops it cleanly");
+    say(format_args!("  ready; SIGINT or SIGTERM stops it cleanly"));
+    tracing::info!(listen = %node.summary().listen, shards = node.summary().cpus.len(), "serving");
     let signal = wait_for_stop_signal();
-    println!("strata-node: {signal}: stopping (flushing open regions)");
+    say(format_args!("strata-node: {signal}: stopping (flushing open regions)"));
+    tracing::info!(signal, "stopping");
     node.shutdown()?;
-    println!("strata-node: stopped");
+    say(format_args!("strata-node: stopped"));
     Ok(())
 }

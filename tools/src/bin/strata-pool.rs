@@ -12,8 +12,8 @@ const USAGE: &str = "\
 usage: strata-pool target --listen ADDR:PORT --subsystem NQN --namespace SPEC ... | --config TARGET.toml
        (see strata-pool target --help)
        strata-pool discover ADDR[:PORT] [--hostnqn NQN] [--output-format=normal|json]
-       strata-pool create NAME --ns SPEC [--ns SPEC ...] [--force] [--out NAME.pool.toml]
-       strata-pool add POOL.toml --ns SPEC [--ns SPEC ...] [--force]
+       strata-pool create NAME --ns SPEC [--ns SPEC ...] [--force] [--create-dirs] [--out NAME.pool.toml]
+       strata-pool add POOL.toml --ns SPEC [--ns SPEC ...] [--force] [--create-dirs]
        strata-pool remove POOL.toml --ns SPEC
        strata-pool status POOL.toml [--output-format=normal|json]
   SPEC: file:PATH[,size=SIZE] | nvmf:trtype=tcp,traddr=ADDR,trsvcid=PORT,subnqn=NQN,ns=N";
@@ -91,7 +91,7 @@ fn discover(args: &[String]) -> anyhow::Result<()> {
 fn manage(command: &str, args: &[String]) -> anyhow::Result<()> {
     let mut positional = None;
     let mut specs = Vec::new();
-    let (mut force, mut json, mut out) = (false, false, None);
+    let (mut force, mut create_dirs, mut json, mut out) = (false, false, false, None);
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
         match arg.as_str() {
@@ -99,6 +99,7 @@ fn manage(command: &str, args: &[String]) -> anyhow::Result<()> {
                 specs.push(iter.next().cloned().ok_or_else(|| anyhow::anyhow!("--ns needs a SPEC"))?)
             }
             "--force" => force = true,
+            "--create-dirs" => create_dirs = true,
             "--out" => {
                 out = Some(std::path::PathBuf::from(iter.next().ok_or_else(|| anyhow::anyhow!("--out needs a file"))?))
             }
@@ -109,11 +110,11 @@ fn manage(command: &str, args: &[String]) -> anyhow::Result<()> {
         }
     }
     let positional = positional.ok_or_else(|| anyhow::anyhow!("{USAGE}"))?;
-    let progress = std::io::stderr().is_terminal();
+    let options = pool::FormatOptions { force, create_dirs, show_progress: std::io::stderr().is_terminal() };
     match command {
         "create" => {
             let out = out.unwrap_or_else(|| format!("{positional}.pool.toml").into());
-            let pool = pool::create(&positional, specs, force, &out, progress)?;
+            let pool = pool::create(&positional, specs, &out, options)?;
             eprintln!(
                 "strata-pool: created pool {} ({}) with {} namespaces; description in {}",
                 pool.name,
@@ -123,7 +124,7 @@ fn manage(command: &str, args: &[String]) -> anyhow::Result<()> {
             );
         }
         "add" => {
-            let pool = pool::add(positional.as_ref(), specs, force, progress)?;
+            let pool = pool::add(positional.as_ref(), specs, options)?;
             eprintln!("strata-pool: pool {} now has {} namespaces", pool.name, pool.namespaces.len());
         }
         "remove" => {
