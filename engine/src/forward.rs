@@ -323,13 +323,9 @@ async fn serve(shard: &Rc<Shard>, request: Forward) -> ForwardReply {
     let mut reply = ForwardReply { id: request.id, status: Status::Ok, data: Vec::new(), data_crc: 0, object_len: 0 };
     let key = &request.key;
     match request.op {
-        ForwardOp::Put { value, value_crc, options, parent, group } => {
+        ForwardOp::Put { value, value_crc, mut options, parent, group } => {
             let links = strata_proto::Links { parent: parent.as_deref(), group: group.as_deref() };
-            let status = match shard.put_refusal(key, value.len() as u32, &options) {
-                Some(status) => Err(status),
-                None => shard.reserve_put(key, (key.len() + value.len()) as u64).await,
-            };
-            let status = match status {
+            let status = match shard.admit_put(key, value.len() as u32, &mut options).await {
                 Err(status) => status,
                 Ok(reservation) => {
                     let bytes = reservation.bytes_mut(key.len() + value.len());

@@ -734,14 +734,8 @@ async fn handle_put(
             statuses.push(ResponseItemHeader::status(status));
             continue;
         }
-        options.policy = Some(options.policy.unwrap_or(shard.config.write_policy));
-        if let Some(status) = shard.put_refusal(&key, item.value_len, &options) {
-            skip_value(connection, &item, &mut consumed, header.body_len).await?;
-            statuses.push(ResponseItemHeader::status(status));
-            continue;
-        }
         let total = key_len as u64 + u64::from(item.value_len);
-        let reservation = match shard.reserve_put(&key, total).await {
+        let reservation = match shard.admit_put(&key, item.value_len, &mut options).await {
             Ok(reservation) => reservation,
             Err(status) => {
                 skip_value(connection, &item, &mut consumed, header.body_len).await?;

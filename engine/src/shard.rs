@@ -758,10 +758,27 @@ impl Shard {
 
     // ---- puts ----------------------------------------------------------------------------------------
 
+    /// The first stage of every put, whichever way it arrived (a client's frame or a peer shard's
+    /// forward): resolves the write policy to the node's default, refuses what must be refused before a
+    /// byte is stored ([`Shard::put_refusal`]), and reserves DRAM for `[key][value]`. The caller fills the
+    /// reservation and hands it to [`Shard::commit_put`] with the same `options`.
+    pub async fn admit_put(
+        self: &Rc<Self>,
+        key: &[u8],
+        value_len: u32,
+        options: &mut PutOptions,
+    ) -> Result<PutReservation, Status> {
+        options.policy = Some(options.policy.unwrap_or(self.config.write_policy));
+        if let Some(status) = self.put_refusal(key, value_len, options) {
+            return Err(status);
+        }
+        self.reserve_put(key, key.len() as u64 + u64::from(value_len)).await
+    }
+
     /// Why a put of `key` with a `value_len`-byte value and `options` (policy resolved) must be refused
     /// before a byte of it is stored: `Exists` for a put (not an upsert) of a stored key, `Quota` for a pin
     /// over the shard's pinned-bytes limit, or a durable put that cannot be made durable here.
-    pub fn put_refusal(&self, key: &[u8], value_len: u32, options: &PutOptions) -> Option<Status> {
+    fn put_refusal(&self, key: &[u8], value_len: u32, options: &PutOptions) -> Option<Status> {
         if !options.upsert && self.index.borrow().find(index_hash(key)).is_some() {
             return Some(Status::Exists);
         }
@@ -809,7 +826,7 @@ impl Shard {
 
     /// Reserves DRAM for an object of `len` bytes (`[key][value]`), evicting first if the tier is above
     /// its high watermark.
-    pub async fn reserve_put(self: &Rc<Self>, key: &[u8], len: u64) -> Result<PutReservation, Status> {
+    async fn reserve_put(self: &Rc<Self>, key: &[u8], len: u64) -> Result<PutReservation, Status> {
         // A tenant at its DRAM quota makes room among its own objects first.
         let (usage, quotas) = self.usage_of(key);
         if let Some(quota) = quotas.dram

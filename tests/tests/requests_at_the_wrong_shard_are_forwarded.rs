@@ -73,3 +73,25 @@ fn every_operation_is_forwarded_to_the_owner() {
     assert!(call(&mut stream, Opcode::Exists, &gets).iter().all(|(status, _)| *status == Status::NotFound));
     node.shutdown().expect("shutdown");
 }
+
+/// A durable put larger than a region is refused by its owner whichever shard it reached: forwarded, it
+/// goes through the same put pipeline, so it leaves no copy behind either.
+#[test]
+fn a_forwarded_durable_put_too_large_for_a_region_is_refused_and_leaves_nothing() {
+    let mut config = config(&[0, 1], 32 << 20);
+    config.nvme = vec![strata_nvme::DeviceSpec::Memory { capacity_bytes: 64 << 20 }];
+    config.write_policy = strata_proto::WritePolicy::Durable;
+    let node = start(config);
+    let key_at =
+        |shard: u32| (0..).map(|index| format!("big-{index}").into_bytes()).find(|key| shard_of(key, 2) == shard);
+    let value = vec![7u8; 2 << 20];
+    let mut stream = TcpStream::connect(node.local_addr()).expect("shard 0");
+    for key in [key_at(0).expect("own key"), key_at(1).expect("foreign key")] {
+        let put = call(&mut stream, Opcode::Put, &[(&key, &value)]);
+        assert_eq!(put[0].0, Status::TooLarge, "key owned by shard {}", shard_of(&key, 2));
+        let exists = call(&mut stream, Opcode::Exists, &[(&key, b"")]);
+        assert_eq!(exists[0].0, Status::NotFound, "key owned by shard {}", shard_of(&key, 2));
+    }
+    assert!(total(&node, |m| &m.forwarded) >= 2);
+    node.shutdown().expect("shutdown");
+}
