@@ -3,7 +3,7 @@
 //! An observed put costs its shard the event's encoding and a share of the frame's send. On loopback the
 //! send is the larger part: `tcp_sendmsg` also runs the receiving side's TCP work inline, so the shard's
 //! core paid for both ends of the subscriber's connection (about two thirds of what an observed put cost
-//! the node, measured in session 12 by a build that skipped only those writes). A subscriber's frames are
+//! the node, measured by a build that skipped only those writes). A subscriber's frames are
 //! therefore handed, through a bounded channel, to a thread of its own that runs on the CPUs no shard is
 //! pinned to and writes them with its own system calls on a duplicate of the socket's descriptor. The
 //! shard keeps everything else: the event log, the subscriber's cursor, its filter, the gathering of

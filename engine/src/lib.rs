@@ -16,6 +16,7 @@ pub mod log;
 pub mod metrics;
 pub mod node;
 pub mod record;
+pub mod scan;
 pub mod segment;
 mod server;
 pub mod shard;

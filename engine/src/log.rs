@@ -19,7 +19,7 @@ use std::rc::Rc;
 use glommio::sync::Semaphore;
 use strata_nvme::{AnyDevice, BlockDevice, BlockError, IoBuffer};
 
-use crate::record::{RECORD_HEADER_BYTES, REGION_HEADER_BYTES, RecordHeader, RegionHeader};
+use crate::record::{END_MARK_BYTES, RECORD_HEADER_BYTES, REGION_HEADER_BYTES, RecordHeader, RegionHeader};
 
 /// A location on the tier: region id in the high 32 bits, byte offset in the region in the low 32.
 pub fn location(region: u32, offset: u32) -> u64 {
@@ -141,7 +141,7 @@ pub struct RegionLog {
 impl RegionLog {
     /// The largest record a region holds.
     pub fn max_record_bytes(&self) -> usize {
-        self.region_bytes as usize - REGION_HEADER_BYTES
+        self.region_bytes as usize - REGION_HEADER_BYTES - RECORD_HEADER_BYTES
     }
 
     /// Regions in use (open, sealing, sealed).
@@ -154,13 +154,14 @@ impl RegionLog {
     pub fn try_append(&mut self, header: RecordHeader, covered: &[u8], value: &[&[u8]]) -> Option<u64> {
         let open = self.open.as_mut()?;
         let record_len = header.record_len();
-        if open.used + record_len > self.region_bytes as usize {
+        // Room is always left for the seal record.
+        if open.used + record_len + RECORD_HEADER_BYTES > self.region_bytes as usize {
             return None;
         }
         let seq = self.regions[open.id as usize].seq;
         let header = RecordHeader { region_seq: seq, ..header };
         let at = open.used;
-        open.buffer.write_at(at, &header.encode(covered));
+        open.buffer.write_at(at, &header.encode(covered, self.format_id));
         open.buffer.write_at(at + RECORD_HEADER_BYTES, covered);
         let mut position = at + RECORD_HEADER_BYTES + covered.len();
         for part in value {
@@ -170,7 +171,18 @@ impl RegionLog {
         let padding = at + record_len - position;
         open.buffer.write_at(position, &[0u8; 8][..padding]);
         open.used += record_len;
+        write_end_mark(&mut open.buffer, open.used, self.region_bytes as usize);
         Some(location(open.id, at as u32))
+    }
+
+    /// Appends the open region's seal record: the last, telling recovery that the region was written
+    /// whole (`try_append` always leaves room for it).
+    pub fn append_seal(&mut self) {
+        let Some(open) = self.open.as_mut() else { return };
+        let header = RecordHeader::seal(self.regions[open.id as usize].seq);
+        open.buffer.write_at(open.used, &header.encode(&[], self.format_id));
+        open.used += RECORD_HEADER_BYTES;
+        write_end_mark(&mut open.buffer, open.used, self.region_bytes as usize);
     }
 
     /// Opens the next free region into a spare buffer; the caller made sure both exist.
@@ -192,12 +204,26 @@ impl RegionLog {
             epoch: self.epoch,
         };
         buffer.write_at(0, &header.encode());
+        write_end_mark(&mut buffer, REGION_HEADER_BYTES, self.region_bytes as usize);
         self.open = Some(OpenRegion { id, buffer, used: REGION_HEADER_BYTES, durable: 0 });
         true
     }
 }
 
-/// Writes `buffer`'s first `used` bytes (rounded up to whole blocks) at `device_offset`, every chunk in
+/// Zeroes the `END_MARK_BYTES` after a region's last record (if the region has room for them): written
+/// with the records, they tell recovery that the records end there.
+fn write_end_mark(buffer: &mut RegionBuffer, used: usize, region_bytes: usize) {
+    let len = END_MARK_BYTES.min(region_bytes - used);
+    buffer.write_at(used, &[0u8; END_MARK_BYTES][..len]);
+}
+
+/// Bytes of a region's buffer to write when `used` bytes hold records: through the end mark, in whole
+/// blocks, within the region.
+pub fn written_len(used: usize, block_bytes: usize, region_bytes: usize) -> usize {
+    (used + END_MARK_BYTES).next_multiple_of(block_bytes).min(region_bytes)
+}
+
+/// Writes `buffer`'s first `used` bytes and the end mark (rounded up to whole blocks) at `device_offset`, every chunk in
 /// flight at once, then flushes. Returns the buffer for reuse.
 pub async fn write_region(
     devices: Rc<Vec<AnyDevice>>,
@@ -206,9 +232,10 @@ pub async fn write_region(
     buffer: RegionBuffer,
     used: usize,
     block_bytes: usize,
+    region_bytes: usize,
 ) -> (RegionBuffer, Result<(), BlockError>) {
     let chunk_bytes = buffer.chunk_bytes;
-    let write_len = used.next_multiple_of(block_bytes);
+    let write_len = written_len(used, block_bytes, region_bytes);
     enum Pending {
         Write(glommio::Task<(IoBuffer, Result<(), BlockError>)>),
         Keep(IoBuffer),

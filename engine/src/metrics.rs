@@ -98,8 +98,14 @@ pub struct ShardMetrics {
     pub index_bytes: AtomicU64,
     /// Recovery: records restored at start-up.
     pub recovered_records: AtomicU64,
-    /// Recovery: torn or corrupt records skipped at start-up.
-    pub recovery_skipped_records: AtomicU64,
+    /// Recovery: records lost to damage at start-up (damaged records, and spans of unreadable bytes).
+    pub recovery_lost_records: AtomicU64,
+    /// Recovery: bytes of those records and spans.
+    pub recovery_lost_bytes: AtomicU64,
+    /// Recovery: regions whose header was damaged or that could not be read.
+    pub recovery_lost_regions: AtomicU64,
+    /// Recovery: keys dropped because a newer record of theirs may have been among those lost.
+    pub recovery_dropped_keys: AtomicU64,
     /// Whether the NVMe tier is poisoned by a failed write (gauge, 0/1).
     pub nvme_poisoned: AtomicU64,
     /// Bytes of pinned objects, hard and soft (gauge).
@@ -252,7 +258,7 @@ pub fn render(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
     let _ = writeln!(out, "strata_tier_capacity_bytes{{tier=\"nvme\"}} {}", sum(|s| &s.nvme_regions) * region_bytes);
     let _ = writeln!(out, "strata_tier_evictions_total{{tier=\"nvme\"}} {}", sum(|s| &s.nvme_evictions));
 
-    let counters: [(&str, &str, Field); 23] = [
+    let counters: [(&str, &str, Field); 26] = [
         ("strata_misses_total", "Lookups that found no object.", |s| &s.ops[Opcode::Get as usize - 1].misses),
         ("strata_promotions_total", "Objects promoted from NVMe to DRAM.", |s| &s.promotions),
         ("strata_dram_writebacks_total", "Objects written to NVMe when evicted from DRAM.", |s| &s.dram_writebacks),
@@ -283,9 +289,20 @@ pub fn render(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
         ("strata_recovered_records_total", "Records restored from the NVMe tier at start-up.", |s| {
             &s.recovered_records
         }),
-        ("strata_recovery_skipped_records_total", "Torn or corrupt records skipped at start-up.", |s| {
-            &s.recovery_skipped_records
+        ("strata_recovery_lost_records_total", "Records lost to damage found at start-up.", |s| {
+            &s.recovery_lost_records
         }),
+        ("strata_recovery_lost_bytes_total", "Bytes of the records lost to damage found at start-up.", |s| {
+            &s.recovery_lost_bytes
+        }),
+        ("strata_recovery_lost_regions_total", "Regions damaged or unreadable at start-up.", |s| {
+            &s.recovery_lost_regions
+        }),
+        (
+            "strata_recovery_dropped_keys_total",
+            "Keys dropped at start-up because a newer record of theirs may have been lost.",
+            |s| &s.recovery_dropped_keys,
+        ),
         ("strata_connections", "Open client connections.", |s| &s.connections),
         ("strata_index_objects", "Objects in the index.", |s| &s.index_objects),
         ("strata_index_bytes", "Bytes of the index.", |s| &s.index_bytes),

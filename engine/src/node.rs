@@ -120,14 +120,28 @@ impl std::fmt::Display for NodeSummary {
             writeln!(f, "  NVMe tier: {name}, {} MiB", capacity >> 20)?;
         }
         if !self.namespaces.is_empty() {
-            let recovered: u64 = self.recovery.iter().map(|report| report.records).sum();
-            let skipped: u64 = self.recovery.iter().map(|report| report.skipped).sum();
+            let sum = |field: fn(&RecoveryReport) -> u64| self.recovery.iter().map(field).sum::<u64>();
             writeln!(
                 f,
-                "  region log: {} MiB regions, {:?} per shard; recovered {recovered} records ({skipped} torn or corrupt skipped)",
+                "  region log: {} MiB regions, {:?} per shard; recovered {} records",
                 self.region_bytes >> 20,
-                self.regions_per_shard
+                self.regions_per_shard,
+                sum(|report| report.records)
             )?;
+            let (lost, regions) = (sum(|report| report.lost_records), sum(|report| report.lost_regions));
+            if lost + regions > 0 {
+                writeln!(
+                    f,
+                    "  recovery: lost {lost} records ({} bytes) and {regions} regions to damage; dropped {} keys \
+                     whose newer record may have been among them",
+                    sum(|report| report.lost_bytes),
+                    sum(|report| report.dropped_keys)
+                )?;
+            }
+            let unfinished = sum(|report| report.unfinished_regions);
+            if unfinished > 0 {
+                writeln!(f, "  recovery: {unfinished} regions ended where an unfinished write (a crash) stopped")?;
+            }
         }
         if self.tenants.is_empty() {
             let exposure =
@@ -335,7 +349,7 @@ async fn prepare_tier(
                         config.region_bytes >> 20
                     ));
                 }
-                TierHeader {
+                let header = TierHeader {
                     shard_count,
                     namespace_index: index as u32,
                     region_bytes: config.region_bytes,
@@ -343,7 +357,9 @@ async fn prepare_tier(
                     region_count,
                     format_id: random_u64(),
                     epoch: 1,
-                }
+                };
+                zero_region_headers(&device, &header, block).await.map_err(io)?;
+                header
             }
             Err(error) => {
                 return Err(format!(
@@ -355,6 +371,18 @@ async fn prepare_tier(
         headers.push((header, geometry.capacity_bytes));
     }
     Ok(headers)
+}
+
+/// Zeroes the first block of every region of a tier being formatted: recovery takes a region whose header
+/// is neither zeros nor intact for damage, and what an earlier format left there (another region size)
+/// would be neither.
+async fn zero_region_headers(device: &AnyDevice, header: &TierHeader, block: usize) -> strata_nvme::BlockResult<()> {
+    for region in 0..header.region_count {
+        let mut zeros = device.alloc_buffer(block);
+        zeros.as_mut_slice().fill(0);
+        device.write(zeros, header.first_region_offset + region * header.region_bytes).await.1?;
+    }
+    device.flush().await
 }
 
 /// Region `r` of namespace `k` belongs to shard `(r + k) % shards`; a shard's regions are listed by `r`

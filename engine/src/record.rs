@@ -9,7 +9,7 @@
 use strata_nvme::spec::{get_u16, get_u32, get_u64};
 
 /// Bytes of a record header.
-pub const RECORD_HEADER_BYTES: usize = 32;
+pub const RECORD_HEADER_BYTES: usize = 48;
 /// Bytes of a region header (records start right after it).
 pub const REGION_HEADER_BYTES: usize = 64;
 /// Bytes of a tier header.
@@ -22,9 +22,12 @@ pub const TIER_HEADER_OFFSET: u64 = 4096;
 pub const FIRST_REGION_OFFSET: u64 = 1 << 20;
 
 const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"STRC");
+/// Zero bytes that follow the last record of a region on the device: what tells the end of the records
+/// from damage (see `docs/NVME_FORMAT.md`).
+pub const END_MARK_BYTES: usize = 8;
 const REGION_MAGIC: u32 = u32::from_le_bytes(*b"STRG");
 const TIER_MAGIC: &[u8; 8] = b"STRATATR";
-const TIER_VERSION: u32 = 1;
+const TIER_VERSION: u32 = 2;
 
 /// Record flag: a removal (no value).
 pub const RECORD_TOMBSTONE: u16 = 1;
@@ -33,6 +36,8 @@ pub const RECORD_PINNED: u16 = 2;
 /// Record flag: the object names a parent and/or a group: their 64-bit hashes (parent, then group, 0 for
 /// none) follow the key, covered by the header crc, so links are restored after a restart.
 pub const RECORD_LINKED: u16 = 4;
+/// Record flag: the last record of a sealed region (header only, no key): the region was written whole.
+pub const RECORD_SEAL: u16 = 8;
 /// Bytes of a linked record's links.
 pub const RECORD_LINKS_BYTES: usize = 16;
 
@@ -56,15 +61,19 @@ pub enum FormatError {
 /// A record header.
 ///
 /// ```text
-///  0       4            8             16          20          24        26      28        32
-///  | magic | header crc | region seq  | value len | value crc | key len | flags | version |
+///  0       4            8            16         24          28          32        34      36        40         44    48
+///  | magic | header crc | region seq | key hash | value len | value crc | key len | flags | version | body crc | 0   |
 ///  then the key, then (RECORD_LINKED) parent hash u64 and group hash u64, then the value, then padding
 /// ```
-/// `header crc` covers bytes 8..32, the key and the links.
+/// `header crc` covers bytes 8..48, seeded with the tier's format id (so that bytes stored as a value
+/// cannot pass for a record of this tier); `body crc` covers the key and the links. A header that passes
+/// its own crc names its key (by hash) even when the key or the value behind it is damaged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RecordHeader {
     /// Generation of the region it was written in.
     pub region_seq: u64,
+    /// The key's index hash (what recovery drops when the rest of the record is damaged).
+    pub key_hash: u64,
     /// Bytes of value.
     pub value_len: u32,
     /// crc32c of the value.
@@ -93,6 +102,11 @@ impl RecordHeader {
         RECORD_HEADER_BYTES + usize::from(self.key_len) + self.links_len()
     }
 
+    /// The seal record of a region of generation `region_seq`.
+    pub fn seal(region_seq: u64) -> Self {
+        Self { region_seq, key_hash: 0, value_len: 0, value_crc: 0, key_len: 0, flags: RECORD_SEAL, version: 0 }
+    }
+
     /// The `(parent, group)` hashes in the bytes after the header (`covered`: key, then links).
     pub fn links(&self, covered: &[u8]) -> Option<(u64, u64)> {
         let at = usize::from(self.key_len);
@@ -108,55 +122,77 @@ impl RecordHeader {
         links
     }
 
-    /// The 32 bytes, given what the checksum covers after them: the key, then the links if linked.
-    pub fn encode(&self, covered: &[u8]) -> [u8; RECORD_HEADER_BYTES] {
+    /// The header's bytes for the tier of `format_id`, given what follows it under the body crc: the
+    /// key, then the links if linked.
+    pub fn encode(&self, covered: &[u8], format_id: u64) -> [u8; RECORD_HEADER_BYTES] {
         debug_assert_eq!(covered.len(), self.value_offset() - RECORD_HEADER_BYTES, "key and links");
         let mut bytes = [0u8; RECORD_HEADER_BYTES];
         bytes[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
         bytes[8..16].copy_from_slice(&self.region_seq.to_le_bytes());
-        bytes[16..20].copy_from_slice(&self.value_len.to_le_bytes());
-        bytes[20..24].copy_from_slice(&self.value_crc.to_le_bytes());
-        bytes[24..26].copy_from_slice(&self.key_len.to_le_bytes());
-        bytes[26..28].copy_from_slice(&self.flags.to_le_bytes());
-        bytes[28..32].copy_from_slice(&self.version.to_le_bytes());
-        let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[8..32]), covered);
+        bytes[16..24].copy_from_slice(&self.key_hash.to_le_bytes());
+        bytes[24..28].copy_from_slice(&self.value_len.to_le_bytes());
+        bytes[28..32].copy_from_slice(&self.value_crc.to_le_bytes());
+        bytes[32..34].copy_from_slice(&self.key_len.to_le_bytes());
+        bytes[34..36].copy_from_slice(&self.flags.to_le_bytes());
+        bytes[36..40].copy_from_slice(&self.version.to_le_bytes());
+        bytes[40..44].copy_from_slice(&crc32c::crc32c(covered).to_le_bytes());
+        let crc = header_crc(&bytes, format_id);
         bytes[4..8].copy_from_slice(&crc.to_le_bytes());
         bytes
     }
 
-    /// Decodes a header from the start of `bytes`, which must also hold the key and the links (checked by
-    /// the crc).
-    pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
-        if bytes.len() < RECORD_HEADER_BYTES {
-            return Err(FormatError::Truncated);
-        }
-        if get_u32(bytes, 0) != RECORD_MAGIC {
+    /// Decodes the fixed header at the start of `bytes` (48 bytes are enough) and returns it with the
+    /// crc its key and links must have. Total: any byte string gets a header or an error.
+    pub fn decode_fixed(bytes: &[u8], format_id: u64) -> Result<(Self, u32), FormatError> {
+        let fixed = bytes.get(..RECORD_HEADER_BYTES).ok_or(FormatError::Truncated)?;
+        if get_u32(fixed, 0) != RECORD_MAGIC {
             return Err(FormatError::NoMagic);
         }
-        let header = Self {
-            region_seq: get_u64(bytes, 8),
-            value_len: get_u32(bytes, 16),
-            value_crc: get_u32(bytes, 20),
-            key_len: get_u16(bytes, 24),
-            flags: get_u16(bytes, 26),
-            version: get_u32(bytes, 28),
-        };
-        let covered_end = header.value_offset();
-        if header.key_len == 0 {
-            return Err(FormatError::Field("key length"));
-        }
-        if bytes.len() < covered_end {
-            return Err(FormatError::Truncated);
-        }
-        let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[8..32]), &bytes[RECORD_HEADER_BYTES..covered_end]);
-        if crc != get_u32(bytes, 4) {
+        if header_crc(fixed, format_id) != get_u32(fixed, 4) {
             return Err(FormatError::Checksum);
         }
-        if header.flags & !(RECORD_TOMBSTONE | RECORD_PINNED | RECORD_LINKED) != 0 {
+        let header = Self {
+            region_seq: get_u64(fixed, 8),
+            key_hash: get_u64(fixed, 16),
+            value_len: get_u32(fixed, 24),
+            value_crc: get_u32(fixed, 28),
+            key_len: get_u16(fixed, 32),
+            flags: get_u16(fixed, 34),
+            version: get_u32(fixed, 36),
+        };
+        if header.flags == RECORD_SEAL {
+            if header.key_len != 0 || header.value_len != 0 {
+                return Err(FormatError::Field("seal record length"));
+            }
+        } else if header.key_len == 0 {
+            return Err(FormatError::Field("key length"));
+        }
+        if header.flags & !(RECORD_TOMBSTONE | RECORD_PINNED | RECORD_LINKED | RECORD_SEAL) != 0
+            || (header.flags & RECORD_SEAL != 0 && header.flags != RECORD_SEAL)
+        {
             return Err(FormatError::Field("record flags"));
+        }
+        if get_u32(fixed, 44) != 0 {
+            return Err(FormatError::Field("reserved"));
+        }
+        Ok((header, get_u32(fixed, 40)))
+    }
+
+    /// Decodes a header from the start of `bytes`, which must also hold the key and the links (checked
+    /// by the body crc).
+    pub fn decode(bytes: &[u8], format_id: u64) -> Result<Self, FormatError> {
+        let (header, body_crc) = Self::decode_fixed(bytes, format_id)?;
+        let body = bytes.get(RECORD_HEADER_BYTES..header.value_offset()).ok_or(FormatError::Truncated)?;
+        if crc32c::crc32c(body) != body_crc {
+            return Err(FormatError::Checksum);
         }
         Ok(header)
     }
+}
+
+/// The crc of a record header's bytes 8..48, seeded with the tier's format id.
+fn header_crc(fixed: &[u8], format_id: u64) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&format_id.to_le_bytes()), &fixed[8..RECORD_HEADER_BYTES])
 }
 
 /// A region header.
@@ -302,11 +338,11 @@ mod tests {
 
     #[test]
     fn structures_round_trip() {
-        let record = RecordHeader { region_seq: 7, value_len: 100, value_crc: 9, key_len: 3, flags: 0, version: 2 };
-        let mut bytes = record.encode(b"abc").to_vec();
+        let record = RecordHeader { value_len: 100, ..record(0) };
+        let mut bytes = record.encode(b"abc", FORMAT).to_vec();
         bytes.extend_from_slice(b"abc");
-        assert_eq!(RecordHeader::decode(&bytes), Ok(record));
-        assert_eq!(record.record_len(), (32 + 3 + 100usize).next_multiple_of(8));
+        assert_eq!(RecordHeader::decode(&bytes, FORMAT), Ok(record));
+        assert_eq!(record.record_len(), (48 + 3 + 100usize).next_multiple_of(8));
         let region = RegionHeader { region_seq: 1, shard: 2, region_id: 3, format_id: 4, epoch: 5 };
         assert_eq!(RegionHeader::decode(&region.encode()), Ok(region));
         let tier = TierHeader {
@@ -323,37 +359,56 @@ mod tests {
 
     #[test]
     fn a_linked_record_carries_its_links_after_the_key_under_the_header_crc() {
-        let record =
-            RecordHeader { region_seq: 7, value_len: 10, value_crc: 9, key_len: 3, flags: RECORD_LINKED, version: 2 };
+        let record = record(RECORD_LINKED);
         let mut covered = b"abc".to_vec();
         covered.extend_from_slice(&RecordHeader::encode_links(11, 0));
-        let mut bytes = record.encode(&covered).to_vec();
+        let mut bytes = record.encode(&covered, FORMAT).to_vec();
         bytes.extend_from_slice(&covered);
-        assert_eq!(RecordHeader::decode(&bytes), Ok(record));
-        assert_eq!(record.value_offset(), 32 + 3 + 16);
-        assert_eq!(record.record_len(), (32 + 3 + 16 + 10usize).next_multiple_of(8));
+        assert_eq!(RecordHeader::decode(&bytes, FORMAT), Ok(record));
+        assert_eq!(record.value_offset(), 48 + 3 + 16);
+        assert_eq!(record.record_len(), (48 + 3 + 16 + 10usize).next_multiple_of(8));
         assert_eq!(record.links(&covered), Some((11, 0)));
-        // A flipped bit in the links fails the header crc; a header without the links is truncated.
+        // A flipped bit in the links fails the body crc, yet the fixed header still names the key; a
+        // header without the links is truncated.
         let mut damaged = bytes.clone();
-        damaged[32 + 3] ^= 1;
-        assert_eq!(RecordHeader::decode(&damaged), Err(FormatError::Checksum));
-        assert_eq!(RecordHeader::decode(&bytes[..32 + 3]), Err(FormatError::Truncated));
+        damaged[48 + 3] ^= 1;
+        assert_eq!(RecordHeader::decode(&damaged, FORMAT), Err(FormatError::Checksum));
+        assert_eq!(RecordHeader::decode_fixed(&damaged, FORMAT).map(|(header, _)| header.key_hash), Ok(77));
+        assert_eq!(RecordHeader::decode(&bytes[..48 + 3], FORMAT), Err(FormatError::Truncated));
         let unlinked = RecordHeader { flags: 0, ..record };
         assert_eq!(unlinked.links(&covered), None);
     }
 
     #[test]
     fn a_record_with_another_key_fails_its_checksum() {
-        let record = RecordHeader { region_seq: 7, value_len: 1, value_crc: 9, key_len: 3, flags: 0, version: 2 };
-        let mut bytes = record.encode(b"abc").to_vec();
+        let record = RecordHeader { value_len: 1, ..record(0) };
+        let mut bytes = record.encode(b"abc", FORMAT).to_vec();
         bytes.extend_from_slice(b"abd");
-        assert_eq!(RecordHeader::decode(&bytes), Err(FormatError::Checksum));
+        assert_eq!(RecordHeader::decode(&bytes, FORMAT), Err(FormatError::Checksum));
+    }
+
+    #[test]
+    fn a_record_of_another_tier_or_with_a_flipped_header_byte_is_refused() {
+        let mut bytes = record(0).encode(b"abc", FORMAT).to_vec();
+        bytes.extend_from_slice(b"abc");
+        assert_eq!(RecordHeader::decode(&bytes, FORMAT + 1), Err(FormatError::Checksum), "another tier's");
+        for at in 0..RECORD_HEADER_BYTES {
+            let mut damaged = bytes.clone();
+            damaged[at] ^= 0x10;
+            assert!(RecordHeader::decode_fixed(&damaged, FORMAT).is_err(), "flip at byte {at} passed");
+        }
+    }
+
+    const FORMAT: u64 = 0x5eed;
+
+    fn record(flags: u16) -> RecordHeader {
+        RecordHeader { region_seq: 7, key_hash: 77, value_len: 10, value_crc: 9, key_len: 3, flags, version: 2 }
     }
 
     proptest! {
         #[test]
         fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
-            let _ = RecordHeader::decode(&bytes);
+            let _ = RecordHeader::decode(&bytes, FORMAT);
             let _ = RegionHeader::decode(&bytes);
             let _ = TierHeader::decode(&bytes);
         }

@@ -23,13 +23,19 @@ use crate::index::{
     NONE_U32, NONE_U64, index_hash,
 };
 use crate::links::{LinkBook, NO_LINK, ObjectLinks, link_hash, parent_name};
-use crate::log::{RegionLog, RegionState, Staged, location, read_range, split_location, write_partial, write_region};
+use crate::log::{
+    RegionLog, RegionState, Staged, location, read_range, split_location, write_partial, write_region, written_len,
+};
 use crate::metrics::{ShardMetrics, add, set};
 use crate::record::{
-    RECORD_HEADER_BYTES, RECORD_LINKED, RECORD_LINKS_BYTES, RECORD_PINNED, RECORD_TOMBSTONE, REGION_HEADER_BYTES,
-    RecordHeader, RegionHeader,
+    RECORD_HEADER_BYTES, RECORD_LINKED, RECORD_LINKS_BYTES, RECORD_PINNED, RECORD_TOMBSTONE, RecordHeader,
 };
+use crate::scan::{Scanned, scan_region};
 use crate::tenants::{Tenancy, tenant_of};
+
+mod recovery;
+
+pub use recovery::RecoveryReport;
 
 /// Ticks are 10 ms: leases and windows are coarse, and a `u32` of ticks lasts 497 days.
 const TICK: Duration = Duration::from_millis(10);
@@ -332,17 +338,6 @@ impl DurablePoint {
     }
 }
 
-/// What start-up recovery found.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct RecoveryReport {
-    /// Regions with this shard's data.
-    pub regions: usize,
-    /// Records restored.
-    pub records: u64,
-    /// Torn or corrupt records skipped.
-    pub skipped: u64,
-}
-
 impl Shard {
     /// Starts loading one more of the lines that an operation on the key whose hash is `hash` will touch
     /// (`server::prefetch_next_puts`, `server::handle_get`). Each stage reads only lines that the stage
@@ -635,7 +630,11 @@ impl Shard {
         if !self.tenancy.is_tenanted() {
             return;
         }
-        let tenant = tenant_of(key, true);
+        self.account_tenant(tenant_of(key, true), tier, bytes, charge);
+    }
+
+    /// Counts `bytes` of `tier` to (or, not `charge`, off) `tenant`'s usage.
+    fn account_tenant(&self, tenant: u32, tier: Use, bytes: u64, charge: bool) {
         let mut usage = self.usage.borrow_mut();
         let entry = usage.entry(tenant).or_default();
         let field = match tier {
@@ -705,6 +704,11 @@ impl Shard {
 
     fn ticks(duration: Duration) -> u32 {
         (duration.as_millis() / TICK.as_millis()).min(u128::from(u32::MAX / 2)) as u32
+    }
+
+    /// The format id of the tier (what seeds its record checksums); 0 without a tier.
+    fn format_id(&self) -> u64 {
+        self.log.borrow().as_ref().map_or(0, |log| log.format_id)
     }
 
     /// Whether the shard has an NVMe tier.
@@ -815,6 +819,7 @@ impl Shard {
         // refused.
         let record = RecordHeader {
             region_seq: 0,
+            key_hash: 0,
             value_len,
             value_crc: 0,
             key_len: key_len as u16,
@@ -869,12 +874,16 @@ impl Shard {
             group: links.group.map_or(NO_LINK, link_hash),
         };
         let hash = index_hash(key);
-        let (id, version) = {
+        let (id, version, superseded_record) = {
             let mut index = self.index.borrow_mut();
             let existing = index.find(hash);
             if existing.is_some() && !options.upsert {
                 return Err(Status::Exists);
             }
+            // The version replaced has a record on the tier that a restart would find: this put is
+            // acknowledged only once something newer (its own record, or a tombstone) is durable.
+            let superseded_record =
+                existing.map(|id| *index.get(id)).filter(|old| old.nvme != NONE_U64).map(|old| old.version);
             let pin_flags = match options.pin {
                 Pin::None => existing.map_or(0, |id| index.get(id).flags & (FLAG_PINNED | FLAG_SOFT_PINNED)),
                 Pin::Soft { .. } => FLAG_SOFT_PINNED,
@@ -973,37 +982,77 @@ impl Shard {
                     pins.soft_expiry.remove(&hash);
                 }
             }
-            (id, index.get(id).version)
+            (id, index.get(id).version, superseded_record)
         };
         add(&self.metrics.bytes_in, u64::from(value_len));
         self.update_gauges();
         if !self.has_nvme() {
             return if policy == WritePolicy::Durable { Err(Status::Invalid) } else { Ok(None) };
         }
-        match policy {
-            WritePolicy::WriteBack => Ok(None),
+        match (policy, superseded_record) {
+            (WritePolicy::WriteBack, None) => Ok(None),
+            (WritePolicy::WriteBack, Some(old_version)) => {
+                self.append_tombstone(key, hash, old_version).await.map(Some)
+            }
             // Acknowledged from DRAM whatever happens to the NVMe copy: a failure is counted, and the object
             // stays dirty in DRAM.
-            WritePolicy::WriteThrough => {
+            (WritePolicy::WriteThrough, None) => {
                 let _ = self.persist(id, hash, version).await;
                 Ok(None)
             }
-            WritePolicy::Durable => {
+            (WritePolicy::WriteThrough, Some(old_version)) => match self.persist(id, hash, version).await {
+                Ok(at) => self.durable_point(at, self.index.borrow().get(id)).map(Some),
+                Err(_) => self.append_tombstone(key, hash, old_version).await.map(Some),
+            },
+            (WritePolicy::Durable, _) => {
                 let at = self.persist(id, hash, version).await?;
-                let (region, offset) = split_location(at);
-                let log = self.log.borrow();
-                let Some(log) = log.as_ref() else { return Err(Status::Io) };
-                let linked = self.index.borrow().get(id).flags & FLAG_RECORD_LINKED != 0;
-                let flags = if linked { RECORD_LINKED } else { 0 };
-                let record =
-                    RecordHeader { region_seq: 0, value_len, value_crc, key_len: key.len() as u16, flags, version };
-                Ok(Some(DurablePoint {
-                    region,
-                    seq: log.regions[region as usize].seq,
-                    end: offset as usize + record.record_len(),
-                }))
+                self.durable_point(at, self.index.borrow().get(id)).map(Some)
             }
         }
+    }
+
+    /// Where the record of `entry` at location `at` ends: what a sync must cover to make it durable.
+    fn durable_point(&self, at: u64, entry: &Entry) -> Result<DurablePoint, Status> {
+        let (region, offset) = split_location(at);
+        let log = self.log.borrow();
+        let Some(log) = log.as_ref() else { return Err(Status::Io) };
+        Ok(DurablePoint {
+            region,
+            seq: log.regions[region as usize].seq,
+            end: offset as usize + record_value_offset(entry) + entry.value_len as usize,
+        })
+    }
+
+    /// Appends a tombstone for version `version` of `key` (hash `hash`) to the open region, rotating if it
+    /// is full; returns where it ends, for a sync.
+    async fn append_tombstone(self: &Rc<Self>, key: &[u8], hash: u64, version: u32) -> Result<DurablePoint, Status> {
+        let header = RecordHeader {
+            region_seq: 0,
+            key_hash: hash,
+            value_len: 0,
+            value_crc: 0,
+            key_len: key.len() as u16,
+            flags: RECORD_TOMBSTONE,
+            version,
+        };
+        // A fresh region always has room for a tombstone, so the second try succeeds unless rotation failed.
+        for _ in 0..2 {
+            if self.poisoned.get() {
+                return Err(Status::Io);
+            }
+            let full = {
+                let mut log = self.log.borrow_mut();
+                let Some(log) = log.as_mut() else { return Err(Status::Invalid) };
+                if let Some(at) = log.try_append(header, key, &[]) {
+                    let (region, offset) = split_location(at);
+                    let seq = log.regions[region as usize].seq;
+                    return Ok(DurablePoint { region, seq, end: offset as usize + header.record_len() });
+                }
+                log.open.as_ref().map(|open| open.id)
+            };
+            self.rotate(full).await?;
+        }
+        Err(Status::NoSpace)
     }
 
     /// Appends the DRAM copy of entry `id` to the log (if it is still version `version` and dirty).
@@ -1031,6 +1080,7 @@ impl Shard {
                     .map(|links| RecordHeader::encode_links(links.parent, links.group));
                 let header = RecordHeader {
                     region_seq: 0,
+                    key_hash: hash,
                     value_len: entry.value_len,
                     value_crc: entry.value_crc,
                     key_len: entry.key_len,
@@ -1108,7 +1158,7 @@ impl Shard {
                                     Some(open) if open.durable >= point.end => Step::Done(Ok(())),
                                     Some(open) => {
                                         let from = open.durable / block_bytes * block_bytes;
-                                        let to = open.used.next_multiple_of(block_bytes);
+                                        let to = written_len(open.used, block_bytes, log.region_bytes as usize);
                                         let bytes = open.buffer.read_at(from, to - from);
                                         Step::Write { device, device_offset, bytes, from, used: open.used, chunk_bytes }
                                     }
@@ -1200,21 +1250,23 @@ impl Shard {
         let sealing = {
             let mut log = self.log.borrow_mut();
             let Some(log) = log.as_mut() else { return };
+            log.append_seal();
             let Some(open) = log.open.take() else { return };
             let done = Rc::new(Semaphore::new(0));
-            let block_bytes = log.block_bytes;
+            let geometry = (log.block_bytes, log.region_bytes as usize);
             let region = &mut log.regions[open.id as usize];
             region.state = RegionState::Sealing;
             region.sealed = Some(Rc::clone(&done));
-            let job = (open.id, region.device, region.device_offset, open.buffer, open.used, block_bytes, done);
+            let job = (open.id, region.device, region.device_offset, open.buffer, open.used, geometry, done);
             log.sealed.push_back(open.id);
             job
         };
-        let (id, device, device_offset, buffer, used, block_bytes, done) = sealing;
+        let (id, device, device_offset, buffer, used, (block_bytes, region_bytes), done) = sealing;
         let shard = Rc::clone(self);
         let devices = Rc::clone(&self.devices);
         glommio::spawn_local(async move {
-            let (buffer, result) = write_region(devices, device, device_offset, buffer, used, block_bytes).await;
+            let (buffer, result) =
+                write_region(devices, device, device_offset, buffer, used, block_bytes, region_bytes).await;
             {
                 let mut log = shard.log.borrow_mut();
                 if let Some(log) = log.as_mut() {
@@ -1264,10 +1316,19 @@ impl Shard {
             let mut index = self.index.borrow_mut();
             let mut log_ref = self.log.borrow_mut();
             let Some(log) = log_ref.as_mut() else { return Err(Status::Invalid) };
+            let format_id = log.format_id;
+            let mut damaged = false;
             match &staged {
                 Ok(staged) => {
-                    for record in scan_records(staged, seq, region_bytes) {
-                        let Ok((at, header, covered)) = record else { continue };
+                    for item in scan_region(staged, seq, format_id) {
+                        let (at, header, covered) = match item {
+                            Scanned::Record { at, header, covered } => (at, header, covered),
+                            Scanned::Seal { .. } => continue,
+                            Scanned::Damaged { .. } | Scanned::Lost { .. } => {
+                                damaged = true;
+                                continue;
+                            }
+                        };
                         let key = &covered[..usize::from(header.key_len)];
                         let here = location(id, at as u32);
                         let Some(entry_id) = index.find(index_hash(key)) else { continue };
@@ -1306,35 +1367,42 @@ impl Shard {
                     }
                 }
                 Err(error) => {
-                    // The region cannot be read back: everything in it is lost. Drop what points at it.
                     tracing::error!(shard = self.id, region = id, %error, "region unreadable for reclaim: its objects are dropped");
                     add(&self.metrics.io_errors, 1);
-                    let ids: Vec<u32> = index.ids().collect();
-                    let mut lost = 0u32;
-                    for entry_id in ids {
-                        let entry = *index.get(entry_id);
-                        if entry.nvme != NONE_U64 && split_location(entry.nvme).0 == id {
-                            index.get_mut(entry_id).nvme = NONE_U64;
-                            if entry.dram == NONE_U32 {
-                                self.forget(&mut index, entry_id, None);
-                                lost += 1;
-                            }
+                    damaged = true;
+                }
+            }
+            if damaged {
+                // Objects whose records the scan could not read are lost: drop what still points at the region.
+                let ids: Vec<u32> = index.ids().collect();
+                let mut lost = 0u32;
+                for entry_id in ids {
+                    let entry = *index.get(entry_id);
+                    if entry.nvme != NONE_U64 && split_location(entry.nvme).0 == id {
+                        index.get_mut(entry_id).nvme = NONE_U64;
+                        if entry.dram == NONE_U32 {
+                            self.forget(&mut index, entry_id, None);
+                            lost += 1;
                         }
                     }
-                    // Their keys were in the region that cannot be read: subscribers are told to resync.
-                    self.events.borrow_mut().lost(lost);
                 }
+                // Their keys were in the region that cannot be read: subscribers are told to resync.
+                self.events.borrow_mut().lost(lost);
             }
             let region = &mut log.regions[id as usize];
             region.state = RegionState::Free;
             region.seq = 0;
             log.sealed.pop_front();
         }
-        // Zero the header before reuse, so that a crash cannot bring this generation back.
+        // Zero the header, durably, before reuse, so that a crash cannot bring this generation back.
         let device_handle = &self.devices[device];
         let mut zero = device_handle.alloc_buffer(block_bytes);
         zero.as_mut_slice().fill(0);
-        if let Err(error) = device_handle.write(zero, device_offset).await.1 {
+        let zeroed = match device_handle.write(zero, device_offset).await.1 {
+            Ok(()) => device_handle.flush().await,
+            Err(error) => Err(error),
+        };
+        if let Err(error) = zeroed {
             self.poison("zeroing a reclaimed region's header", &error);
         }
         if let Some(log) = self.log.borrow_mut().as_mut() {
@@ -1621,7 +1689,8 @@ impl Shard {
         let value_at = record_value_offset(&entry);
         let head = staged.copy(0, value_at);
         let stored_key = head.get(RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + key.len());
-        let valid = match RecordHeader::decode(&head) {
+        let format_id = self.format_id();
+        let valid = match RecordHeader::decode(&head, format_id) {
             Ok(header) => {
                 stored_key == Some(key)
                     && header.value_offset() == value_at
@@ -1634,7 +1703,7 @@ impl Shard {
         if valid {
             return Ok(staged);
         }
-        if stored_key != Some(key) && RecordHeader::decode(&head).is_ok() {
+        if stored_key != Some(key) && RecordHeader::decode(&head, format_id).is_ok() {
             // Another key with the same index hash: a miss, not damage.
             return Err(Status::NotFound);
         }
@@ -1783,10 +1852,12 @@ impl Shard {
         self.remove_as(key, RemovalReason::Removed).await
     }
 
-    /// Removes `key` for `reason` (a client's remove, or a cascade), with a tombstone.
+    /// Removes `key` for `reason` (a client's remove, or a cascade), with a tombstone when a record of it
+    /// is on the tier. A client's removal is acknowledged only once its tombstone is durable, so that a
+    /// restart cannot bring the key back; a cascade's is not waited for (nobody was told it happened).
     async fn remove_as(self: &Rc<Self>, key: &[u8], reason: RemovalReason) -> Result<(), Status> {
         let hash = index_hash(key);
-        let version = {
+        let entry = {
             let mut index = self.index.borrow_mut();
             let Some(id) = index.find(hash) else { return Err(Status::NotFound) };
             let entry = *index.get(id);
@@ -1801,33 +1872,17 @@ impl Shard {
             drop(dram);
             self.forget(&mut index, id, Some(key));
             self.events.borrow_mut().removed(key, reason);
-            entry.version
+            entry
         };
         self.update_gauges();
-        if self.has_nvme() && !self.poisoned.get() {
-            let header = RecordHeader {
-                region_seq: 0,
-                value_len: 0,
-                value_crc: 0,
-                key_len: key.len() as u16,
-                flags: RECORD_TOMBSTONE,
-                version,
-            };
-            for _ in 0..2 {
-                let full = {
-                    let mut log = self.log.borrow_mut();
-                    let Some(log) = log.as_mut() else { break };
-                    if log.try_append(header, key, &[]).is_some() {
-                        break;
-                    }
-                    log.open.as_ref().map(|open| open.id)
-                };
-                if self.rotate(full).await.is_err() {
-                    break;
-                }
-            }
+        if entry.nvme == NONE_U64 || !self.has_nvme() {
+            return Ok(());
         }
-        Ok(())
+        let point = self.append_tombstone(key, hash, entry.version).await;
+        if reason != RemovalReason::Removed {
+            return Ok(());
+        }
+        self.sync(point?).await
     }
 
     /// The key of entry `entry`: from its DRAM copy, else from its record's header on the NVMe tier (whose
@@ -1852,17 +1907,18 @@ impl Shard {
                 && let Some(open) = log.open.as_ref()
             {
                 let head = open.buffer.read_at(offset as usize, head_len);
-                return RecordHeader::decode(&head).ok().map(|_| key_of(&head));
+                return RecordHeader::decode(&head, log.format_id).ok().map(|_| key_of(&head));
             }
             (region.device, region.device_offset, log.chunk_bytes, region.sealed.clone())
         };
+        let format_id = self.format_id();
         if let Some(done) = wait {
             let _ = done.acquire(1).await;
         }
         let staged =
             read_range(&self.devices, device, device_offset, offset as usize, head_len, chunk_bytes).await.ok()?;
         let head = staged.copy(0, head_len);
-        RecordHeader::decode(&head).ok().map(|_| key_of(&head))
+        RecordHeader::decode(&head, format_id).ok().map(|_| key_of(&head))
     }
 
     /// Removes every key of this shard that starts with `scope` (a tenant's prefix) and, without it,
@@ -1890,125 +1946,6 @@ impl Shard {
     }
 
     // ---- start-up and shutdown -----------------------------------------------------------------------
-
-    /// Rebuilds the index from this shard's regions: regions in generation order, records in log order, a
-    /// later record of a key replacing an earlier one and a tombstone removing it. Torn or corrupt records
-    /// are skipped and counted.
-    pub async fn recover(self: &Rc<Self>) -> Result<RecoveryReport, String> {
-        let (regions, block_bytes, region_bytes, chunk_bytes, format_id) = {
-            let log = self.log.borrow();
-            let Some(log) = log.as_ref() else { return Ok(RecoveryReport::default()) };
-            let regions: Vec<(usize, u64)> =
-                log.regions.iter().map(|region| (region.device, region.device_offset)).collect();
-            (regions, log.block_bytes, log.region_bytes as usize, log.chunk_bytes, log.format_id)
-        };
-        let mut found = Vec::new();
-        for (id, &(device, device_offset)) in regions.iter().enumerate() {
-            let head = read_range(&self.devices, device, device_offset, 0, block_bytes, chunk_bytes)
-                .await
-                .map_err(|error| format!("reading region {id}: {error}"))?;
-            if let Ok(header) = RegionHeader::decode(&head.copy(0, crate::record::REGION_HEADER_BYTES))
-                && header.format_id == format_id
-                && header.shard == self.id
-                && header.region_id == id as u32
-            {
-                found.push((header.region_seq, id as u32));
-            }
-        }
-        found.sort_unstable();
-        let mut report = RecoveryReport { regions: found.len(), ..RecoveryReport::default() };
-        for &(seq, id) in &found {
-            let (device, device_offset) = regions[id as usize];
-            let staged = read_range(&self.devices, device, device_offset, 0, region_bytes, chunk_bytes)
-                .await
-                .map_err(|error| format!("reading region {id}: {error}"))?;
-            let mut index = self.index.borrow_mut();
-            for record in scan_records(&staged, seq, region_bytes) {
-                let (at, header, covered) = match record {
-                    Ok(record) => record,
-                    Err(()) => {
-                        report.skipped += 1;
-                        continue;
-                    }
-                };
-                let key = &covered[..usize::from(header.key_len)];
-                let hash = index_hash(key);
-                let existing = index.find(hash);
-                if header.flags & RECORD_TOMBSTONE != 0 {
-                    if let Some(existing) = existing {
-                        self.forget(&mut index, existing, Some(key));
-                    }
-                    continue;
-                }
-                let links = header.links(&covered);
-                let link_flags = if links.is_some() { FLAG_LINKED | FLAG_RECORD_LINKED } else { 0 };
-                let entry = Entry {
-                    hash,
-                    nvme: location(id, at as u32),
-                    dram: NONE_U32,
-                    value_len: header.value_len,
-                    value_crc: header.value_crc,
-                    version: header.version,
-                    last_hit: 0,
-                    key_len: header.key_len,
-                    flags: link_flags | if header.flags & RECORD_PINNED != 0 { FLAG_PINNED } else { 0 },
-                };
-                let id = match existing {
-                    Some(existing) => {
-                        let old = *index.get(existing);
-                        self.unpin_entry(&old, Some(key));
-                        self.account(key, Use::Nvme, object_bytes(&old), false);
-                        *index.get_mut(existing) = entry;
-                        existing
-                    }
-                    None => index.insert(entry),
-                };
-                // A later version names what it names: the book follows the newest record.
-                let object_links =
-                    links.map_or(ObjectLinks::default(), |(parent, group)| ObjectLinks { parent, group });
-                self.links.borrow_mut().link(id, object_links);
-                self.account(key, Use::Nvme, object_bytes(&entry), true);
-                if is_pinned(&entry) {
-                    // Restored pins count against the limit even past it: they were admitted before.
-                    self.account(key, Use::Pinned, object_bytes(&entry), true);
-                    let mut pins = self.pins.borrow_mut();
-                    pins.bytes += object_bytes(&entry);
-                    set(&self.metrics.pinned_bytes, pins.bytes);
-                }
-                report.records += 1;
-            }
-        }
-        {
-            let mut log = self.log.borrow_mut();
-            if let Some(log) = log.as_mut() {
-                log.free.clear();
-                log.sealed.clear();
-                for &(seq, id) in &found {
-                    let region = &mut log.regions[id as usize];
-                    region.seq = seq;
-                    region.state = RegionState::Sealed;
-                    log.sealed.push_back(id);
-                }
-                for id in 0..log.regions.len() as u32 {
-                    if log.regions[id as usize].state == RegionState::Free {
-                        log.free.push_back(id);
-                    }
-                }
-                log.next_seq = found.last().map_or(1, |&(seq, _)| seq + 1);
-                if !log.free.is_empty() {
-                    log.open_next();
-                }
-            }
-        }
-        if self.log.borrow().as_ref().is_some_and(|log| log.open.is_none()) {
-            self.reclaim_oldest(false).await.map_err(|status| format!("reclaiming at start-up: {}", status.name()))?;
-            self.log.borrow_mut().as_mut().map(RegionLog::open_next);
-        }
-        add(&self.metrics.recovered_records, report.records);
-        add(&self.metrics.recovery_skipped_records, report.skipped);
-        self.update_gauges();
-        Ok(report)
-    }
 
     /// Clean shutdown: writes dirty (write-back) objects, seals the open region and waits for every region
     /// write to complete.
@@ -2047,43 +1984,6 @@ impl Shard {
             }
         }
     }
-}
-
-/// The records of a region of generation `seq`, in order: `Ok((offset, header, covered))` (`covered`: the
-/// key, then a linked record's links), or `Err(())` for a
-/// record whose header is intact but whose value fails its checksum (torn). Stops at the first header that
-/// is not intact or not of this generation (the end of what was written).
-fn scan_records(
-    staged: &Staged,
-    seq: u64,
-    region_bytes: usize,
-) -> impl Iterator<Item = Result<(usize, RecordHeader, Vec<u8>), ()>> + '_ {
-    let mut at = REGION_HEADER_BYTES;
-    std::iter::from_fn(move || {
-        if at + RECORD_HEADER_BYTES > region_bytes {
-            return None;
-        }
-        let raw = staged.copy(at, RECORD_HEADER_BYTES);
-        let key_len = usize::from(u16::from_le_bytes([raw[24], raw[25]]));
-        let flags = u16::from_le_bytes([raw[26], raw[27]]);
-        let links_len = if flags & RECORD_LINKED != 0 { RECORD_LINKS_BYTES } else { 0 };
-        let head_len = RECORD_HEADER_BYTES + key_len + links_len;
-        if at + head_len > region_bytes {
-            return None;
-        }
-        let head = staged.copy(at, head_len);
-        let header = RecordHeader::decode(&head).ok()?;
-        if header.region_seq != seq || at + header.record_len() > region_bytes {
-            return None;
-        }
-        let start = at;
-        at += header.record_len();
-        let value_crc = staged.crc(start + header.value_offset(), header.value_len as usize);
-        if header.flags & RECORD_TOMBSTONE == 0 && value_crc != header.value_crc {
-            return Some(Err(()));
-        }
-        Some(Ok((start, header, head[RECORD_HEADER_BYTES..].to_vec())))
-    })
 }
 
 /// Counts `key` up or down in `counts`, where a key at zero is absent (a count never goes below zero);
