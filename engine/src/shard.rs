@@ -1013,14 +1013,9 @@ impl Shard {
 
     /// Where the record of `entry` at location `at` ends: what a sync must cover to make it durable.
     fn durable_point(&self, at: u64, entry: &Entry) -> Result<DurablePoint, Status> {
-        let (region, offset) = split_location(at);
         let log = self.log.borrow();
         let Some(log) = log.as_ref() else { return Err(Status::Io) };
-        Ok(DurablePoint {
-            region,
-            seq: log.regions[region as usize].seq,
-            end: offset as usize + record_value_offset(entry) + entry.value_len as usize,
-        })
+        Ok(point_after(log, at, record_value_offset(entry) + entry.value_len as usize))
     }
 
     /// Appends a tombstone for version `version` of `key` (hash `hash`) to the open region, rotating if it
@@ -1044,9 +1039,7 @@ impl Shard {
                 let mut log = self.log.borrow_mut();
                 let Some(log) = log.as_mut() else { return Err(Status::Invalid) };
                 if let Some(at) = log.try_append(header, key, &[]) {
-                    let (region, offset) = split_location(at);
-                    let seq = log.regions[region as usize].seq;
-                    return Ok(DurablePoint { region, seq, end: offset as usize + header.record_len() });
+                    return Ok(point_after(log, at, header.record_len()));
                 }
                 log.open.as_ref().map(|open| open.id)
             };
@@ -1984,6 +1977,12 @@ impl Shard {
             }
         }
     }
+}
+
+/// The durable point just past `len` bytes of record at location `at` of `log`.
+fn point_after(log: &RegionLog, at: u64, len: usize) -> DurablePoint {
+    let (region, offset) = split_location(at);
+    DurablePoint { region, seq: log.regions[region as usize].seq, end: offset as usize + len }
 }
 
 /// Counts `key` up or down in `counts`, where a key at zero is absent (a count never goes below zero);
