@@ -67,6 +67,8 @@ pub struct EngineConfig {
     /// next part that stops arriving, a reply the client stops reading) for this long, with no byte moving
     /// either way, is closed and what it held (a DRAM reservation, pinned reply buffers) is freed. Zero: never.
     pub stall_timeout: Duration,
+    /// What a peer may hold: connections, bytes of values still arriving, and how slowly a frame may move.
+    pub peers: crate::peer_limits::PeerLimits,
 }
 
 impl Default for EngineConfig {
@@ -98,6 +100,7 @@ impl Default for EngineConfig {
             busy_poll: false,
             faults: None,
             stall_timeout: Duration::from_secs(30),
+            peers: crate::peer_limits::PeerLimits::default(),
         }
     }
 }

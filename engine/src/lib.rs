@@ -15,6 +15,7 @@ pub mod links;
 pub mod log;
 pub mod metrics;
 pub mod node;
+pub mod peer_limits;
 pub mod record;
 pub mod scan;
 pub mod segment;

@@ -44,6 +44,14 @@ pub struct ShardMetrics {
     pub protocol_errors: AtomicU64,
     /// Connections closed because their peer stalled mid-frame (`stall_timeout`).
     pub stalled_connections: AtomicU64,
+    /// Connections closed because a frame moved slower than the minimum transfer rate.
+    pub slow_connections: AtomicU64,
+    /// Connections refused because the node or their tenant had its limit of connections.
+    pub connections_refused: AtomicU64,
+    /// Put items refused because the bytes of values still arriving were at their cap.
+    pub partial_frame_refusals: AtomicU64,
+    /// Bytes of values still arriving, claimed by this shard's connections (gauge).
+    pub partial_frame_bytes: AtomicU64,
     /// Connections refused at HELLO (wrong token).
     pub auth_failures: AtomicU64,
     /// Items that arrived at the wrong shard and were forwarded.
@@ -258,7 +266,7 @@ pub fn render(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
     let _ = writeln!(out, "strata_tier_capacity_bytes{{tier=\"nvme\"}} {}", sum(|s| &s.nvme_regions) * region_bytes);
     let _ = writeln!(out, "strata_tier_evictions_total{{tier=\"nvme\"}} {}", sum(|s| &s.nvme_evictions));
 
-    let counters: [(&str, &str, Field); 26] = [
+    let counters: [(&str, &str, Field); 30] = [
         ("strata_misses_total", "Lookups that found no object.", |s| &s.ops[Opcode::Get as usize - 1].misses),
         ("strata_promotions_total", "Objects promoted from NVMe to DRAM.", |s| &s.promotions),
         ("strata_dram_writebacks_total", "Objects written to NVMe when evicted from DRAM.", |s| &s.dram_writebacks),
@@ -283,6 +291,24 @@ pub fn render(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
             "Connections closed because their peer stalled in the middle of a frame.",
             |s| &s.stalled_connections,
         ),
+        (
+            "strata_slow_connections_total",
+            "Connections closed because a frame moved slower than the minimum transfer rate.",
+            |s| &s.slow_connections,
+        ),
+        (
+            "strata_connections_refused_total",
+            "Connections refused at the node's or their tenant's connection limit.",
+            |s| &s.connections_refused,
+        ),
+        (
+            "strata_partial_frame_refusals_total",
+            "Put items refused because the bytes of values still arriving were at their cap.",
+            |s| &s.partial_frame_refusals,
+        ),
+        ("strata_partial_frame_bytes", "Bytes of values still arriving (claimed against the cap).", |s| {
+            &s.partial_frame_bytes
+        }),
         ("strata_auth_failures_total", "HELLOs refused for a wrong token.", |s| &s.auth_failures),
         ("strata_value_bytes_received_total", "Bytes of values received.", |s| &s.bytes_in),
         ("strata_value_bytes_sent_total", "Bytes of values sent.", |s| &s.bytes_out),

@@ -492,6 +492,8 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
     // Read here, on the thread that started the node, before any executor pins itself: the CPUs the
     // operator let the process use.
     let event_senders = Arc::new(crate::event_sender::EventSenders::new(&config.event_cpus, &config.cpus));
+    let tenant_ids = config.tenants.iter().map(|tenant| crate::tenants::tenant_id(&tenant.name));
+    let peer_budget = crate::peer_limits::PeerBudget::new(&config.peers, config.dram_bytes, tenant_ids);
     for (shard, listener) in listeners.into_iter().enumerate() {
         let peers = meshes.next().unwrap_or_default();
         let shard = shard as u32;
@@ -505,6 +507,7 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
             Arc::clone(&event_senders),
         );
         let stop_flag = Arc::clone(&stop);
+        let peer_budget = Arc::clone(&peer_budget);
         let mut builder =
             LocalExecutorBuilder::new(Placement::Fixed(cpu)).name(&format!("strata-shard-{shard}")).io_memory(2 << 20);
         if let Some(spin) = config.spin_before_park {
@@ -603,7 +606,8 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
                         if stop_flag.load(Ordering::SeqCst) {
                             break;
                         }
-                        glommio::spawn_local(crate::server::serve(Rc::clone(&shard_state), stream)).detach();
+                        let budget = Arc::clone(&peer_budget);
+                        glommio::spawn_local(crate::server::serve(Rc::clone(&shard_state), budget, stream)).detach();
                     }
                     Err(_) if stop_flag.load(Ordering::SeqCst) => break,
                     Err(_) => glommio::timer::sleep(Duration::from_millis(10)).await,

@@ -31,6 +31,7 @@ use strata_proto::{
 use crate::event_sender::HandOffRefused;
 use crate::forward::ForwardOp;
 use crate::metrics::{add, is_error};
+use crate::peer_limits::{ConnectionSlot, PartialClaim, PeerBudget, RateJudge};
 use crate::shard::{DurablePoint, FillGuard, Prefetch, ReadData, ReadHit, Shard};
 use crate::tenants::Scope;
 
@@ -88,9 +89,15 @@ pub struct ConnectionWatch {
     /// The handler is blocked on the socket (waiting for the peer's bytes or for room to send), as opposed to
     /// waiting for the node's own work (a device read, another shard, a progressive put's next part).
     on_socket: Cell<bool>,
+    /// The number of the frame being handled (a new number tells the sweeper a new frame began).
+    frame: Cell<u64>,
+    /// The frame streams at the node's pace (a subscription): no minimum rate applies to it.
+    streaming: Cell<bool>,
     /// The kernel's byte counters when the sweeper last saw them move, and when that was.
     seen: Cell<(u64, u64)>,
     still_since: Cell<Option<Instant>>,
+    /// The sweeper's judgement of the frame's rate.
+    rate: Cell<RateJudge>,
 }
 
 impl ConnectionWatch {
@@ -126,51 +133,91 @@ pub fn close_connections(shard: &Shard) {
     }
 }
 
-/// Closes the connections that sat blocked on their peer mid-frame for `stall_timeout` with no byte moving
-/// either way: shutting the socket down fails the handler's pending read or write, so the connection ends
-/// through its usual path and frees what it held. One task per shard, one system call per connection that
-/// is mid-frame per sweep; runs until the node stops.
+/// Closes the connections blocked on their peer mid-frame that either sat for `stall_timeout` with no byte
+/// moving either way, or moved slower than the minimum transfer rate after the frame's grace
+/// (`peer_limits`): shutting the socket down fails the handler's pending read or write, so the connection
+/// ends through its usual path and frees what it held. One task per shard, one system call per connection
+/// that is mid-frame per sweep; runs until the node stops.
 pub async fn sweep_stalled_connections(shard: Weak<Shard>) {
-    let Some(timeout) = shard.upgrade().map(|shard| shard.config.stall_timeout).filter(|timeout| !timeout.is_zero())
-    else {
-        return;
-    };
-    let period = (timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let Some(period) = shard.upgrade().and_then(|shard| sweep_period(&shard.config)) else { return };
     loop {
         glommio::timer::sleep(period).await;
         let Some(shard) = shard.upgrade() else { return };
         let now = Instant::now();
         shard.connection_watches.borrow_mut().retain(|watch| {
             let Some(watch) = watch.upgrade() else { return false };
-            if !(watch.in_frame.get() && watch.on_socket.get()) {
+            if let Some(verdict) = judge(&watch, &shard.config, now, period) {
+                // Counted before the peer can see the connection end (a test reads the counter as soon as
+                // its read returns; this thread may be preempted in between).
+                add(
+                    if verdict == Verdict::Stalled {
+                        &shard.metrics.stalled_connections
+                    } else {
+                        &shard.metrics.slow_connections
+                    },
+                    1,
+                );
+                // Shut down, not closed: the connection's owner closes it.
+                crate::sys::shutdown_socket(watch.fd);
                 watch.still_since.set(None);
-                return true;
-            }
-            let Some(progress) = watch.wire_progress() else { return true };
-            match watch.still_since.get() {
-                Some(since) if progress == watch.seen.get() => {
-                    if now.duration_since(since) >= timeout {
-                        // Counted before the peer can see the connection end (a test reads the counter as
-                        // soon as its read returns; this thread may be preempted in between).
-                        add(&shard.metrics.stalled_connections, 1);
-                        // Shut down, not closed: the connection's owner closes it.
-                        crate::sys::shutdown_socket(watch.fd);
-                        watch.still_since.set(None);
-                    }
-                }
-                _ => {
-                    watch.seen.set(progress);
-                    watch.still_since.set(Some(now));
-                }
             }
             true
         });
     }
 }
 
+/// How often the sweeper looks, or `None` when neither a stall timeout nor a minimum rate is set.
+fn sweep_period(config: &crate::EngineConfig) -> Option<Duration> {
+    let stall = (!config.stall_timeout.is_zero()).then_some(config.stall_timeout);
+    let rate = (config.peers.min_transfer_rate > 0).then_some(config.peers.frame_grace);
+    let shortest = [stall, rate].into_iter().flatten().min()?;
+    Some((shortest / 4).clamp(Duration::from_millis(10), Duration::from_secs(1)))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    Stalled,
+    TooSlow,
+}
+
+/// One sweep's look at one connection: whether to close it, and why.
+fn judge(watch: &ConnectionWatch, config: &crate::EngineConfig, now: Instant, period: Duration) -> Option<Verdict> {
+    if !(watch.in_frame.get() && watch.on_socket.get()) {
+        watch.still_since.set(None);
+        return None;
+    }
+    let progress = watch.wire_progress()?;
+    let mut rate = watch.rate.get();
+    let too_slow =
+        !watch.streaming.get() && rate.too_slow(watch.frame.get(), progress.0 + progress.1, period, &config.peers);
+    watch.rate.set(rate);
+    let stalled = match watch.still_since.get() {
+        Some(since) if progress == watch.seen.get() => {
+            !config.stall_timeout.is_zero() && now.duration_since(since) >= config.stall_timeout
+        }
+        _ => {
+            watch.seen.set(progress);
+            watch.still_since.set(Some(now));
+            false
+        }
+    };
+    // A peer that moves nothing at all is stalled, whatever its rate says.
+    if stalled {
+        Some(Verdict::Stalled)
+    } else if too_slow {
+        Some(Verdict::TooSlow)
+    } else {
+        None
+    }
+}
+
 struct Connection {
     /// Dropped before the socket is closed (fields drop in order), so the sweeper never sees a reused fd.
     watch: Rc<ConnectionWatch>,
+    /// The connection's place under the node's and its tenant's connection limits.
+    slot: ConnectionSlot,
+    /// Where partial-frame bytes are claimed.
+    peers: Arc<PeerBudget>,
     stream: Socket,
     input: Box<[u8]>,
     start: usize,
@@ -274,17 +321,26 @@ impl Connection {
     }
 }
 
-/// Serves one client connection until it closes or breaks the protocol.
-pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
+/// Serves one client connection until it closes or breaks the protocol; one past the node's connection
+/// limit is told so (`Quota`) and closed.
+pub async fn serve(shard: Rc<Shard>, peers: Arc<PeerBudget>, stream: TcpStream) {
     let _ = stream.set_nodelay(true);
-    let Ok(stream) = single_stream(stream, shard.config.busy_poll) else { return };
+    let Ok(mut stream) = single_stream(stream, shard.config.busy_poll) else { return };
+    let Some(slot) = peers.connect() else {
+        add(&shard.metrics.connections_refused, 1);
+        refuse_connection(&shard, &mut stream).await;
+        return;
+    };
     add(&shard.metrics.connections, 1);
     let watch = Rc::new(ConnectionWatch {
         fd: stream.raw_fd(),
         in_frame: Cell::new(false),
         on_socket: Cell::new(false),
+        frame: Cell::new(0),
+        streaming: Cell::new(false),
         seen: Cell::new((0, 0)),
         still_since: Cell::new(None),
+        rate: Cell::new(RateJudge::default()),
     });
     {
         // The sweeper prunes the list as it goes; without one (no stall timeout) it is pruned here whenever
@@ -297,6 +353,8 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
     }
     let mut connection = Connection {
         watch,
+        slot,
+        peers,
         stream,
         input: vec![0u8; INPUT_BUFFER_BYTES].into_boxed_slice(),
         start: 0,
@@ -344,7 +402,25 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
         break;
     }
     let _ = connection.stream.shutdown().await;
+    // Its slot is given back before it stops counting as open: a peer that waits for the count to fall
+    // finds its place free.
+    drop(connection);
     shard.metrics.connections.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Tells a peer past the connection limit why it is closed: one error frame, sent within a bound of time
+/// (a peer that reads nothing cannot hold the task), then the end of the stream.
+async fn refuse_connection(shard: &Shard, stream: &mut Socket) {
+    let refusal =
+        FrameHeader { opcode: Opcode::Hello, flags: 0, request_id: 0, count: 0, status: Status::Quota, body_len: 0 }
+            .encode();
+    let bound = shard.config.peers.frame_grace.max(Duration::from_millis(100));
+    let _ = futures_lite::future::or(async { stream.write_all(&refusal).await.is_ok() }, async {
+        glommio::timer::sleep(bound).await;
+        false
+    })
+    .await;
+    let _ = stream.shutdown().await;
 }
 
 /// Handles one frame, watched by the stall sweeper while it does.
@@ -354,6 +430,7 @@ async fn in_frame(
     header: FrameHeader,
     scope: &mut Option<Scope>,
 ) -> Result<(u64, u64), ConnectionError> {
+    connection.watch.frame.set(connection.watch.frame.get() + 1);
     connection.watch.in_frame.set(true);
     let result = handle_frame(shard, connection, header, scope).await;
     connection.watch.in_frame.set(false);
@@ -515,6 +592,8 @@ async fn handle_subscribe(
     let prefix = (!full_prefix.is_empty()).then_some(&full_prefix[..]);
     let strip = scope.prefix().len();
     let (subscription, mut cursor) = crate::events::Subscription::new(&shard.events);
+    // Events flow at the node's pace, not the peer's: only the stall timeout applies to a subscription.
+    connection.watch.streaming.set(true);
     // An empty frame says "subscribed": every event after the client has read it is delivered.
     let ready = FrameHeader {
         opcode: Opcode::Subscribe,
@@ -639,6 +718,13 @@ async fn handle_hello(
         add(&shard.metrics.auth_failures, 1);
         return Err(ConnectionError::Protocol(Status::Unauthenticated, "no tenant has this token".into()));
     };
+    if !connection.slot.join_tenant(tenant.id) {
+        add(&shard.metrics.connections_refused, 1);
+        return Err(ConnectionError::Protocol(
+            Status::Quota,
+            format!("tenant {:?} has its limit of connections", tenant.name),
+        ));
+    }
     *scope = Some(tenant);
     let reply = HelloReply {
         shard_count: shard.shard_count,
@@ -717,6 +803,12 @@ async fn handle_put(
             continue;
         }
         let mut options = PutOptions::decode(&item);
+        let Ok(claim) = claim_arriving_value(shard, connection, scope, &item, key_len) else {
+            add(&shard.metrics.partial_frame_refusals, 1);
+            skip_value(connection, &item, &mut consumed, header.body_len).await?;
+            statuses.push(ResponseItemHeader::status(Status::Quota));
+            continue;
+        };
         if let Some(owner) = owner {
             let mut value = vec![0u8; item.value_len as usize];
             let received = if item.is_progressive() {
@@ -725,6 +817,7 @@ async fn handle_put(
                 let crc = connection.read_exact_crc(&mut value).await?;
                 (crc == item.value_crc).then_some(crc)
             };
+            drop(claim);
             let status = if let Some(value_crc) = received {
                 let op = ForwardOp::Put { value, value_crc, options, parent, group };
                 forward(shard, owner, &key, op).await.status
@@ -765,6 +858,7 @@ async fn handle_put(
             }
             (item.value_crc, None)
         };
+        drop(claim);
         let status = match shard.commit_put(&key, reservation, item.value_len, value_crc, options, links).await {
             Ok(Some(point)) => {
                 durable.push(point);
@@ -791,6 +885,22 @@ async fn handle_put(
         }
     }
     Ok(statuses)
+}
+
+/// Claims the bytes of a put item's key and value against the partial-frame caps while they arrive:
+/// `Ok(None)` when the value is buffered already (nothing waits on the peer), `Err` past a cap.
+fn claim_arriving_value(
+    shard: &Shard,
+    connection: &Connection,
+    scope: &Scope,
+    item: &RequestItemHeader,
+    key_len: usize,
+) -> Result<Option<PartialClaim>, ()> {
+    if !item.is_progressive() && connection.buffered() as u64 >= u64::from(item.value_len) {
+        return Ok(None);
+    }
+    let bytes = key_len as u64 + u64::from(item.value_len);
+    connection.peers.claim(scope.id, bytes, &shard.metrics).map(Some).ok_or(())
 }
 
 /// Asks for the lines the next put items will touch, in stages (`Shard::prefetch`): the one at the

@@ -177,6 +177,9 @@ fn stalled_peers_are_closed(busy_poll: bool) {
     let mut node_config = config(&[0], 32 << 20);
     node_config.stall_timeout = Duration::from_secs(2);
     node_config.busy_poll = busy_poll;
+    // The stall timeout is what is tested, so the cap on values in flight is out of its way (the default,
+    // half the DRAM tier, would refuse the 24 MiB put before it could stall).
+    node_config.peers.partial_frame_bytes = Some(64 << 20);
     let node = start(node_config);
     let mut good = client(&node);
 

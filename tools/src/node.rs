@@ -115,6 +115,26 @@ pub struct NodeSettings {
     /// that stops arriving, a reply it stops reading), freeing what it held; 0s: never. [default: 30s]
     #[arg(long)]
     pub stall_timeout: Option<String>,
+    /// A frame may wait on its peer this long before the minimum transfer rate applies. [default: 10s]
+    #[arg(long)]
+    pub frame_grace: Option<String>,
+    /// Bytes per second a frame blocked on its peer must move after its grace, e.g. 1MiB (0: no minimum);
+    /// a slower one is closed. [default: 1MiB]
+    #[arg(long)]
+    pub min_transfer_rate: Option<String>,
+    /// Bytes of values still arriving, over all connections; a put past it is refused with QUOTA.
+    /// [default: half the DRAM tier]
+    #[arg(long)]
+    pub max_partial_bytes: Option<String>,
+    /// The same for each tenant. [default: half of --max-partial-bytes]
+    #[arg(long)]
+    pub tenant_max_partial_bytes: Option<String>,
+    /// Open client connections; one more is refused with QUOTA. [default: 4096]
+    #[arg(long)]
+    pub max_connections: Option<u64>,
+    /// Open connections of each tenant. [default: half of --max-connections]
+    #[arg(long)]
+    pub tenant_max_connections: Option<u64>,
     /// Where subscribers' event frames are written: `spare` (a thread per subscriber on the CPUs the process
     /// may use that no shard is pinned to, or the shards themselves if there are none), `inline` (the
     /// shards), or a CPU list such as 0,2-3 for those threads. [default: spare]
@@ -151,6 +171,12 @@ impl NodeSettings {
             busy_poll,
             promote_window,
             stall_timeout,
+            frame_grace,
+            min_transfer_rate,
+            max_partial_bytes,
+            tenant_max_partial_bytes,
+            max_connections,
+            tenant_max_connections,
             event_cpus
         )
     }
@@ -265,12 +291,40 @@ impl NodeSettings {
         if let Some(timeout) = &self.stall_timeout {
             config.stall_timeout = parse_duration(timeout)?;
         }
+        self.peer_limits(&mut config.peers)?;
         if let Some(cpus) = &self.event_cpus {
             config.event_cpus =
                 strata_engine::config::EventCpus::parse(cpus).map_err(|why| anyhow::anyhow!("--event-cpus: {why}"))?;
         }
         config.validate().map_err(anyhow::Error::msg)?;
         Ok(config)
+    }
+}
+
+impl NodeSettings {
+    fn peer_limits(&self, limits: &mut strata_engine::peer_limits::PeerLimits) -> anyhow::Result<()> {
+        if let Some(grace) = &self.frame_grace {
+            limits.frame_grace = parse_duration(grace)?;
+        }
+        if let Some(rate) = &self.min_transfer_rate {
+            limits.min_transfer_rate = parse_byte_size(rate).context("--min-transfer-rate")?;
+        }
+        let size = |text: &Option<String>, what: &str| {
+            text.as_deref().map(parse_byte_size).transpose().with_context(|| what.to_string())
+        };
+        if let Some(bytes) = size(&self.max_partial_bytes, "--max-partial-bytes")? {
+            limits.partial_frame_bytes = Some(bytes);
+        }
+        if let Some(bytes) = size(&self.tenant_max_partial_bytes, "--tenant-max-partial-bytes")? {
+            limits.tenant_partial_frame_bytes = Some(bytes);
+        }
+        if let Some(count) = self.max_connections {
+            limits.max_connections = count;
+        }
+        if let Some(count) = self.tenant_max_connections {
+            limits.tenant_max_connections = Some(count);
+        }
+        Ok(())
     }
 }
 
