@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use strata_engine::{EngineConfig, Node};
@@ -10,9 +11,15 @@ use strata_nvme::DeviceSpec;
 /// A scratch directory under the target directory (a real file system: O_DIRECT needs one, tmpfs has none).
 pub struct Scratch(pub PathBuf);
 
+/// Scratch directories made by this test process: tests of one binary run in parallel threads of one
+/// process, and two that asked for the same name must still get directories of their own.
+static SCRATCH_COUNT: AtomicU64 = AtomicU64::new(0);
+
 impl Scratch {
+    /// A fresh, empty directory whose name starts with `name`, unique to this call.
     pub fn new(name: &str) -> Self {
-        let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+        let count = SCRATCH_COUNT.fetch_add(1, Ordering::Relaxed);
+        let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}-{count}", std::process::id()));
         let _ = std::fs::remove_dir_all(&path);
         std::fs::create_dir_all(&path).expect("scratch directory");
         Scratch(path)
