@@ -464,212 +464,72 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
             other => NamespaceHandle::Spec(other.clone()),
         })
         .collect();
-    let tier: Vec<(TierHeader, u64)> = if handles.is_empty() {
-        Vec::new()
-    } else {
-        let (config_copy, handles_copy, names_copy) = (config.clone(), handles.clone(), names.clone());
-        LocalExecutorBuilder::new(Placement::Unbound)
-            .name("strata-prepare")
-            .io_memory(2 << 20)
-            .spawn(move || async move { prepare_tier(&config_copy, &handles_copy, &names_copy).await })
-            .map_err(|error| NodeError::Nvme(format!("starting an executor: {error}")))?
-            .join()
-            .map_err(|error| NodeError::Nvme(format!("{error:?}")))?
-            .map_err(NodeError::Nvme)?
-    };
+    let tier = open_tier(&config, &handles, &names)?;
     let listeners = bind_listeners(&config)?;
     let listen = listeners[0].local_addr().map_err(|source| NodeError::Listen { addr: config.listen, source })?;
     let listener_fds: Vec<RawFd> = listeners.iter().map(AsRawFd::as_raw_fd).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let metrics: Vec<Arc<ShardMetrics>> = (0..shard_count).map(|_| Arc::new(ShardMetrics::default())).collect();
     let dram_per_shard = config.dram_bytes / u64::from(shard_count);
-    let (ready_sender, ready_receiver) = mpsc::channel::<(u32, Result<(RecoveryReport, PageKind, usize), String>)>();
-    let config = Arc::new(config);
-    let tier = Arc::new(tier);
-    let handles = Arc::new(handles);
-    let mut executors = Vec::new();
-    let mut meshes = crate::forward::mesh(shard_count).into_iter();
+    let (ready_sender, ready_receiver) = mpsc::channel::<(u32, Result<ShardStarted, String>)>();
     // Read here, on the thread that started the node, before any executor pins itself: the CPUs the
     // operator let the process use.
     let event_senders = Arc::new(crate::event_sender::EventSenders::new(&config.event_cpus, &config.cpus));
     let tenant_ids = config.tenants.iter().map(|tenant| crate::tenants::tenant_id(&tenant.name));
     let peer_budget = crate::peer_limits::PeerBudget::new(&config.peers, config.dram_bytes, tenant_ids);
+    let shared = ShardShared {
+        config: Arc::new(config),
+        tier: Arc::new(tier),
+        handles: Arc::new(handles),
+        event_senders: Arc::clone(&event_senders),
+        peer_budget,
+        stop: Arc::clone(&stop),
+        base_port: listen.port(),
+        dram_per_shard,
+        shard_count,
+    };
+    let mut executors = Vec::new();
+    let mut meshes = crate::forward::mesh(shard_count).into_iter();
     for (shard, listener) in listeners.into_iter().enumerate() {
-        let peers = meshes.next().unwrap_or_default();
-        let shard = shard as u32;
-        let cpu = config.cpus[shard as usize];
-        let (config, tier, handles, metrics, ready, event_senders) = (
-            Arc::clone(&config),
-            Arc::clone(&tier),
-            Arc::clone(&handles),
-            Arc::clone(&metrics[shard as usize]),
-            ready_sender.clone(),
-            Arc::clone(&event_senders),
-        );
-        let stop_flag = Arc::clone(&stop);
-        let peer_budget = Arc::clone(&peer_budget);
-        let mut builder =
-            LocalExecutorBuilder::new(Placement::Fixed(cpu)).name(&format!("strata-shard-{shard}")).io_memory(2 << 20);
-        if let Some(spin) = config.spin_before_park {
-            builder = builder.spin_before_park(spin);
-        }
-        let spawned = builder.spawn(move || async move {
-            let base_port = listen.port();
-            let started = async {
-                let mut devices = Vec::new();
-                for handle in handles.iter() {
-                    let device = open_handle(handle, false).await?;
-                    let device = match (device, &config.faults) {
-                        (AnyDevice::File(file), Some(faults)) => {
-                            let faults =
-                                strata_nvme::FaultConfig { seed: faults.seed + u64::from(shard), ..faults.clone() };
-                            AnyDevice::FaultyFile(Box::new(strata_nvme::FaultDevice::new(file, faults)))
-                        }
-                        (device, _) => device,
-                    };
-                    devices.push(device);
-                }
-                let dram = DramTier::new(dram_per_shard, config.hugepages)?;
-                let pages = dram.pages();
-                let log = if devices.is_empty() {
-                    None
-                } else {
-                    let regions = regions_of_shard(&tier, shard, shard_count);
-                    if regions.is_empty() {
-                        return Err(format!("the NVMe tier has no region for shard {shard}: give it more capacity"));
-                    }
-                    let chunk_bytes = devices
-                        .iter()
-                        .map(|device| device.geometry().max_transfer_bytes)
-                        .min()
-                        .unwrap_or(1 << 20)
-                        .min(1 << 20) as usize;
-                    let block_bytes =
-                        devices.iter().map(|device| device.geometry().logical_block_bytes).max().unwrap_or(4096)
-                            as usize;
-                    let spare = (0..config.region_buffers)
-                        .map(|_| RegionBuffer::new(&devices[0], config.region_bytes, chunk_bytes))
-                        .collect();
-                    let (first, _) = tier[0];
-                    Some(RegionLog {
-                        region_bytes: config.region_bytes,
-                        chunk_bytes,
-                        block_bytes,
-                        free: (0..regions.len() as u32).collect(),
-                        regions,
-                        sealed: Default::default(),
-                        open: None,
-                        spare,
-                        next_seq: 1,
-                        shard,
-                        format_id: first.format_id,
-                        epoch: first.epoch,
-                    })
-                };
-                let region_count = log.as_ref().map_or(0, |log| log.regions.len());
-                let engine_config = Rc::new((*config).clone());
-                let shard_state = Shard::new(
-                    shard,
-                    shard_count,
-                    base_port,
-                    engine_config,
-                    dram,
-                    Rc::new(devices),
-                    log,
-                    metrics,
-                    event_senders,
-                );
-                let report = shard_state.recover().await?;
-                let forwarder = crate::forward::Forwarder::connect(&shard_state, peers).await;
-                let _ = shard_state.forwarder.set(forwarder);
-                // Recovery restored links before the mesh existed: the peers learn of them now.
-                shard_state.publish_links();
-                shard_state.announce_hard_pinned_groups();
-                Ok((shard_state, report, pages, region_count))
-            };
-            let shard_state = match started.await {
-                Ok((shard_state, report, pages, regions)) => {
-                    let _ = ready.send((shard, Ok((report, pages, regions))));
-                    shard_state
-                }
-                Err(error) => {
-                    let _ = ready.send((shard, Err(error)));
-                    return;
-                }
-            };
-            drop(ready);
-            glommio::spawn_local(crate::server::sweep_stalled_connections(Rc::downgrade(&shard_state))).detach();
-            let listener = crate::sys::adopt_listener(listener);
-            loop {
-                match listener.accept().await {
-                    Ok(stream) => {
-                        if stop_flag.load(Ordering::SeqCst) {
-                            break;
-                        }
-                        let budget = Arc::clone(&peer_budget);
-                        glommio::spawn_local(crate::server::serve(Rc::clone(&shard_state), budget, stream)).detach();
-                    }
-                    Err(_) if stop_flag.load(Ordering::SeqCst) => break,
-                    Err(_) => glommio::timer::sleep(Duration::from_millis(10)).await,
-                }
-            }
-            // Requests stop here; what was committed is flushed next.
-            crate::server::close_connections(&shard_state);
-            shard_state.flush_for_shutdown().await;
-        });
-        match spawned {
+        let start = ShardStart {
+            shard: shard as u32,
+            shared: shared.clone(),
+            metrics: Arc::clone(&metrics[shard]),
+            peers: meshes.next().unwrap_or_default(),
+            ready: ready_sender.clone(),
+        };
+        match spawn_shard(start, listener) {
             Ok(handle) => executors.push(handle),
             Err(error) => {
                 stop.store(true, Ordering::SeqCst);
-                return Err(NodeError::Shard { shard, reason: format!("starting its executor on CPU {cpu}: {error}") });
+                return Err(error);
             }
         }
     }
     drop(ready_sender);
-    let mut recovery = vec![RecoveryReport::default(); shard_count as usize];
-    let mut regions_per_shard = vec![0; shard_count as usize];
-    let mut pages = PageKind::Normal;
-    let mut failure = None;
-    for _ in 0..shard_count {
-        match ready_receiver.recv() {
-            Ok((shard, Ok((report, shard_pages, regions)))) => {
-                recovery[shard as usize] = report;
-                regions_per_shard[shard as usize] = regions;
-                pages = shard_pages;
+    let config = shared.config;
+    let (recovery, regions_per_shard, pages, mut failure) = wait_for_shards(&ready_receiver, shard_count);
+    let metrics_listener = match config.metrics {
+        Some(addr) if failure.is_none() => match std::net::TcpListener::bind(addr) {
+            Ok(listener) => Some((listener.local_addr().unwrap_or(addr), listener)),
+            Err(source) => {
+                failure = Some(NodeError::Listen { addr, source });
+                None
             }
-            Ok((shard, Err(reason))) => {
-                failure.get_or_insert(NodeError::Shard { shard, reason });
-            }
-            Err(_) => {
-                failure.get_or_insert(NodeError::Shard { shard: 0, reason: "exited during start-up".into() });
-            }
-        }
-    }
-    let metrics_addr = match config.metrics {
-        Some(addr) if failure.is_none() => {
-            let listener = std::net::TcpListener::bind(addr).map_err(|source| NodeError::Listen { addr, source });
-            match listener {
-                Ok(listener) => Some((listener.local_addr().unwrap_or(addr), listener)),
-                Err(error) => {
-                    failure = Some(error);
-                    None
-                }
-            }
-        }
+        },
         _ => None,
     };
-    let metrics_thread = metrics_addr.as_ref().map(|_| ());
     let mut node = Node {
         summary: NodeSummary {
             listen,
             cpus: config.cpus.clone(),
             dram_bytes_per_shard: dram_per_shard,
             pages,
-            namespaces: names.iter().cloned().zip(tier.iter().map(|(_, capacity)| *capacity)).collect(),
+            namespaces: names.iter().cloned().zip(shared.tier.iter().map(|(_, capacity)| *capacity)).collect(),
             regions_per_shard,
             region_bytes: config.region_bytes,
             recovery,
-            metrics: metrics_addr.as_ref().map(|(addr, _)| *addr),
+            metrics: metrics_listener.as_ref().map(|(addr, _)| *addr),
             tenants: config.tenants.iter().map(|tenant| tenant.name.clone()).collect(),
             event_cpus: event_senders.cpus().to_vec(),
         },
@@ -684,9 +544,213 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
         drop(node);
         return Err(error);
     }
-    if let (Some((_, listener)), Some(())) = (metrics_addr, metrics_thread) {
+    if let Some((_, listener)) = metrics_listener {
         let stop = Arc::clone(&stop);
         node.metrics_thread = Some(std::thread::spawn(move || crate::metrics::serve_http(listener, metrics, stop)));
     }
     Ok(node)
+}
+
+/// Reads (or formats) the NVMe tier's headers on an executor of its own, before the shards start.
+fn open_tier(
+    config: &EngineConfig,
+    handles: &[NamespaceHandle],
+    names: &[String],
+) -> Result<Vec<(TierHeader, u64)>, NodeError> {
+    if handles.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (config, handles, names) = (config.clone(), handles.to_vec(), names.to_vec());
+    LocalExecutorBuilder::new(Placement::Unbound)
+        .name("strata-prepare")
+        .io_memory(2 << 20)
+        .spawn(move || async move { prepare_tier(&config, &handles, &names).await })
+        .map_err(|error| NodeError::Nvme(format!("starting an executor: {error}")))?
+        .join()
+        .map_err(|error| NodeError::Nvme(format!("{error:?}")))?
+        .map_err(NodeError::Nvme)
+}
+
+/// What every shard's executor shares.
+#[derive(Clone)]
+struct ShardShared {
+    config: Arc<EngineConfig>,
+    tier: Arc<Vec<(TierHeader, u64)>>,
+    handles: Arc<Vec<NamespaceHandle>>,
+    event_senders: Arc<crate::event_sender::EventSenders>,
+    peer_budget: Arc<crate::peer_limits::PeerBudget>,
+    stop: Arc<AtomicBool>,
+    base_port: u16,
+    dram_per_shard: u64,
+    shard_count: u32,
+}
+
+/// What one shard's executor starts from.
+struct ShardStart {
+    shard: u32,
+    shared: ShardShared,
+    metrics: Arc<ShardMetrics>,
+    peers: crate::forward::MeshEnds,
+    ready: mpsc::Sender<(u32, Result<ShardStarted, String>)>,
+}
+
+/// What a shard reports once it has recovered: its recovery, its DRAM's pages, its regions.
+type ShardStarted = (RecoveryReport, PageKind, usize);
+
+/// Starts shard `start.shard`'s executor on its CPU: it builds and recovers the shard, reports on `ready`,
+/// then serves `listener` until the node stops.
+fn spawn_shard(
+    start: ShardStart,
+    listener: std::net::TcpListener,
+) -> Result<glommio::ExecutorJoinHandle<()>, NodeError> {
+    let (shard, cpu) = (start.shard, start.shared.config.cpus[start.shard as usize]);
+    let mut builder =
+        LocalExecutorBuilder::new(Placement::Fixed(cpu)).name(&format!("strata-shard-{shard}")).io_memory(2 << 20);
+    if let Some(spin) = start.shared.config.spin_before_park {
+        builder = builder.spin_before_park(spin);
+    }
+    builder
+        .spawn(move || async move {
+            let ShardStart { shard, shared, metrics, peers, ready } = start;
+            let shard_state = match build_shard(shard, &shared, metrics, peers).await {
+                Ok((shard_state, started)) => {
+                    let _ = ready.send((shard, Ok(started)));
+                    shard_state
+                }
+                Err(error) => {
+                    let _ = ready.send((shard, Err(error)));
+                    return;
+                }
+            };
+            drop(ready);
+            glommio::spawn_local(crate::server::sweep_stalled_connections(Rc::downgrade(&shard_state))).detach();
+            accept_until_stopped(&shard_state, &shared, listener).await;
+            // Requests stop here; what was committed is flushed next.
+            crate::server::close_connections(&shard_state);
+            shard_state.flush_for_shutdown().await;
+        })
+        .map_err(|error| NodeError::Shard { shard, reason: format!("starting its executor on CPU {cpu}: {error}") })
+}
+
+/// Opens the shard's devices, builds its DRAM tier and region log, recovers its keys from the tier and
+/// joins the mesh of shards.
+async fn build_shard(
+    shard: u32,
+    shared: &ShardShared,
+    metrics: Arc<ShardMetrics>,
+    peers: crate::forward::MeshEnds,
+) -> Result<(Rc<Shard>, ShardStarted), String> {
+    let config = &shared.config;
+    let mut devices = Vec::new();
+    for handle in shared.handles.iter() {
+        let device = open_handle(handle, false).await?;
+        let device = match (device, &config.faults) {
+            (AnyDevice::File(file), Some(faults)) => {
+                let faults = strata_nvme::FaultConfig { seed: faults.seed + u64::from(shard), ..faults.clone() };
+                AnyDevice::FaultyFile(Box::new(strata_nvme::FaultDevice::new(file, faults)))
+            }
+            (device, _) => device,
+        };
+        devices.push(device);
+    }
+    let dram = DramTier::new(shared.dram_per_shard, config.hugepages)?;
+    let pages = dram.pages();
+    let log = region_log(&devices, shared, shard)?;
+    let region_count = log.as_ref().map_or(0, |log| log.regions.len());
+    let shard_state = Shard::new(
+        shard,
+        shared.shard_count,
+        shared.base_port,
+        Rc::new((**config).clone()),
+        dram,
+        Rc::new(devices),
+        log,
+        metrics,
+        Arc::clone(&shared.event_senders),
+    );
+    let report = shard_state.recover().await?;
+    let forwarder = crate::forward::Forwarder::connect(&shard_state, peers).await;
+    let _ = shard_state.forwarder.set(forwarder);
+    // Recovery restored links before the mesh existed: the peers learn of them now.
+    shard_state.publish_links();
+    shard_state.announce_hard_pinned_groups();
+    Ok((shard_state, (report, pages, region_count)))
+}
+
+/// The shard's region log over its share of the tier's regions; `None` without a tier.
+fn region_log(devices: &[AnyDevice], shared: &ShardShared, shard: u32) -> Result<Option<RegionLog>, String> {
+    if devices.is_empty() {
+        return Ok(None);
+    }
+    let config = &shared.config;
+    let regions = regions_of_shard(&shared.tier, shard, shared.shard_count);
+    if regions.is_empty() {
+        return Err(format!("the NVMe tier has no region for shard {shard}: give it more capacity"));
+    }
+    let chunk_bytes =
+        devices.iter().map(|device| device.geometry().max_transfer_bytes).min().unwrap_or(1 << 20).min(1 << 20)
+            as usize;
+    let block_bytes = devices.iter().map(|device| device.geometry().logical_block_bytes).max().unwrap_or(4096) as usize;
+    let spare =
+        (0..config.region_buffers).map(|_| RegionBuffer::new(&devices[0], config.region_bytes, chunk_bytes)).collect();
+    let (first, _) = shared.tier[0];
+    Ok(Some(RegionLog {
+        region_bytes: config.region_bytes,
+        chunk_bytes,
+        block_bytes,
+        free: (0..regions.len() as u32).collect(),
+        regions,
+        sealed: Default::default(),
+        open: None,
+        spare,
+        next_seq: 1,
+        shard,
+        format_id: first.format_id,
+        epoch: first.epoch,
+    }))
+}
+
+/// Serves each connection `listener` accepts on a task of its own, until the node stops.
+async fn accept_until_stopped(shard_state: &Rc<Shard>, shared: &ShardShared, listener: std::net::TcpListener) {
+    let listener = crate::sys::adopt_listener(listener);
+    loop {
+        match listener.accept().await {
+            Ok(stream) => {
+                if shared.stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                let budget = Arc::clone(&shared.peer_budget);
+                glommio::spawn_local(crate::server::serve(Rc::clone(shard_state), budget, stream)).detach();
+            }
+            Err(_) if shared.stop.load(Ordering::SeqCst) => break,
+            Err(_) => glommio::timer::sleep(Duration::from_millis(10)).await,
+        }
+    }
+}
+
+/// Waits for every shard's start-up report: their recoveries, regions and pages, or the first failure.
+fn wait_for_shards(
+    ready: &mpsc::Receiver<(u32, Result<ShardStarted, String>)>,
+    shard_count: u32,
+) -> (Vec<RecoveryReport>, Vec<usize>, PageKind, Option<NodeError>) {
+    let mut recovery = vec![RecoveryReport::default(); shard_count as usize];
+    let mut regions_per_shard = vec![0; shard_count as usize];
+    let mut pages = PageKind::Normal;
+    let mut failure = None;
+    for _ in 0..shard_count {
+        match ready.recv() {
+            Ok((shard, Ok((report, shard_pages, regions)))) => {
+                recovery[shard as usize] = report;
+                regions_per_shard[shard as usize] = regions;
+                pages = shard_pages;
+            }
+            Ok((shard, Err(reason))) => {
+                failure.get_or_insert(NodeError::Shard { shard, reason });
+            }
+            Err(_) => {
+                failure.get_or_insert(NodeError::Shard { shard: 0, reason: "exited during start-up".into() });
+            }
+        }
+    }
+    (recovery, regions_per_shard, pages, failure)
 }

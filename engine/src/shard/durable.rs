@@ -1,0 +1,311 @@
+//! The region log's writes: records and tombstones, durable syncs, sealing and opening regions.
+
+use std::rc::Rc;
+
+use glommio::sync::Semaphore;
+use strata_proto::Status;
+
+use super::reads::record_value_offset;
+use super::usage::Use;
+use super::{Shard, object_bytes};
+use crate::index::{Entry, FLAG_DIRTY, FLAG_LINKED, FLAG_PINNED, FLAG_RECORD_LINKED, NONE_U32};
+use crate::log::{RegionLog, RegionState, split_location, write_partial, write_region, written_len};
+use crate::metrics::add;
+use crate::record::{RECORD_LINKED, RECORD_PINNED, RECORD_TOMBSTONE, RecordHeader};
+
+/// Regions reclaimed at most per rotation, so one put never waits for a long reclaim.
+const MAX_RECLAIMS_PER_ROTATION: usize = 4;
+
+/// Where a durable put's record ends, to sync up to.
+#[derive(Clone, Copy, Debug)]
+pub struct DurablePoint {
+    pub(super) region: u32,
+    pub(super) seq: u64,
+    pub(super) end: usize,
+}
+
+impl DurablePoint {
+    /// The region generation it is in (points of one generation are synced by one write).
+    pub fn region_key(&self) -> (u32, u64) {
+        (self.region, self.seq)
+    }
+}
+
+/// The durable point just past `len` bytes of record at location `at` of `log`.
+pub(super) fn point_after(log: &RegionLog, at: u64, len: usize) -> DurablePoint {
+    let (region, offset) = split_location(at);
+    DurablePoint { region, seq: log.regions[region as usize].seq, end: offset as usize + len }
+}
+
+impl Shard {
+    /// Where the record of `entry` at location `at` ends: what a sync must cover to make it durable.
+    pub(super) fn durable_point(&self, at: u64, entry: &Entry) -> Result<DurablePoint, Status> {
+        let log = self.log.borrow();
+        let Some(log) = log.as_ref() else { return Err(Status::Io) };
+        Ok(point_after(log, at, record_value_offset(entry) + entry.value_len as usize))
+    }
+
+    /// Appends a tombstone for version `version` of `key` (hash `hash`) to the open region, rotating if it
+    /// is full; returns where it ends, for a sync.
+    pub(super) async fn append_tombstone(
+        self: &Rc<Self>,
+        key: &[u8],
+        hash: u64,
+        version: u32,
+    ) -> Result<DurablePoint, Status> {
+        let header = RecordHeader {
+            region_seq: 0,
+            key_hash: hash,
+            value_len: 0,
+            value_crc: 0,
+            key_len: key.len() as u16,
+            flags: RECORD_TOMBSTONE,
+            version,
+        };
+        // A fresh region always has room for a tombstone, so the second try succeeds unless rotation failed.
+        for _ in 0..2 {
+            if self.poisoned.get() {
+                return Err(Status::Io);
+            }
+            let full = {
+                let mut log = self.log.borrow_mut();
+                let Some(log) = log.as_mut() else { return Err(Status::Invalid) };
+                if let Some(at) = log.try_append(header, key, &[]) {
+                    return Ok(point_after(log, at, header.record_len()));
+                }
+                log.open.as_ref().map(|open| open.id)
+            };
+            self.rotate(full).await?;
+        }
+        Err(Status::NoSpace)
+    }
+
+    /// Appends the DRAM copy of entry `id` to the log (if it is still version `version` and dirty).
+    pub(super) async fn persist(self: &Rc<Self>, id: u32, hash: u64, version: u32) -> Result<u64, Status> {
+        loop {
+            let full_region = {
+                let mut index = self.index.borrow_mut();
+                let entry = *index.get(id);
+                if entry.hash != hash || entry.version != version || entry.dram == NONE_U32 {
+                    // Replaced or evicted meanwhile: nothing of this version is left to write.
+                    return Err(Status::NotFound);
+                }
+                if entry.flags & FLAG_DIRTY == 0 {
+                    return Ok(entry.nvme);
+                }
+                if self.poisoned.get() {
+                    return Err(Status::Io);
+                }
+                let mut log = self.log.borrow_mut();
+                let Some(log) = log.as_mut() else { return Err(Status::Invalid) };
+                // Links survive a restart: the record carries them after the key.
+                let links = (entry.flags & FLAG_LINKED != 0)
+                    .then(|| self.links.borrow().of(id))
+                    .flatten()
+                    .map(|links| RecordHeader::encode_links(links.parent, links.group));
+                let header = RecordHeader {
+                    region_seq: 0,
+                    key_hash: hash,
+                    value_len: entry.value_len,
+                    value_crc: entry.value_crc,
+                    key_len: entry.key_len,
+                    // Hard pins survive a restart; soft pins are a hint with a TTL and do not.
+                    flags: if entry.flags & FLAG_PINNED != 0 { RECORD_PINNED } else { 0 }
+                        | if links.is_some() { RECORD_LINKED } else { 0 },
+                    version,
+                };
+                if header.record_len() > log.max_record_bytes() {
+                    return Err(Status::TooLarge);
+                }
+                let dram = self.dram.borrow();
+                let key_len = usize::from(entry.key_len);
+                let bytes = dram.segment().bytes(dram.offset(entry.dram), key_len + entry.value_len as usize);
+                let (usage, quotas) = self.usage_of(&bytes[..key_len]);
+                if quotas.nvme.is_some_and(|quota| usage.nvme + object_bytes(&entry) > quota) {
+                    // Over the tenant's NVMe quota: the object stays in DRAM only (and is dropped when
+                    // evicted from it).
+                    return Err(Status::Quota);
+                }
+                let covered = match links {
+                    Some(links) => std::borrow::Cow::Owned([&bytes[..key_len], &links[..]].concat()),
+                    None => std::borrow::Cow::Borrowed(&bytes[..key_len]),
+                };
+                match log.try_append(header, &covered, &[&bytes[key_len..]]) {
+                    Some(at) => {
+                        self.account(&bytes[..key_len], Use::Nvme, object_bytes(&entry), true);
+                        let entry = index.get_mut(id);
+                        entry.nvme = at;
+                        entry.flags &= !FLAG_DIRTY;
+                        if links.is_some() {
+                            entry.flags |= FLAG_RECORD_LINKED;
+                        } else {
+                            entry.flags &= !FLAG_RECORD_LINKED;
+                        }
+                        add(&self.metrics.records_appended, 1);
+                        add(&self.metrics.record_bytes_appended, header.record_len() as u64);
+                        return Ok(at);
+                    }
+                    None => log.open.as_ref().map(|open| open.id),
+                }
+            };
+            self.rotate(full_region).await?;
+        }
+    }
+
+    /// Makes the log durable up to `point` (group commit: one write and flush covers every record appended
+    /// before it).
+    pub async fn sync(self: &Rc<Self>, point: DurablePoint) -> Result<(), Status> {
+        let _permit = self.log_lock.acquire_static_permit(1).await.map_err(|_| Status::ShuttingDown)?;
+        enum Step {
+            Done(Result<(), Status>),
+            Wait(Option<Rc<Semaphore>>),
+            Write { device: usize, device_offset: u64, bytes: Vec<u8>, from: usize, used: usize, chunk_bytes: usize },
+        }
+        loop {
+            let step = {
+                let mut guard = self.log.borrow_mut();
+                match guard.as_mut() {
+                    None => Step::Done(Err(Status::Invalid)),
+                    Some(log) => {
+                        let block_bytes = log.block_bytes;
+                        let chunk_bytes = log.chunk_bytes;
+                        let region = &log.regions[point.region as usize];
+                        let settled = if self.poisoned.get() { Err(Status::Io) } else { Ok(()) };
+                        match region.state {
+                            // Another generation: sealed and since reclaimed, so durable when it was sealed.
+                            _ if region.seq != point.seq => Step::Done(settled),
+                            RegionState::Sealed | RegionState::Free => Step::Done(settled),
+                            RegionState::Sealing => Step::Wait(region.sealed.clone()),
+                            RegionState::Open => {
+                                let (device, device_offset) = (region.device, region.device_offset);
+                                match log.open.as_mut() {
+                                    None => Step::Done(Err(Status::Io)),
+                                    Some(open) if open.durable >= point.end => Step::Done(Ok(())),
+                                    Some(open) => {
+                                        let from = open.durable / block_bytes * block_bytes;
+                                        let to = written_len(open.used, block_bytes, log.region_bytes as usize);
+                                        let bytes = open.buffer.read_at(from, to - from);
+                                        Step::Write { device, device_offset, bytes, from, used: open.used, chunk_bytes }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            };
+            match step {
+                Step::Done(result) => return result,
+                Step::Wait(done) => {
+                    if let Some(done) = done {
+                        let _ = done.acquire(1).await;
+                    }
+                }
+                Step::Write { device, device_offset, bytes, from, used, chunk_bytes } => {
+                    let written = write_partial(&self.devices, device, device_offset, bytes, from, chunk_bytes).await;
+                    add(&self.metrics.durable_syncs, 1);
+                    if let Err(error) = written {
+                        self.poison("a durable write", &error);
+                        return Err(Status::Io);
+                    }
+                    if let Some(open) = self.log.borrow_mut().as_mut().and_then(|log| log.open.as_mut())
+                        && open.id == point.region
+                    {
+                        open.durable = open.durable.max(used);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Seals the open region `full` (unless another task already did) and opens the next, reclaiming as
+    /// the watermarks say.
+    pub(super) async fn rotate(self: &Rc<Self>, full: Option<u32>) -> Result<(), Status> {
+        let _permit = self.log_lock.acquire_static_permit(1).await.map_err(|_| Status::ShuttingDown)?;
+        {
+            let log = self.log.borrow();
+            let Some(log) = log.as_ref() else { return Err(Status::Invalid) };
+            if log.open.as_ref().map(|open| open.id) != full {
+                return Ok(());
+            }
+        }
+        self.seal_open();
+        // A spare buffer: wait for the oldest sealing write if every buffer is in flight.
+        loop {
+            let wait = {
+                let log = self.log.borrow();
+                let Some(log) = log.as_ref() else { return Err(Status::Invalid) };
+                if !log.spare.is_empty() {
+                    break;
+                }
+                log.sealed.iter().find_map(|&id| log.regions[id as usize].sealed.clone())
+            };
+            match wait {
+                Some(done) => {
+                    let _ = done.acquire(1).await;
+                }
+                None => return Err(Status::Io),
+            }
+        }
+        if self.log.borrow().as_ref().is_some_and(|log| log.free.is_empty()) {
+            self.reclaim_oldest(false).await?;
+        }
+        if !self.log.borrow_mut().as_mut().is_some_and(RegionLog::open_next) {
+            return Err(Status::NoSpace);
+        }
+        for _ in 0..MAX_RECLAIMS_PER_ROTATION {
+            let over = {
+                let log = self.log.borrow();
+                let Some(log) = log.as_ref() else { break };
+                let total = log.regions.len() as f64;
+                let used = log.used_regions() as f64;
+                used > self.config.high_watermark * total
+                    || (used > self.config.low_watermark * total && log.free.len() < 2)
+            };
+            if !over {
+                break;
+            }
+            self.reclaim_oldest(true).await?;
+        }
+        self.update_gauges();
+        Ok(())
+    }
+
+    /// Takes the open region out and writes it in the background.
+    pub(super) fn seal_open(self: &Rc<Self>) {
+        let sealing = {
+            let mut log = self.log.borrow_mut();
+            let Some(log) = log.as_mut() else { return };
+            log.append_seal();
+            let Some(open) = log.open.take() else { return };
+            let done = Rc::new(Semaphore::new(0));
+            let geometry = (log.block_bytes, log.region_bytes as usize);
+            let region = &mut log.regions[open.id as usize];
+            region.state = RegionState::Sealing;
+            region.sealed = Some(Rc::clone(&done));
+            let job = (open.id, region.device, region.device_offset, open.buffer, open.used, geometry, done);
+            log.sealed.push_back(open.id);
+            job
+        };
+        let (id, device, device_offset, buffer, used, (block_bytes, region_bytes), done) = sealing;
+        let shard = Rc::clone(self);
+        let devices = Rc::clone(&self.devices);
+        glommio::spawn_local(async move {
+            let (buffer, result) =
+                write_region(devices, device, device_offset, buffer, used, block_bytes, region_bytes).await;
+            {
+                let mut log = shard.log.borrow_mut();
+                if let Some(log) = log.as_mut() {
+                    let region = &mut log.regions[id as usize];
+                    region.state = RegionState::Sealed;
+                    region.sealed = None;
+                    log.spare.push(buffer);
+                }
+            }
+            if let Err(error) = result {
+                shard.poison("writing a region", &error);
+            }
+            done.close();
+        })
+        .detach();
+    }
+}

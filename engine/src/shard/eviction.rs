@@ -1,0 +1,121 @@
+//! DRAM eviction: making room for a put, for the node or for one tenant, by moving or dropping the oldest objects.
+
+use std::rc::Rc;
+
+use strata_proto::{RemovalReason, Tier};
+
+use super::usage::Use;
+use super::{Shard, object_bytes};
+use crate::index::{FLAG_DIRTY, FLAG_PINNED, FLAG_REFERENCED, NONE_U32, NONE_U64};
+use crate::metrics::add;
+use crate::tenants::tenant_of;
+
+impl Shard {
+    /// Evicts from DRAM (CLOCK, sparing pinned, leased and recently referenced objects) when allocating
+    /// `need` bytes would pass the high watermark, down to the low one. Dirty objects are written to the
+    /// log first. `hard`: also when under the high watermark (the allocator found no piece that fits).
+    pub(super) async fn make_dram_room(self: &Rc<Self>, need: u64, hard: bool) {
+        let (capacity, allocated) = {
+            let dram = self.dram.borrow();
+            (dram.capacity_bytes() as f64, dram.allocated_bytes() as f64)
+        };
+        if !hard && allocated + need as f64 <= self.config.high_watermark * capacity {
+            return;
+        }
+        let target = if hard {
+            (allocated - need as f64).max(0.0).min(self.config.low_watermark * capacity)
+        } else {
+            self.config.low_watermark * capacity - need as f64
+        };
+        self.evict_dram(None, move |shard| shard.dram.borrow().allocated_bytes() as f64 > target).await;
+    }
+
+    /// Evicts `tenant`'s own objects from DRAM until it has `need` bytes fewer there (a put over its DRAM
+    /// quota makes room among its own objects, never another tenant's).
+    pub(super) async fn make_tenant_room(self: &Rc<Self>, tenant: u32, need: u64) {
+        let start = self.usage.borrow().get(&tenant).map_or(0, |usage| usage.dram);
+        let target = start.saturating_sub(need);
+        self.evict_dram(Some(tenant), move |shard| {
+            shard.usage.borrow().get(&tenant).map_or(0, |usage| usage.dram) > target
+        })
+        .await;
+    }
+
+    /// The DRAM clock: evicts (objects of `only_tenant`, or any) while `over` says the tier is over its
+    /// target, within a bounded number of steps.
+    pub(super) async fn evict_dram(self: &Rc<Self>, only_tenant: Option<u32>, over: impl Fn(&Self) -> bool) {
+        let clock_len = self.dram.borrow().clock_len();
+        let mut budget = clock_len * 3 + 8;
+        let mut visited = 0usize;
+        let now = self.now_tick();
+        while budget > 0 && over(self) {
+            budget -= 1;
+            visited += 1;
+            let Some(slot) = self.dram.borrow_mut().next_candidate() else { break };
+            let (entry_id, entry) = {
+                let dram = self.dram.borrow();
+                let entry_id = dram.entry_of(slot);
+                (entry_id, *self.index.borrow().get(entry_id))
+            };
+            // Soft pins are spared for the first two turns of the clock (the second clears the referenced
+            // bits); after that nothing unpinned is left to take, so they go too.
+            let soft_pins_hold = visited <= clock_len * 2;
+            let pinned = {
+                let mut index = self.index.borrow_mut();
+                let dram = self.dram.borrow();
+                let key = dram.segment().bytes(dram.offset(slot), usize::from(entry.key_len));
+                if only_tenant.is_some_and(|tenant| tenant_of(key, self.tenancy.is_tenanted()) != tenant) {
+                    // Another tenant's object: not this eviction's to take.
+                    drop(dram);
+                    self.dram.borrow_mut().requeue(slot);
+                    continue;
+                }
+                self.pin_holds(&mut index, entry_id, key, now) && (entry.flags & FLAG_PINNED != 0 || soft_pins_hold)
+            };
+            let spare = pinned || self.leased(&entry, now) || self.dram.borrow().is_pinned(slot);
+            if spare || entry.flags & FLAG_REFERENCED != 0 {
+                self.index.borrow_mut().get_mut(entry_id).flags &= !FLAG_REFERENCED;
+                self.dram.borrow_mut().requeue(slot);
+                continue;
+            }
+            if entry.flags & FLAG_DIRTY != 0
+                && self.has_nvme()
+                && self.persist(entry_id, entry.hash, entry.version).await.is_ok()
+            {
+                add(&self.metrics.dram_writebacks, 1);
+            }
+            // Re-check after the await: the object may have been replaced, removed or hit meanwhile.
+            let mut index = self.index.borrow_mut();
+            let mut dram = self.dram.borrow_mut();
+            let current = *index.get(entry_id);
+            if current.hash != entry.hash || current.dram != slot || dram.entry_of(slot) != entry_id {
+                continue;
+            }
+            if current.nvme == NONE_U64 && self.group_stays(&mut index, entry_id, now) {
+                // Dropping it would break a group another member pins: the whole group stays.
+                dram.requeue(slot);
+                continue;
+            }
+            let key = dram.segment().bytes(dram.offset(slot), usize::from(current.key_len)).to_vec();
+            {
+                let mut events = self.events.borrow_mut();
+                if current.nvme == NONE_U64 {
+                    events.removed(&key, RemovalReason::Evicted);
+                } else {
+                    events.tier_changed(&key, Tier::Dram, Tier::Nvme);
+                }
+            }
+            self.account(&key, Use::Dram, object_bytes(&current), false);
+            dram.retire(slot);
+            index.get_mut(entry_id).dram = NONE_U32;
+            add(&self.metrics.dram_evictions, 1);
+            if current.nvme == NONE_U64 {
+                // Not on NVMe (no tier, too large for a region, or the write failed): gone from the cache.
+                self.forget(&mut index, entry_id, Some(&key));
+            }
+        }
+        self.update_gauges();
+    }
+
+    // ---- reads ---------------------------------------------------------------------------------------
+}

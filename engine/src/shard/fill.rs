@@ -1,0 +1,158 @@
+//! Progressive puts readable while their parts arrive, and reads that wait for a key still being put.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::time::Duration;
+
+use strata_proto::Status;
+
+use super::reads::{DramPin, ReadData, ReadHit};
+use super::{FILL_WAIT, Shard};
+use crate::metrics::add;
+
+/// A progressive put's object while its parts arrive: its DRAM reservation, how much of its value is in
+/// (and checked against its part's crc), and the readers waiting for more.
+pub struct Fill {
+    pub(super) slot: u32,
+    pub(super) value_offset: u64,
+    pub(super) value_len: u32,
+    pub(super) filled: Cell<u32>,
+    pub(super) open: Cell<bool>,
+    pub(super) wakers: RefCell<Vec<std::task::Waker>>,
+}
+
+impl Fill {
+    pub(super) fn wake(&self) {
+        for waker in self.wakers.borrow_mut().drain(..) {
+            waker.wake();
+        }
+    }
+
+    /// Resolves once `need` bytes are in or the put ended.
+    pub(super) fn reached(&self, need: u32) -> impl Future<Output = ()> + '_ {
+        std::future::poll_fn(move |context| {
+            if self.filled.get() >= need || !self.open.get() {
+                std::task::Poll::Ready(())
+            } else {
+                self.wakers.borrow_mut().push(context.waker().clone());
+                std::task::Poll::Pending
+            }
+        })
+    }
+}
+
+/// Readers waiting for one key to arrive.
+#[derive(Default)]
+pub(super) struct Arrival {
+    pub(super) arrived: Cell<bool>,
+    pub(super) wakers: RefCell<Vec<std::task::Waker>>,
+}
+
+/// The receiving end of a progressive put: says how far the value arrived, and takes the object out of the
+/// filling table when dropped (the put committed, failed, or its connection went away).
+pub struct FillGuard {
+    pub(super) shard: Rc<Shard>,
+    pub(super) key: Vec<u8>,
+    pub(super) fill: Rc<Fill>,
+}
+
+impl FillGuard {
+    /// The value's first `filled` bytes are in and checked.
+    pub fn advance(&self, filled: u32) {
+        self.fill.filled.set(filled.min(self.fill.value_len));
+        self.fill.wake();
+    }
+}
+
+impl Drop for FillGuard {
+    fn drop(&mut self) {
+        let mut filling = self.shard.filling.borrow_mut();
+        if filling.get(&self.key).is_some_and(|fill| Rc::ptr_eq(fill, &self.fill)) {
+            filling.remove(&self.key);
+        }
+        self.fill.open.set(false);
+        self.fill.wake();
+    }
+}
+
+impl Shard {
+    /// Wakes the readers waiting for `key` (a put of it committed, or a progressive put of it started).
+    pub(super) fn key_arrived(&self, key: &[u8]) {
+        if self.awaited.borrow().is_empty() {
+            return;
+        }
+        let Some(arrival) = self.awaited.borrow_mut().remove(key) else { return };
+        arrival.arrived.set(true);
+        for waker in arrival.wakers.take() {
+            waker.wake();
+        }
+    }
+
+    /// Waits up to `wait` for `key` to arrive; whether it did.
+    pub(super) async fn wait_for_arrival(&self, key: &[u8], wait: Duration) -> bool {
+        let arrival = Rc::clone(self.awaited.borrow_mut().entry(key.to_vec()).or_default());
+        let arrived = futures_lite::future::or(
+            std::future::poll_fn(|context| {
+                if arrival.arrived.get() {
+                    std::task::Poll::Ready(true)
+                } else {
+                    arrival.wakers.borrow_mut().push(context.waker().clone());
+                    std::task::Poll::Pending
+                }
+            }),
+            async {
+                glommio::timer::sleep(wait).await;
+                false
+            },
+        )
+        .await;
+        if !arrived {
+            // The last reader to give up takes the entry out, so waits that end leave nothing behind.
+            let mut awaited = self.awaited.borrow_mut();
+            if awaited.get(key).is_some_and(|entry| Rc::ptr_eq(entry, &arrival) && Rc::strong_count(&arrival) == 2) {
+                awaited.remove(key);
+            }
+        }
+        arrived
+    }
+
+    /// Reads `range` of a progressive put's object once those bytes are in (a whole-value read waits for the
+    /// put to end); `None` if the put ended first (the caller looks the key up again).
+    pub(super) async fn read_fill(
+        self: &Rc<Self>,
+        fill: &Rc<Fill>,
+        range: Option<(u32, u32)>,
+    ) -> Result<Option<ReadHit>, Status> {
+        let (offset, len) = range.unwrap_or((0, fill.value_len));
+        if u64::from(offset) + u64::from(len) > u64::from(fill.value_len) {
+            return Err(Status::Invalid);
+        }
+        // A whole value is served from the index once committed (with its crc); a range as soon as it is in.
+        let need = if range.is_none() { u32::MAX } else { offset + len };
+        let arrived = futures_lite::future::or(
+            async {
+                fill.reached(need).await;
+                true
+            },
+            async {
+                glommio::timer::sleep(FILL_WAIT).await;
+                false
+            },
+        )
+        .await;
+        if !arrived {
+            return Err(Status::NotFound);
+        }
+        if !fill.open.get() || fill.filled.get() < need {
+            return Ok(None);
+        }
+        let mut dram = self.dram.borrow_mut();
+        dram.pin(fill.slot);
+        let data_offset = fill.value_offset + u64::from(offset);
+        let data_crc = crc32c::crc32c(dram.segment().bytes(data_offset, len as usize));
+        add(&self.metrics.dram_hits, 1);
+        add(&self.metrics.bytes_out, u64::from(len));
+        let pin = DramPin { shard: Rc::clone(self), slot: fill.slot };
+        Ok(Some(ReadHit { data: ReadData::Dram(pin, data_offset, len as usize), data_crc, object_len: fill.value_len }))
+    }
+}

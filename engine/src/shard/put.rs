@@ -1,0 +1,357 @@
+//! The put pipeline, one for client and forwarded puts: admission (policy, refusals, reservation), then the commit that indexes the object and writes its record.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::time::Duration;
+
+use strata_proto::{Links, Pin, PutOptions, Status, Tier, WritePolicy};
+
+use super::durable::DurablePoint;
+use super::fill::{Fill, FillGuard};
+use super::pins::is_pinned;
+use super::usage::Use;
+use super::{Shard, object_bytes};
+use crate::dram::DramFull;
+use crate::index::{
+    Entry, FLAG_DIRTY, FLAG_LINKED, FLAG_PINNED, FLAG_SOFT_PINNED, Index, NONE_U32, NONE_U64, index_hash,
+};
+use crate::links::{NO_LINK, ObjectLinks, link_hash};
+use crate::metrics::{add, set};
+use crate::record::{RECORD_LINKED, RecordHeader};
+use crate::tenants::tenant_of;
+
+/// DRAM reserved for a put that is receiving its bytes; freed if dropped before [`Shard::commit_put`].
+pub struct PutReservation {
+    pub(super) shard: Rc<Shard>,
+    pub(super) slot: Option<u32>,
+    pub(super) offset: u64,
+}
+
+impl PutReservation {
+    /// The bytes to fill (`[key][value]`).
+    pub fn bytes_mut(&self, len: usize) -> &mut [u8] {
+        self.shard.dram.borrow().segment().bytes_mut(self.offset, len)
+    }
+
+    /// Makes the reserved object of `key` (whose key bytes are in place) readable by GET_RANGE as its value
+    /// arrives, before it is committed: readers of a key with no stored version wait for the bytes they
+    /// ask for. `None` if another progressive put of the key is filling.
+    pub fn open_for_reads(&self, key: &[u8], value_len: u32) -> Option<FillGuard> {
+        let slot = self.slot?;
+        let mut filling = self.shard.filling.borrow_mut();
+        if filling.contains_key(key) {
+            return None;
+        }
+        let fill = Rc::new(Fill {
+            slot,
+            value_offset: self.offset + key.len() as u64,
+            value_len,
+            filled: Cell::new(0),
+            open: Cell::new(true),
+            wakers: RefCell::new(Vec::new()),
+        });
+        filling.insert(key.to_vec(), Rc::clone(&fill));
+        drop(filling);
+        self.shard.key_arrived(key);
+        Some(FillGuard { shard: Rc::clone(&self.shard), key: key.to_vec(), fill })
+    }
+}
+
+impl Drop for PutReservation {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            // A progressive put readable from this reservation ends here: no reader may pin the slot once
+            // it is freed.
+            for fill in self.shard.filling.borrow().values().filter(|fill| fill.slot == slot) {
+                fill.open.set(false);
+                fill.wake();
+            }
+            self.shard.dram.borrow_mut().retire(slot);
+        }
+    }
+}
+
+impl Shard {
+    /// The first stage of every put, whichever way it arrived (a client's frame or a peer shard's
+    /// forward): resolves the write policy to the node's default, refuses what must be refused before a
+    /// byte is stored ([`Shard::put_refusal`]), and reserves DRAM for `[key][value]`. The caller fills the
+    /// reservation and hands it to [`Shard::commit_put`] with the same `options`.
+    pub async fn admit_put(
+        self: &Rc<Self>,
+        key: &[u8],
+        value_len: u32,
+        options: &mut PutOptions,
+    ) -> Result<PutReservation, Status> {
+        options.policy = Some(options.policy.unwrap_or(self.config.write_policy));
+        if let Some(status) = self.put_refusal(key, value_len, options) {
+            return Err(status);
+        }
+        self.reserve_put(key, key.len() as u64 + u64::from(value_len)).await
+    }
+
+    /// Why a put of `key` with a `value_len`-byte value and `options` (policy resolved) must be refused
+    /// before a byte of it is stored: `Exists` for a put (not an upsert) of a stored key, `Quota` for a pin
+    /// over the shard's pinned-bytes limit, or a durable put that cannot be made durable here.
+    pub(super) fn put_refusal(&self, key: &[u8], value_len: u32, options: &PutOptions) -> Option<Status> {
+        if !options.upsert && self.index.borrow().find(index_hash(key)).is_some() {
+            return Some(Status::Exists);
+        }
+        let bytes = key.len() as u64 + u64::from(value_len);
+        let (usage, quotas) = self.usage_of(key);
+        if options.pin != Pin::None {
+            let pins = self.pins.borrow();
+            if pins.bytes + bytes > pins.limit || quotas.pinned.is_some_and(|quota| usage.pinned + bytes > quota) {
+                return Some(Status::Quota);
+            }
+        }
+        if quotas.dram.is_some_and(|quota| bytes > quota) {
+            return Some(Status::Quota);
+        }
+        if options.policy == Some(WritePolicy::Durable) {
+            if quotas.nvme.is_some_and(|quota| usage.nvme + bytes > quota) {
+                return Some(Status::Quota);
+            }
+            return self.durable_refusal(key.len(), value_len);
+        }
+        None
+    }
+
+    /// Why a durable put of a `key_len` + `value_len` object cannot be made durable here (checked before
+    /// anything is stored, so a refused durable put leaves no copy behind): no NVMe tier, a poisoned one, or
+    /// an object larger than a region.
+    pub(super) fn durable_refusal(&self, key_len: usize, value_len: u32) -> Option<Status> {
+        let log = self.log.borrow();
+        let Some(log) = log.as_ref() else { return Some(Status::Invalid) };
+        if self.poisoned.get() {
+            return Some(Status::Io);
+        }
+        // Sized as if linked (links are not known here): at worst an object within 16 bytes of the bound is
+        // refused.
+        let record = RecordHeader {
+            region_seq: 0,
+            key_hash: 0,
+            value_len,
+            value_crc: 0,
+            key_len: key_len as u16,
+            flags: RECORD_LINKED,
+            version: 0,
+        };
+        (record.record_len() > log.max_record_bytes()).then_some(Status::TooLarge)
+    }
+
+    /// Reserves DRAM for an object of `len` bytes (`[key][value]`), evicting first if the tier is above
+    /// its high watermark.
+    pub(super) async fn reserve_put(self: &Rc<Self>, key: &[u8], len: u64) -> Result<PutReservation, Status> {
+        // A tenant at its DRAM quota makes room among its own objects first.
+        let (usage, quotas) = self.usage_of(key);
+        if let Some(quota) = quotas.dram
+            && usage.dram + len > quota
+        {
+            let tenant = tenant_of(key, self.tenancy.is_tenanted());
+            self.make_tenant_room(tenant, usage.dram + len - quota).await;
+            if self.usage_of(key).0.dram + len > quota {
+                return Err(Status::Quota);
+            }
+        }
+        for attempt in 0..3 {
+            self.make_dram_room(len, attempt > 0).await;
+            let allocated = self.dram.borrow_mut().allocate(len);
+            match allocated {
+                Ok((slot, offset)) => return Ok(PutReservation { shard: Rc::clone(self), slot: Some(slot), offset }),
+                Err(DramFull::TooLarge) => return Err(Status::TooLarge),
+                Err(DramFull::NoSpace) => {}
+            }
+        }
+        Err(Status::NoSpace)
+    }
+
+    /// Publishes a filled reservation as the newest version of `key` and applies the write policy. A
+    /// durable put returns where its record ends; the caller syncs once for a whole batch
+    /// ([`Shard::sync`]). The refusals of [`Shard::put_refusal`] are checked again here, because another
+    /// put of the key may have committed while this one's bytes arrived.
+    pub async fn commit_put(
+        self: &Rc<Self>,
+        key: &[u8],
+        mut reservation: PutReservation,
+        value_len: u32,
+        value_crc: u32,
+        options: PutOptions,
+        links: Links<'_>,
+    ) -> Result<Option<DurablePoint>, Status> {
+        let policy = options.policy.unwrap_or(self.config.write_policy);
+        let object_links = ObjectLinks {
+            parent: links.parent.map_or(NO_LINK, link_hash),
+            group: links.group.map_or(NO_LINK, link_hash),
+        };
+        let hash = index_hash(key);
+        let (id, version, superseded_record) = {
+            let mut index = self.index.borrow_mut();
+            let existing = index.find(hash);
+            if existing.is_some() && !options.upsert {
+                return Err(Status::Exists);
+            }
+            // The version replaced has a record on the tier that a restart would find: this put is
+            // acknowledged only once something newer (its own record, or a tombstone) is durable.
+            let superseded_record =
+                existing.map(|id| *index.get(id)).filter(|old| old.nvme != NONE_U64).map(|old| old.version);
+            let pin_flags = match options.pin {
+                Pin::None => existing.map_or(0, |id| index.get(id).flags & (FLAG_PINNED | FLAG_SOFT_PINNED)),
+                Pin::Soft { .. } => FLAG_SOFT_PINNED,
+                Pin::Hard => FLAG_PINNED,
+            };
+            let new_bytes = key.len() as u64 + u64::from(value_len);
+            if pin_flags != 0 {
+                self.check_pin_room(&index, existing, key, new_bytes)?;
+            }
+            let Some(slot) = reservation.slot.take() else { return Err(Status::Invalid) };
+            let old_hard_pin = existing.is_some_and(|id| index.get(id).flags & FLAG_PINNED != 0);
+            let fresh = Entry {
+                hash,
+                nvme: NONE_U64,
+                dram: slot,
+                value_len,
+                value_crc,
+                version: 1,
+                last_hit: 0,
+                key_len: key.len() as u16,
+                flags: pin_flags | FLAG_DIRTY,
+            };
+            let id = self.install_version(&mut index, existing, key, fresh);
+            self.account(key, Use::Dram, new_bytes, true);
+            self.relink(&mut index, id, object_links, old_hard_pin, pin_flags);
+            self.events.borrow_mut().stored(key, links.parent, value_len, Tier::Dram);
+            self.key_arrived(key);
+            if pin_flags != 0 {
+                self.record_pin(key, hash, new_bytes, options.pin);
+            }
+            (id, index.get(id).version, superseded_record)
+        };
+        add(&self.metrics.bytes_in, u64::from(value_len));
+        self.update_gauges();
+        if !self.has_nvme() {
+            return if policy == WritePolicy::Durable { Err(Status::Invalid) } else { Ok(None) };
+        }
+        self.write_per_policy(policy, superseded_record, key, id, hash, version).await
+    }
+
+    /// Refuses a pinned put (QUOTA) that would take the node's pinned bytes, or its tenant's, past their
+    /// limits; the bytes of the version it replaces, if pinned, are given back first.
+    fn check_pin_room(&self, index: &Index, existing: Option<u32>, key: &[u8], new_bytes: u64) -> Result<(), Status> {
+        let pins = self.pins.borrow();
+        let released = existing.map_or(0, |id| {
+            let entry = index.get(id);
+            if is_pinned(entry) { object_bytes(entry) } else { 0 }
+        });
+        if pins.bytes - released.min(pins.bytes) + new_bytes > pins.limit {
+            return Err(Status::Quota);
+        }
+        let (usage, quotas) = self.usage_of(key);
+        if quotas.pinned.is_some_and(|quota| usage.pinned - released.min(usage.pinned) + new_bytes > quota) {
+            return Err(Status::Quota);
+        }
+        Ok(())
+    }
+
+    /// Indexes `fresh` (its bytes in DRAM slot `fresh.dram`), replacing the `existing` version of `key` if
+    /// any: the old version's DRAM copy is retired, its record forgotten, its pins and usage given back.
+    /// Returns the entry's id.
+    fn install_version(&self, index: &mut Index, existing: Option<u32>, key: &[u8], fresh: Entry) -> u32 {
+        let mut dram = self.dram.borrow_mut();
+        let id = match existing {
+            Some(id) => {
+                let old = *index.get(id);
+                self.unpin_entry(&old, Some(key));
+                if old.dram != NONE_U32 {
+                    self.account(key, Use::Dram, object_bytes(&old), false);
+                }
+                if old.nvme != NONE_U64 {
+                    self.account(key, Use::Nvme, object_bytes(&old), false);
+                }
+                let entry = index.get_mut(id);
+                if entry.dram != NONE_U32 {
+                    dram.retire(entry.dram);
+                }
+                // The links belong to the version: an upsert names what it names, nothing else (and with no
+                // record yet, no FLAG_RECORD_LINKED).
+                *entry = Entry {
+                    version: entry.version.wrapping_add(1),
+                    last_hit: entry.last_hit,
+                    flags: fresh.flags | (old.flags & FLAG_LINKED),
+                    ..fresh
+                };
+                id
+            }
+            None => index.insert(fresh),
+        };
+        dram.publish(fresh.dram, id);
+        id
+    }
+
+    /// Gives entry `id` the links of its new version, and moves the hard pin of its group with it.
+    fn relink(&self, index: &mut Index, id: u32, object_links: ObjectLinks, old_hard_pin: bool, pin_flags: u16) {
+        let was_linked = index.get(id).flags & FLAG_LINKED != 0;
+        let old_group =
+            if was_linked { self.links.borrow().of(id).map_or(NO_LINK, |links| links.group) } else { NO_LINK };
+        if old_hard_pin && old_group != NO_LINK {
+            self.hard_pin_group(old_group, false);
+        }
+        if pin_flags & FLAG_PINNED != 0 && object_links.group != NO_LINK {
+            self.hard_pin_group(object_links.group, true);
+        }
+        if was_linked || !object_links.is_none() {
+            self.links.borrow_mut().link(id, object_links);
+            let entry = index.get_mut(id);
+            entry.flags = if object_links.is_none() { entry.flags & !FLAG_LINKED } else { entry.flags | FLAG_LINKED };
+            self.publish_links();
+        }
+    }
+
+    /// Counts a pinned put's bytes against the pin limits, and sets (or clears) its soft pin's expiry.
+    fn record_pin(&self, key: &[u8], hash: u64, new_bytes: u64, pin: Pin) {
+        self.account(key, Use::Pinned, new_bytes, true);
+        let mut pins = self.pins.borrow_mut();
+        pins.bytes += new_bytes;
+        set(&self.metrics.pinned_bytes, pins.bytes);
+        if let Pin::Soft { ttl_seconds } = pin {
+            let ttl =
+                if ttl_seconds == 0 { self.config.soft_pin_ttl } else { Duration::from_secs(u64::from(ttl_seconds)) };
+            pins.soft_expiry.insert(hash, self.now_tick().saturating_add(Self::ticks(ttl)));
+        } else {
+            pins.soft_expiry.remove(&hash);
+        }
+    }
+
+    /// Writes what the policy asks of a committed put: nothing (write-back), its record (write-through,
+    /// acknowledged whatever happens to it; durable, acknowledged once synced), or a tombstone for the
+    /// version it superseded on the tier when no newer record of its own is written.
+    async fn write_per_policy(
+        self: &Rc<Self>,
+        policy: WritePolicy,
+        superseded_record: Option<u32>,
+        key: &[u8],
+        id: u32,
+        hash: u64,
+        version: u32,
+    ) -> Result<Option<DurablePoint>, Status> {
+        match (policy, superseded_record) {
+            (WritePolicy::WriteBack, None) => Ok(None),
+            (WritePolicy::WriteBack, Some(old_version)) => {
+                self.append_tombstone(key, hash, old_version).await.map(Some)
+            }
+            // Acknowledged from DRAM whatever happens to the NVMe copy: a failure is counted, and the object
+            // stays dirty in DRAM.
+            (WritePolicy::WriteThrough, None) => {
+                let _ = self.persist(id, hash, version).await;
+                Ok(None)
+            }
+            (WritePolicy::WriteThrough, Some(old_version)) => match self.persist(id, hash, version).await {
+                Ok(at) => self.durable_point(at, self.index.borrow().get(id)).map(Some),
+                Err(_) => self.append_tombstone(key, hash, old_version).await.map(Some),
+            },
+            (WritePolicy::Durable, _) => {
+                let at = self.persist(id, hash, version).await?;
+                self.durable_point(at, self.index.borrow().get(id)).map(Some)
+            }
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! Reads: gets from DRAM or the NVMe tier with their checks and promotion, and existence tests.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use strata_proto::{RemovalReason, Status, Tier};
+
+use super::usage::Use;
+use super::{Shard, object_bytes};
+use crate::index::{Entry, FLAG_RECORD_LINKED, FLAG_REFERENCED, NONE_U32, NONE_U64, index_hash};
+use crate::log::{RegionState, Staged, read_range, split_location};
+use crate::metrics::add;
+use crate::record::{RECORD_HEADER_BYTES, RECORD_LINKS_BYTES, RecordHeader};
+
+/// Bytes a read returns.
+pub enum ReadData {
+    /// From the DRAM segment, pinned until dropped.
+    Dram(DramPin, u64, usize),
+    /// Read from the NVMe tier (or copied from the open region).
+    Staged(Staged, usize, usize),
+    /// Received from the owning shard (forwarded requests).
+    Owned(Vec<u8>),
+}
+
+/// A successful read.
+pub struct ReadHit {
+    /// The bytes.
+    pub data: ReadData,
+    /// crc32c of those bytes.
+    pub data_crc: u32,
+    /// Length of the whole value.
+    pub object_len: u32,
+}
+
+impl ReadHit {
+    /// The bytes, as slices in order.
+    pub fn slices(&self) -> Vec<&[u8]> {
+        match &self.data {
+            ReadData::Dram(pin, offset, len) => vec![pin.shard.dram.borrow().segment().bytes(*offset, *len)],
+            ReadData::Staged(staged, offset, len) => staged.slices(*offset, *len),
+            ReadData::Owned(bytes) => vec![&bytes[..]],
+        }
+    }
+
+    /// Bytes returned.
+    pub fn len(&self) -> usize {
+        match &self.data {
+            ReadData::Dram(_, _, len) | ReadData::Staged(_, _, len) => *len,
+            ReadData::Owned(bytes) => bytes.len(),
+        }
+    }
+
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Keeps a DRAM slot's bytes in place while a reader sends them.
+pub struct DramPin {
+    pub(super) shard: Rc<Shard>,
+    pub(super) slot: u32,
+}
+
+impl Drop for DramPin {
+    fn drop(&mut self) {
+        self.shard.dram.borrow_mut().unpin(self.slot);
+    }
+}
+
+/// Where the value of entry's NVMe record starts: after the header, the key and (linked records) the links.
+pub(super) fn record_value_offset(entry: &Entry) -> usize {
+    let links = if entry.flags & FLAG_RECORD_LINKED != 0 { RECORD_LINKS_BYTES } else { 0 };
+    RECORD_HEADER_BYTES + usize::from(entry.key_len) + links
+}
+
+impl Shard {
+    /// Reads `key`'s value, or `range` (offset, length) of it. A key neither stored nor being put
+    /// progressively is waited for up to `wait` (zero: answered NOT_FOUND at once).
+    pub async fn get(
+        self: &Rc<Self>,
+        key: &[u8],
+        range: Option<(u32, u32)>,
+        wait: Duration,
+    ) -> Result<ReadHit, Status> {
+        let hash = index_hash(key);
+        let mut waited_for_fill = false;
+        let mut waited_for_arrival = wait.is_zero();
+        // Bounded: a wait for the key, a wait for its progressive put, and a retry for a record that moved
+        // while it was read, each at most once or twice.
+        for _attempt in 0..4 {
+            let now = self.now_tick();
+            let on_tier = match self.look_up(key, hash, range, now)? {
+                Lookup::InDram(hit) => return Ok(hit),
+                Lookup::OnTier(on_tier) => on_tier,
+                Lookup::Absent => {
+                    // Not stored: a progressive put of the key may be under way.
+                    let fill = self.filling.borrow().get(key).cloned();
+                    match fill {
+                        Some(fill) if !waited_for_fill => {
+                            waited_for_fill = true;
+                            if let Some(hit) = self.read_fill(&fill, range).await? {
+                                return Ok(hit);
+                            }
+                            // The put ended: look again (it committed, or the key is not there).
+                            continue;
+                        }
+                        None if !waited_for_arrival => {
+                            waited_for_arrival = true;
+                            if self.wait_for_arrival(key, wait).await {
+                                continue;
+                            }
+                            return Err(Status::NotFound);
+                        }
+                        _ => return Err(Status::NotFound),
+                    }
+                }
+            };
+            match self.read_record(on_tier.id, on_tier.entry, key).await? {
+                Some(staged) => return Ok(self.tier_hit(key, on_tier, staged, range.is_some(), now).await),
+                None => continue,
+            }
+        }
+        Err(Status::NotFound)
+    }
+
+    /// Finds `key` in the index: a DRAM hit is pinned and returned whole; an object only on the tier says
+    /// where; a range past the value is INVALID.
+    fn look_up(self: &Rc<Self>, key: &[u8], hash: u64, range: Option<(u32, u32)>, now: u32) -> Result<Lookup, Status> {
+        let mut index = self.index.borrow_mut();
+        let Some(id) = index.find(hash) else { return Ok(Lookup::Absent) };
+        let entry = *index.get(id);
+        let (offset, len) = match range {
+            None => (0, entry.value_len),
+            Some((offset, len)) if u64::from(offset) + u64::from(len) > u64::from(entry.value_len) => {
+                return Err(Status::Invalid);
+            }
+            Some(range) => range,
+        };
+        if entry.dram == NONE_U32 {
+            if entry.nvme == NONE_U64 {
+                return Err(Status::NotFound);
+            }
+            return Ok(Lookup::OnTier(OnTier { id, entry, offset, len }));
+        }
+        let mut dram = self.dram.borrow_mut();
+        let base = dram.offset(entry.dram);
+        if dram.segment().bytes(base, key.len()) != key {
+            return Err(Status::NotFound);
+        }
+        dram.pin(entry.dram);
+        let entry_mut = index.get_mut(id);
+        entry_mut.flags |= FLAG_REFERENCED;
+        entry_mut.last_hit = now;
+        add(&self.metrics.dram_hits, 1);
+        let data_offset = base + key.len() as u64 + u64::from(offset);
+        let data_crc = if range.is_none() {
+            entry.value_crc
+        } else {
+            crc32c::crc32c(dram.segment().bytes(data_offset, len as usize))
+        };
+        add(&self.metrics.bytes_out, u64::from(len));
+        let pin = DramPin { shard: Rc::clone(self), slot: entry.dram };
+        Ok(Lookup::InDram(ReadHit {
+            data: ReadData::Dram(pin, data_offset, len as usize),
+            data_crc,
+            object_len: entry.value_len,
+        }))
+    }
+
+    /// The hit of a record read from the tier (`staged`, checked), promoted into DRAM when it was hit
+    /// within the promote window before.
+    async fn tier_hit(self: &Rc<Self>, key: &[u8], on_tier: OnTier, staged: Staged, ranged: bool, now: u32) -> ReadHit {
+        let OnTier { id, entry, offset, len } = on_tier;
+        let value_at = record_value_offset(&entry);
+        let data_crc = if ranged { staged.crc(value_at + offset as usize, len as usize) } else { entry.value_crc };
+        add(&self.metrics.nvme_hits, 1);
+        add(&self.metrics.bytes_out, u64::from(len));
+        let promote = {
+            let mut index = self.index.borrow_mut();
+            let entry_mut = index.get_mut(id);
+            let window = Self::ticks(self.config.promote_window);
+            let hot = window > 0 && entry_mut.last_hit != 0 && now.saturating_sub(entry_mut.last_hit) <= window;
+            entry_mut.last_hit = now;
+            hot
+        };
+        if promote {
+            self.promote(id, entry, key, &staged).await;
+        }
+        ReadHit {
+            data: ReadData::Staged(staged, value_at + offset as usize, len as usize),
+            data_crc,
+            object_len: entry.value_len,
+        }
+    }
+
+    /// Reads and checks the NVMe record of `entry`. `Ok(None)`: the record moved while it was read (retry).
+    pub(super) async fn read_record(
+        self: &Rc<Self>,
+        id: u32,
+        entry: Entry,
+        key: &[u8],
+    ) -> Result<Option<Staged>, Status> {
+        let (region_id, offset) = split_location(entry.nvme);
+        let record_len = record_value_offset(&entry) + entry.value_len as usize;
+        let (state, seq, wait, device, device_offset, chunk_bytes) = {
+            let guard = self.log.borrow();
+            let Some(log) = guard.as_ref() else { return Err(Status::NotFound) };
+            let region = &log.regions[region_id as usize];
+            if region.state == RegionState::Open
+                && let Some(open) = log.open.as_ref()
+            {
+                let bytes = open.buffer.read_at(offset as usize, record_len);
+                drop(guard);
+                return self.check_record(id, entry, key, Staged::from_vec(bytes)).map(Some);
+            }
+            (region.state, region.seq, region.sealed.clone(), region.device, region.device_offset, log.chunk_bytes)
+        };
+        if state == RegionState::Sealing
+            && let Some(done) = wait
+        {
+            let _ = done.acquire(1).await;
+        }
+        let read = read_range(&self.devices, device, device_offset, offset as usize, record_len, chunk_bytes).await;
+        let still_there = {
+            let log = self.log.borrow();
+            let index = self.index.borrow();
+            let current = index.get(id);
+            log.as_ref().is_some_and(|log| log.regions[region_id as usize].seq == seq)
+                && current.hash == entry.hash
+                && current.nvme == entry.nvme
+        };
+        if !still_there {
+            return Ok(None);
+        }
+        match read {
+            Ok(staged) => self.check_record(id, entry, key, staged).map(Some),
+            Err(error) => {
+                tracing::error!(shard = self.id, %error, "NVMe-tier read failed");
+                add(&self.metrics.io_errors, 1);
+                Err(Status::Io)
+            }
+        }
+    }
+
+    /// Checks a record against the key asked for and the entry; a damaged record is dropped from the index
+    /// (never served) and reported as `Checksum`.
+    pub(super) fn check_record(&self, id: u32, entry: Entry, key: &[u8], staged: Staged) -> Result<Staged, Status> {
+        let value_at = record_value_offset(&entry);
+        let head = staged.copy(0, value_at);
+        let stored_key = head.get(RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + key.len());
+        let format_id = self.format_id();
+        let valid = match RecordHeader::decode(&head, format_id) {
+            Ok(header) => {
+                stored_key == Some(key)
+                    && header.value_offset() == value_at
+                    && header.value_len == entry.value_len
+                    && header.value_crc == entry.value_crc
+                    && staged.crc(value_at, entry.value_len as usize) == entry.value_crc
+            }
+            Err(_) => false,
+        };
+        if valid {
+            return Ok(staged);
+        }
+        if stored_key != Some(key) && RecordHeader::decode(&head, format_id).is_ok() {
+            // Another key with the same index hash: a miss, not damage.
+            return Err(Status::NotFound);
+        }
+        add(&self.metrics.checksum_failures, 1);
+        let mut index = self.index.borrow_mut();
+        let current = *index.get(id);
+        if current.hash == entry.hash && current.nvme == entry.nvme {
+            index.get_mut(id).nvme = NONE_U64;
+            self.account(key, Use::Nvme, object_bytes(&current), false);
+            if current.dram == NONE_U32 {
+                self.forget(&mut index, id, Some(key));
+                self.events.borrow_mut().removed(key, RemovalReason::Checksum);
+            }
+        }
+        Err(Status::Checksum)
+    }
+
+    /// Copies an NVMe hit into DRAM (L2 → L1 promotion) if there is room without waiting.
+    pub(super) async fn promote(self: &Rc<Self>, id: u32, entry: Entry, key: &[u8], staged: &Staged) {
+        let len = key.len() as u64 + u64::from(entry.value_len);
+        self.make_dram_room(len, false).await;
+        let mut index = self.index.borrow_mut();
+        let mut dram = self.dram.borrow_mut();
+        let current = *index.get(id);
+        if current.hash != entry.hash || current.version != entry.version || current.dram != NONE_U32 {
+            return;
+        }
+        let Ok((slot, offset)) = dram.allocate(len) else { return };
+        let bytes = dram.segment().bytes_mut(offset, len as usize);
+        bytes[..key.len()].copy_from_slice(key);
+        let mut at = key.len();
+        for part in staged.slices(record_value_offset(&entry), entry.value_len as usize) {
+            bytes[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+        dram.publish(slot, id);
+        index.get_mut(id).dram = slot;
+        self.account(key, Use::Dram, len, true);
+        add(&self.metrics.promotions, 1);
+        self.events.borrow_mut().tier_changed(key, Tier::Nvme, Tier::Dram);
+    }
+
+    /// Whether `key` is stored, and the length of its value: from the index alone (the 64-bit hash), for
+    /// DRAM and NVMe objects alike, so that a scheduler's batch of lookups touches no object memory. A hash
+    /// collision (see `index.rs`) can make this say yes for a key a get then misses; never the reverse.
+    pub fn exists(&self, key: &[u8]) -> Result<u32, Status> {
+        self.exists_hashed(index_hash(key), false)
+    }
+
+    /// [`Shard::exists`], and a read lease on the object (its last hit is now): a prefix match's blocks
+    /// are not evicted before the engine that asked loads them (`read_lease`, 5 s by default).
+    pub fn exists_leased(&self, key: &[u8]) -> Result<u32, Status> {
+        self.exists_hashed(index_hash(key), true)
+    }
+
+    /// [`Shard::exists`] (with a read lease if `lease`) of the key whose index hash is `hash`: for a batch
+    /// that hashed its keys already, to prefetch their lines.
+    pub fn exists_hashed(&self, hash: u64, lease: bool) -> Result<u32, Status> {
+        let mut index = self.index.borrow_mut();
+        let Some(id) = index.find(hash) else { return Err(Status::NotFound) };
+        let entry = index.get_mut(id);
+        if lease {
+            entry.last_hit = self.now_tick();
+        }
+        Ok(entry.value_len)
+    }
+}
+
+/// Where the index says a key is.
+enum Lookup {
+    /// In DRAM: the hit, pinned.
+    InDram(ReadHit),
+    /// Only on the NVMe tier.
+    OnTier(OnTier),
+    /// Not stored.
+    Absent,
+}
+
+/// An object to read from the NVMe tier: its entry as the index had it, and the range of its value wanted.
+#[derive(Clone, Copy)]
+struct OnTier {
+    id: u32,
+    entry: Entry,
+    offset: u32,
+    len: u32,
+}

@@ -1,0 +1,152 @@
+//! Removals: one key, keys matching a pattern, and the flush of a clean shutdown.
+
+use std::rc::Rc;
+
+use strata_proto::{RemovalReason, Status};
+
+use super::reads::record_value_offset;
+use super::usage::Use;
+use super::{Shard, object_bytes};
+use crate::index::{Entry, FLAG_DIRTY, NONE_U32, NONE_U64, index_hash};
+use crate::log::{RegionState, read_range, split_location};
+use crate::record::{RECORD_HEADER_BYTES, RecordHeader};
+
+impl Shard {
+    /// Removes `key`; a tombstone in the log keeps it removed across a restart.
+    pub async fn remove(self: &Rc<Self>, key: &[u8]) -> Result<(), Status> {
+        self.remove_as(key, RemovalReason::Removed).await
+    }
+
+    /// Removes `key` for `reason` (a client's remove, or a cascade), with a tombstone when a record of it
+    /// is on the tier. A client's removal is acknowledged only once its tombstone is durable, so that a
+    /// restart cannot bring the key back; a cascade's is not waited for (nobody was told it happened).
+    pub(super) async fn remove_as(self: &Rc<Self>, key: &[u8], reason: RemovalReason) -> Result<(), Status> {
+        let hash = index_hash(key);
+        let entry = {
+            let mut index = self.index.borrow_mut();
+            let Some(id) = index.find(hash) else { return Err(Status::NotFound) };
+            let entry = *index.get(id);
+            let mut dram = self.dram.borrow_mut();
+            if entry.dram != NONE_U32 {
+                if dram.segment().bytes(dram.offset(entry.dram), key.len()) != key {
+                    return Err(Status::NotFound);
+                }
+                dram.retire(entry.dram);
+                self.account(key, Use::Dram, object_bytes(&entry), false);
+            }
+            drop(dram);
+            self.forget(&mut index, id, Some(key));
+            self.events.borrow_mut().removed(key, reason);
+            entry
+        };
+        self.update_gauges();
+        if entry.nvme == NONE_U64 || !self.has_nvme() {
+            return Ok(());
+        }
+        let point = self.append_tombstone(key, hash, entry.version).await;
+        if reason != RemovalReason::Removed {
+            return Ok(());
+        }
+        self.sync(point?).await
+    }
+
+    /// The key of entry `entry`: from its DRAM copy, else from its record's header on the NVMe tier (whose
+    /// crc covers the key). `None` if neither can be read.
+    pub(super) async fn stored_key(self: &Rc<Self>, entry: Entry) -> Option<Vec<u8>> {
+        let key_len = usize::from(entry.key_len);
+        if entry.dram != NONE_U32 {
+            let dram = self.dram.borrow();
+            return Some(dram.segment().bytes(dram.offset(entry.dram), key_len).to_vec());
+        }
+        if entry.nvme == NONE_U64 {
+            return None;
+        }
+        let (region_id, offset) = split_location(entry.nvme);
+        let head_len = record_value_offset(&entry);
+        let key_of = |head: &[u8]| head[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + key_len].to_vec();
+        let (device, device_offset, chunk_bytes, wait) = {
+            let guard = self.log.borrow();
+            let log = guard.as_ref()?;
+            let region = &log.regions[region_id as usize];
+            if region.state == RegionState::Open
+                && let Some(open) = log.open.as_ref()
+            {
+                let head = open.buffer.read_at(offset as usize, head_len);
+                return RecordHeader::decode(&head, log.format_id).ok().map(|_| key_of(&head));
+            }
+            (region.device, region.device_offset, log.chunk_bytes, region.sealed.clone())
+        };
+        let format_id = self.format_id();
+        if let Some(done) = wait {
+            let _ = done.acquire(1).await;
+        }
+        let staged =
+            read_range(&self.devices, device, device_offset, offset as usize, head_len, chunk_bytes).await.ok()?;
+        let head = staged.copy(0, head_len);
+        RecordHeader::decode(&head, format_id).ok().map(|_| key_of(&head))
+    }
+
+    /// Removes every key of this shard that starts with `scope` (a tenant's prefix) and, without it,
+    /// matches `pattern` anywhere (every such key for `None`); returns how many. Keys are not in the index (only their hashes), so each is read from its object — from DRAM,
+    /// or a small read of its record on NVMe: an administrative operation, linear in the shard's objects.
+    pub async fn remove_matching(self: &Rc<Self>, scope: &[u8], pattern: Option<&regex::bytes::Regex>) -> u32 {
+        let snapshot: Vec<(u32, Entry)> = {
+            let index = self.index.borrow();
+            index.ids().map(|id| (id, *index.get(id))).collect()
+        };
+        let mut removed = 0u32;
+        for (id, entry) in snapshot {
+            let still_there = self.index.borrow().find(entry.hash) == Some(id);
+            if !still_there {
+                continue;
+            }
+            let Some(key) = self.stored_key(entry).await else { continue };
+            // Only the caller's tenant's keys, matched without the tenant's prefix.
+            let Some(user_key) = key.strip_prefix(scope) else { continue };
+            if pattern.is_none_or(|pattern| pattern.is_match(user_key)) && self.remove(&key).await.is_ok() {
+                removed += 1;
+            }
+        }
+        removed
+    }
+
+    // ---- start-up and shutdown -----------------------------------------------------------------------
+
+    /// Clean shutdown: writes dirty (write-back) objects, seals the open region and waits for every region
+    /// write to complete.
+    pub async fn flush_for_shutdown(self: &Rc<Self>) {
+        if !self.has_nvme() {
+            return;
+        }
+        let dirty: Vec<(u32, u64, u32)> = {
+            let index = self.index.borrow();
+            index
+                .ids()
+                .map(|id| (id, *index.get(id)))
+                .filter(|(_, entry)| entry.flags & FLAG_DIRTY != 0 && entry.dram != NONE_U32)
+                .map(|(id, entry)| (id, entry.hash, entry.version))
+                .collect()
+        };
+        for (id, hash, version) in dirty {
+            if self.persist(id, hash, version).await.is_err() && self.poisoned.get() {
+                break;
+            }
+        }
+        if let Ok(_permit) = self.log_lock.acquire_static_permit(1).await {
+            self.seal_open();
+        }
+        loop {
+            let wait = self
+                .log
+                .borrow()
+                .as_ref()
+                .and_then(|log| log.sealed.iter().find_map(|&id| log.regions[id as usize].sealed.clone()));
+            match wait {
+                Some(done) => {
+                    let _ = done.acquire(1).await;
+                }
+                None => break,
+            }
+        }
+    }
+}
