@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 use strata_alloc::{AllocError, Allocation, Allocator, AllocatorConfig};
 
 use crate::index::NONE_U32;
-use crate::segment::{PageKind, Segment};
+use crate::segment::{PageKind, Segment, SegmentRange};
 
 /// A resident object.
 struct DramObject {
@@ -67,9 +67,17 @@ impl DramTier {
         Ok(Self { segment, allocator, objects: Vec::new(), free_slots: Vec::new(), clock: VecDeque::new() })
     }
 
-    /// The segment (for reading and filling slots' bytes).
-    pub fn segment(&self) -> &Segment {
-        &self.segment
+    /// `len` bytes from `at` of slot `slot`'s object (`[key][value]`), for reading while the tier is
+    /// borrowed: the slot is published (or a progressive put's readers read what arrived of it), so nothing
+    /// writes these bytes.
+    pub fn bytes(&self, slot: u32, at: usize, len: usize) -> &[u8] {
+        self.segment.bytes(self.offset(slot) + at as u64, len)
+    }
+
+    /// A handle on `len` bytes from `at` of slot `slot`'s object, for a guard that outlives this borrow
+    /// (a reader's pin).
+    pub fn range(&self, slot: u32, at: usize, len: usize) -> SegmentRange {
+        self.segment.range(self.offset(slot) + at as u64, len)
     }
 
     /// Pages backing the segment.
@@ -97,8 +105,22 @@ impl DramTier {
         self.objects.capacity() * size_of::<DramObject>() + self.clock.capacity() * 8 + self.free_slots.capacity() * 4
     }
 
-    /// Allocates `len` bytes for an object that is not published yet; returns its slot and offset.
-    pub fn allocate(&mut self, len: u64) -> Result<(u32, u64), DramFull> {
+    /// Allocates `len` bytes for an object that is not published yet, and hands its bytes to `fill` (a
+    /// range nobody else has seen); returns its slot.
+    pub fn allocate_with(&mut self, len: u64, fill: impl FnOnce(&mut [u8])) -> Result<u32, DramFull> {
+        let (slot, offset) = self.allocate_slot(len)?;
+        fill(self.segment.bytes_mut(offset, len as usize));
+        Ok(slot)
+    }
+
+    /// Allocates `len` bytes for an object that is not published yet; returns its slot and a handle on its
+    /// bytes for the one reservation that fills them.
+    pub fn allocate(&mut self, len: u64) -> Result<(u32, SegmentRange), DramFull> {
+        let (slot, offset) = self.allocate_slot(len)?;
+        Ok((slot, self.segment.range(offset, len as usize)))
+    }
+
+    fn allocate_slot(&mut self, len: u64) -> Result<(u32, u64), DramFull> {
         let allocation = match self.allocator.allocate(len.max(1)) {
             Ok(allocation) => allocation,
             Err(AllocError::TooLarge { .. }) => return Err(DramFull::TooLarge),
@@ -121,7 +143,7 @@ impl DramTier {
     }
 
     /// Offset of a slot's bytes in the segment.
-    pub fn offset(&self, slot: u32) -> u64 {
+    fn offset(&self, slot: u32) -> u64 {
         self.objects[slot as usize].allocation.as_ref().map_or(0, Allocation::offset)
     }
 

@@ -16,13 +16,13 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use glommio::channels::local_channel::{self, LocalSender};
+use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 use glommio::channels::shared_channel::{self, ConnectedReceiver, ConnectedSender, SharedReceiver, SharedSender};
 use strata_proto::{PutOptions, Status};
 
-use crate::shard::Shard;
+use crate::links::LinkCounts;
+use crate::shard::{Cascade, Shard};
 
 /// What a forwarded item asks.
 #[derive(Debug)]
@@ -80,63 +80,6 @@ impl ForwardReply {
     }
 }
 
-/// What a cascade names: a parent (its children leave) or a group (its members leave); or a change of
-/// whether the sender holds a hard-pinned member of a group (which keeps the group on every shard).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CascadeKind {
-    /// Objects naming this parent.
-    Parent,
-    /// Members of this group.
-    Group,
-    /// The sender now holds a hard-pinned member of this group (it held none).
-    GroupPinned,
-    /// The sender no longer holds a hard-pinned member of this group.
-    GroupUnpinned,
-}
-
-impl CascadeKind {
-    /// Whether it tells of a pin rather than a departure: every peer needs it, linked objects or not (a
-    /// member of the group may arrive there later).
-    pub fn is_pin_change(self) -> bool {
-        matches!(self, CascadeKind::GroupPinned | CascadeKind::GroupUnpinned)
-    }
-}
-
-/// "The object or group named `name` left this node": what shards tell each other.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Cascade {
-    /// The hash naming it (`links::link_hash`).
-    pub name: u64,
-    /// Parent or group.
-    pub kind: CascadeKind,
-}
-
-/// Counters, one per shard, of the linked objects each holds (cache-line apart: each is written by one
-/// shard and read by the others).
-pub struct LinkCounts(Vec<PaddedCounter>);
-
-#[repr(align(64))]
-#[derive(Default)]
-struct PaddedCounter(AtomicU64);
-
-impl LinkCounts {
-    fn new(shards: u32) -> Self {
-        Self((0..shards).map(|_| PaddedCounter::default()).collect())
-    }
-
-    /// Shard `shard` now holds `count` linked objects.
-    pub fn publish(&self, shard: u32, count: usize) {
-        if let Some(counter) = self.0.get(shard as usize) {
-            counter.0.store(count as u64, Ordering::Relaxed);
-        }
-    }
-
-    /// Linked objects shard `shard` holds (as last published).
-    pub fn of(&self, shard: u32) -> u64 {
-        self.0.get(shard as usize).map_or(0, |counter| counter.0.load(Ordering::Relaxed))
-    }
-}
-
 /// The endpoints one shard holds for one peer, before connecting on the shard's executor.
 pub struct PeerEndpoints {
     /// Peer shard id.
@@ -150,19 +93,19 @@ pub struct PeerEndpoints {
 }
 
 /// One shard's side of the mesh, before connecting.
-#[derive(Default)]
 pub struct MeshEnds {
     /// Its endpoints, one per peer.
     pub peers: Vec<PeerEndpoints>,
     /// Every shard's count of linked objects.
-    pub link_counts: Option<Arc<LinkCounts>>,
+    pub link_counts: Arc<LinkCounts>,
 }
 
 /// Both ends of a channel, each taken once when dealt to its shard.
 type Ends<T> = (Option<SharedSender<T>>, Option<SharedReceiver<T>>);
 
-/// Channels for every ordered pair of `shards` shards: element `i` holds shard `i`'s endpoints.
-pub fn mesh(shards: u32) -> Vec<MeshEnds> {
+/// Channels for every ordered pair of `shards` shards: element `i` holds shard `i`'s endpoints. Every
+/// shard publishes its count of linked objects in `link_counts`.
+pub fn mesh(shards: u32, link_counts: &Arc<LinkCounts>) -> Vec<MeshEnds> {
     const DEPTH: usize = 256;
     let mut requests: HashMap<(u32, u32), Ends<Forward>> = HashMap::new();
     let mut replies: HashMap<(u32, u32), Ends<ForwardReply>> = HashMap::new();
@@ -179,7 +122,6 @@ pub fn mesh(shards: u32) -> Vec<MeshEnds> {
             }
         }
     }
-    let link_counts = Arc::new(LinkCounts::new(shards));
     (0..shards)
         .map(|me| MeshEnds {
             peers: (0..shards)
@@ -196,7 +138,7 @@ pub fn mesh(shards: u32) -> Vec<MeshEnds> {
                     })
                 })
                 .collect(),
-            link_counts: Some(Arc::clone(&link_counts)),
+            link_counts: Arc::clone(link_counts),
         })
         .collect()
 }
@@ -208,11 +150,10 @@ struct Link {
 }
 
 /// A shard's side of the mesh: send to owners, serve peers.
-#[derive(Default)]
 pub struct Forwarder {
     links: HashMap<u32, Rc<Link>>,
     next_id: Cell<u64>,
-    link_counts: Option<Arc<LinkCounts>>,
+    link_counts: Arc<LinkCounts>,
 }
 
 impl Forwarder {
@@ -278,21 +219,24 @@ impl Forwarder {
         Self { links, next_id: Cell::new(1), link_counts }
     }
 
-    /// Publishes that this shard (`me`) holds `count` linked objects.
-    pub fn publish_links(&self, me: u32, count: usize) {
-        if let Some(counts) = &self.link_counts {
-            counts.publish(me, count);
-        }
-    }
-
-    /// Whether any other shard holds linked objects.
-    pub fn peers_hold_links(&self) -> bool {
-        self.link_counts.as_ref().is_some_and(|counts| self.links.keys().any(|&peer| counts.of(peer) > 0))
+    /// Starts relaying what `shard` tells its peers (departures and group pins) and lets it serve: the shard
+    /// knows nothing of the mesh, and hands its batches to the channel this drains.
+    pub fn relay_cascades_of(self: &Rc<Self>, shard: &Shard) {
+        let (to_peers, from_shard): (LocalSender<Vec<Cascade>>, LocalReceiver<Vec<Cascade>>) =
+            local_channel::new_bounded(16);
+        let forwarder = Rc::clone(self);
+        glommio::spawn_local(async move {
+            while let Some(batch) = from_shard.recv().await {
+                forwarder.send_cascades(&batch).await;
+            }
+        })
+        .detach();
+        shard.start_serving(to_peers);
     }
 
     /// Tells every peer that holds linked objects about `batch` (every peer, if it tells of a pin change).
-    pub async fn send_cascades(&self, batch: &[Cascade]) {
-        let Some(counts) = &self.link_counts else { return };
+    async fn send_cascades(&self, batch: &[Cascade]) {
+        let counts = &self.link_counts;
         let everyone = batch.iter().any(|cascade| cascade.kind.is_pin_change());
         for (&peer, link) in &self.links {
             if everyone || counts.of(peer) > 0 {
@@ -323,21 +267,9 @@ async fn serve(shard: &Rc<Shard>, request: Forward) -> ForwardReply {
     let mut reply = ForwardReply { id: request.id, status: Status::Ok, data: Vec::new(), data_crc: 0, object_len: 0 };
     let key = &request.key;
     match request.op {
-        ForwardOp::Put { value, value_crc, mut options, parent, group } => {
+        ForwardOp::Put { value, value_crc, options, parent, group } => {
             let links = strata_proto::Links { parent: parent.as_deref(), group: group.as_deref() };
-            let status = match shard.admit_put(key, value.len() as u32, &mut options).await {
-                Err(status) => status,
-                Ok(reservation) => {
-                    let bytes = reservation.bytes_mut(key.len() + value.len());
-                    bytes[..key.len()].copy_from_slice(key);
-                    bytes[key.len()..].copy_from_slice(&value);
-                    match shard.commit_put(key, reservation, value.len() as u32, value_crc, options, links).await {
-                        Ok(None) => Status::Ok,
-                        Ok(Some(point)) => shard.sync(point).await.err().unwrap_or(Status::Ok),
-                        Err(status) => status,
-                    }
-                }
-            };
+            let status = shard.put_value(key, &value, value_crc, options, links).await.err().unwrap_or(Status::Ok);
             reply.status = status;
         }
         ForwardOp::Get(range, wait) => match shard.get(key, range, wait).await {

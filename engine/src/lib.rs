@@ -5,6 +5,7 @@
 #![deny(missing_docs, unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod backend;
 pub mod config;
 pub mod dram;
 pub mod event_sender;

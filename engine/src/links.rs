@@ -17,6 +17,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::index::index_hash;
 
@@ -31,6 +32,39 @@ pub fn link_hash(name: &[u8]) -> u64 {
 /// The hash an object is named by as a parent: its index hash, moved off [`NO_LINK`] like [`link_hash`].
 pub fn parent_name(entry_hash: u64) -> u64 {
     entry_hash.max(1)
+}
+
+/// Counters, one per shard, of the linked objects each holds (cache-line apart: each is written by one
+/// shard and read by the others). A departure is sent to the peers only if one of them holds links, so a
+/// node that links nothing sends nothing.
+pub struct LinkCounts(Vec<PaddedCounter>);
+
+#[repr(align(64))]
+#[derive(Default)]
+struct PaddedCounter(AtomicU64);
+
+impl LinkCounts {
+    /// Counters for `shards` shards, all zero.
+    pub fn new(shards: u32) -> Self {
+        Self((0..shards).map(|_| PaddedCounter::default()).collect())
+    }
+
+    /// Shard `shard` now holds `count` linked objects.
+    pub fn publish(&self, shard: u32, count: usize) {
+        if let Some(counter) = self.0.get(shard as usize) {
+            counter.0.store(count as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Linked objects shard `shard` holds (as last published).
+    pub fn of(&self, shard: u32) -> u64 {
+        self.0.get(shard as usize).map_or(0, |counter| counter.0.load(Ordering::Relaxed))
+    }
+
+    /// Whether any shard but `me` holds linked objects.
+    pub fn any_but(&self, me: u32) -> bool {
+        (0..self.0.len() as u32).any(|shard| shard != me && self.of(shard) > 0)
+    }
 }
 
 /// What one object names.

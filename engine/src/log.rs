@@ -17,7 +17,7 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 
 use glommio::sync::Semaphore;
-use strata_nvme::{AnyDevice, BlockDevice, BlockError, IoBuffer};
+use strata_nvme::{BlockDevice, BlockError, IoBuffer};
 
 use crate::record::{END_MARK_BYTES, RECORD_HEADER_BYTES, REGION_HEADER_BYTES, RecordHeader, RegionHeader};
 
@@ -66,7 +66,7 @@ pub struct RegionBuffer {
 
 impl RegionBuffer {
     /// A buffer of `region_bytes` in chunks of `chunk_bytes`, from `device`'s I/O memory.
-    pub fn new(device: &AnyDevice, region_bytes: u64, chunk_bytes: usize) -> Self {
+    pub fn new(device: &impl BlockDevice, region_bytes: u64, chunk_bytes: usize) -> Self {
         let count = (region_bytes as usize).div_ceil(chunk_bytes);
         Self { chunks: (0..count).map(|_| device.alloc_buffer(chunk_bytes)).collect(), chunk_bytes }
     }
@@ -225,8 +225,8 @@ pub fn written_len(used: usize, block_bytes: usize, region_bytes: usize) -> usiz
 
 /// Writes `buffer`'s first `used` bytes and the end mark (rounded up to whole blocks) at `device_offset`, every chunk in
 /// flight at once, then flushes. Returns the buffer for reuse.
-pub async fn write_region(
-    devices: Rc<Vec<AnyDevice>>,
+pub async fn write_region<D: BlockDevice + 'static>(
+    devices: Rc<Vec<D>>,
     device: usize,
     device_offset: u64,
     buffer: RegionBuffer,
@@ -284,7 +284,7 @@ pub async fn write_region(
 
 /// Copies bytes `[from, to)` of an open region's buffer (block aligned) and writes them, then flushes.
 pub async fn write_partial(
-    devices: &[AnyDevice],
+    devices: &[impl BlockDevice],
     device: usize,
     device_offset: u64,
     bytes: Vec<u8>,
@@ -363,7 +363,7 @@ impl Staged {
 /// Reads `len` bytes at `offset` of a region on its device, in block-aligned pieces of at most
 /// `chunk_bytes`.
 pub async fn read_range(
-    devices: &[AnyDevice],
+    devices: &[impl BlockDevice],
     device: usize,
     region_offset: u64,
     offset: usize,

@@ -16,13 +16,15 @@ use strata_nvme::superblock::{
 };
 use strata_nvme::{AnyDevice, BlockDevice, DeviceSpec, HostOptions, MemoryDevice};
 
+use crate::backend::WallClock;
 use crate::config::EngineConfig;
 use crate::dram::DramTier;
 use crate::log::{RegionBuffer, RegionInfo, RegionLog, RegionState};
 use crate::metrics::ShardMetrics;
 use crate::record::{FIRST_REGION_OFFSET, FormatError, TIER_HEADER_OFFSET, TierHeader};
 use crate::segment::PageKind;
-use crate::shard::{RecoveryReport, Shard};
+use crate::server::ShardServer;
+use crate::shard::{RecoveryReport, Shard, ShardParts};
 /// The CPUs the calling thread may run on (its affinity mask, as `taskset` set it).
 pub use crate::sys::allowed_cpus;
 
@@ -489,13 +491,14 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
         shard_count,
     };
     let mut executors = Vec::new();
-    let mut meshes = crate::forward::mesh(shard_count).into_iter();
+    let link_counts = Arc::new(crate::links::LinkCounts::new(shard_count));
+    let mut meshes = crate::forward::mesh(shard_count, &link_counts).into_iter();
     for (shard, listener) in listeners.into_iter().enumerate() {
         let start = ShardStart {
             shard: shard as u32,
             shared: shared.clone(),
             metrics: Arc::clone(&metrics[shard]),
-            peers: meshes.next().unwrap_or_default(),
+            peers: meshes.next(),
             ready: ready_sender.clone(),
         };
         match spawn_shard(start, listener) {
@@ -590,7 +593,8 @@ struct ShardStart {
     shard: u32,
     shared: ShardShared,
     metrics: Arc<ShardMetrics>,
-    peers: crate::forward::MeshEnds,
+    /// Its side of the mesh of shards (one per shard, dealt in order).
+    peers: Option<crate::forward::MeshEnds>,
     ready: mpsc::Sender<(u32, Result<ShardStarted, String>)>,
 }
 
@@ -612,10 +616,10 @@ fn spawn_shard(
     builder
         .spawn(move || async move {
             let ShardStart { shard, shared, metrics, peers, ready } = start;
-            let shard_state = match build_shard(shard, &shared, metrics, peers).await {
-                Ok((shard_state, started)) => {
+            let server = match build_shard(shard, &shared, metrics, peers).await {
+                Ok((server, started)) => {
                     let _ = ready.send((shard, Ok(started)));
-                    shard_state
+                    server
                 }
                 Err(error) => {
                     let _ = ready.send((shard, Err(error)));
@@ -623,11 +627,11 @@ fn spawn_shard(
                 }
             };
             drop(ready);
-            glommio::spawn_local(crate::server::sweep_stalled_connections(Rc::downgrade(&shard_state))).detach();
-            accept_until_stopped(&shard_state, &shared, listener).await;
+            glommio::spawn_local(crate::server::sweep_stalled_connections(Rc::downgrade(&server))).detach();
+            accept_until_stopped(&server, &shared, listener).await;
             // Requests stop here; what was committed is flushed next.
-            crate::server::close_connections(&shard_state);
-            shard_state.flush_for_shutdown().await;
+            crate::server::close_connections(&server);
+            server.shard.flush_for_shutdown().await;
         })
         .map_err(|error| NodeError::Shard { shard, reason: format!("starting its executor on CPU {cpu}: {error}") })
 }
@@ -638,8 +642,8 @@ async fn build_shard(
     shard: u32,
     shared: &ShardShared,
     metrics: Arc<ShardMetrics>,
-    peers: crate::forward::MeshEnds,
-) -> Result<(Rc<Shard>, ShardStarted), String> {
+    peers: Option<crate::forward::MeshEnds>,
+) -> Result<(Rc<ShardServer>, ShardStarted), String> {
     let config = &shared.config;
     let mut devices = Vec::new();
     for handle in shared.handles.iter() {
@@ -657,24 +661,26 @@ async fn build_shard(
     let pages = dram.pages();
     let log = region_log(&devices, shared, shard)?;
     let region_count = log.as_ref().map_or(0, |log| log.regions.len());
-    let shard_state = Shard::new(
-        shard,
-        shared.shard_count,
-        shared.base_port,
-        Rc::new((**config).clone()),
+    let peers = peers.ok_or_else(|| format!("no side of the mesh was dealt to shard {shard}"))?;
+    let shard_state = Shard::new(ShardParts {
+        id: shard,
+        shard_count: shared.shard_count,
+        base_port: shared.base_port,
+        config: Rc::new((**config).clone()),
         dram,
-        Rc::new(devices),
+        devices,
         log,
+        clock: WallClock::new(),
         metrics,
-        Arc::clone(&shared.event_senders),
-    );
+        link_counts: Arc::clone(&peers.link_counts),
+    });
     let report = shard_state.recover().await?;
-    let forwarder = crate::forward::Forwarder::connect(&shard_state, peers).await;
-    let _ = shard_state.forwarder.set(forwarder);
+    let forwarder = Rc::new(crate::forward::Forwarder::connect(&shard_state, peers).await);
     // Recovery restored links before the mesh existed: the peers learn of them now.
-    shard_state.publish_links();
-    shard_state.announce_hard_pinned_groups();
-    Ok((shard_state, (report, pages, region_count)))
+    forwarder.relay_cascades_of(&shard_state);
+    let server =
+        ShardServer::new(shard_state, forwarder, Arc::clone(&shared.event_senders), Arc::clone(&shared.peer_budget));
+    Ok((server, (report, pages, region_count)))
 }
 
 /// The shard's region log over its share of the tier's regions; `None` without a tier.
@@ -711,7 +717,7 @@ fn region_log(devices: &[AnyDevice], shared: &ShardShared, shard: u32) -> Result
 }
 
 /// Serves each connection `listener` accepts on a task of its own, until the node stops.
-async fn accept_until_stopped(shard_state: &Rc<Shard>, shared: &ShardShared, listener: std::net::TcpListener) {
+async fn accept_until_stopped(server: &Rc<ShardServer>, shared: &ShardShared, listener: std::net::TcpListener) {
     let listener = crate::sys::adopt_listener(listener);
     loop {
         match listener.accept().await {
@@ -719,8 +725,7 @@ async fn accept_until_stopped(shard_state: &Rc<Shard>, shared: &ShardShared, lis
                 if shared.stop.load(Ordering::SeqCst) {
                     break;
                 }
-                let budget = Arc::clone(&shared.peer_budget);
-                glommio::spawn_local(crate::server::serve(Rc::clone(shard_state), budget, stream)).detach();
+                glommio::spawn_local(crate::server::serve(Rc::clone(server), stream)).detach();
             }
             Err(_) if shared.stop.load(Ordering::SeqCst) => break,
             Err(_) => glommio::timer::sleep(Duration::from_millis(10)).await,

@@ -2,12 +2,19 @@
 //! reserved (`MAP_HUGETLB`), normal pages otherwise, carved into objects by the shard's `strata-alloc`
 //! allocator.
 //!
-//! This is the engine's only `unsafe` module. The segment hands out byte slices of ranges the allocator
-//! gave out; soundness rests on two rules the shard keeps (and asserts where it can):
-//! - a range is written only while it is *unpublished* (allocated for a put that is still receiving its
-//!   bytes, not yet in the index), by the one task that allocated it;
-//! - a published range is only read, and is freed only when no reader holds it (the shard's pin counts).
-//!   Ranges never overlap, so a writer's `&mut [u8]` never aliases a reader's `&[u8]`.
+//! `unsafe` in the engine lives here and in the two guards built on [`SegmentRange`] (`shard::reads::DramPin`
+//! and `shard::put::PutReservation`), besides the system calls of `sys.rs` and the server's `TCP_INFO`
+//! read. Soundness rests on rules the DRAM tier and the shard keep:
+//! - ranges the allocator gives out never overlap;
+//! - a range is written only while it is *unpublished* (allocated, not yet in the index), through the one
+//!   reservation that allocated it, and never where a reader may be looking (a progressive put's readers
+//!   see only the prefix that arrived, and the reservation refuses to hand that prefix out again);
+//! - a published range is only read, and is freed only when no reader holds it (the DRAM tier's pins);
+//! - the mapping outlives every guard: each holds the DRAM tier, which owns the segment.
+//!
+//! Borrowed reads ([`Segment::bytes`]) are tied to a borrow of the segment; what must outlive a borrow (a
+//! pin held across a socket send, a reservation filled across reads of the socket) holds a
+//! [`SegmentRange`], whose slices are `unsafe` to take, with the contract stated there.
 //!
 //! Everything runs on the shard's executor thread: the segment is neither `Send` nor `Sync`.
 
@@ -79,26 +86,84 @@ impl Segment {
         }
     }
 
-    /// The bytes of a published range, for reading.
-    ///
-    /// The returned slice's lifetime is not tied to a borrow of the segment, because readers hold it across
-    /// awaits (a socket send); the caller holds a pin on the range for as long as it keeps the slice.
-    #[allow(unsafe_code)]
-    pub fn bytes<'a>(&self, offset: u64, len: usize) -> &'a [u8] {
+    /// The bytes of `[offset, offset + len)`, for reading while the segment is borrowed. Sound under the
+    /// module's rules: no `&mut` into a range exists where a reader looks.
+    pub fn bytes(&self, offset: u64, len: usize) -> &[u8] {
         let offset = self.check(offset, len);
-        // SAFETY: in bounds (checked); the mapping lives as long as the shard, which outlives every
-        // connection task holding a pin (the shard is dropped after its tasks); the range is not written
-        // while published (module rules).
-        unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(offset), len) }
+        // SAFETY: in bounds (checked); the mapping lives as long as `self`; by the module's rules no
+        // mutable slice covers these bytes while they are read.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::slice::from_raw_parts(self.base.as_ptr().add(offset), len)
+        }
     }
 
-    /// The bytes of an unpublished range, for filling.
-    #[allow(unsafe_code, clippy::mut_from_ref)]
-    pub fn bytes_mut<'a>(&self, offset: u64, len: usize) -> &'a mut [u8] {
+    /// The bytes of `[offset, offset + len)` of a range just allocated, for filling while the segment is
+    /// borrowed mutably (nothing else can look at a range nobody has been given yet).
+    pub fn bytes_mut(&mut self, offset: u64, len: usize) -> &mut [u8] {
         let offset = self.check(offset, len);
-        // SAFETY: in bounds; the allocator gave this range to exactly one put, which is the only holder of
-        // a reference into it until it publishes the range (module rules), so this does not alias.
-        unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr().add(offset), len) }
+        // SAFETY: in bounds; `&mut self` excludes every borrowed read; guards only cover ranges handed out
+        // before, which the caller's fresh range does not overlap (module rules).
+        #[allow(unsafe_code)]
+        unsafe {
+            std::slice::from_raw_parts_mut(self.base.as_ptr().add(offset), len)
+        }
+    }
+
+    /// A handle on `[offset, offset + len)` that outlives a borrow of the segment (see [`SegmentRange`]).
+    pub fn range(&self, offset: u64, len: usize) -> SegmentRange {
+        let offset = self.check(offset, len);
+        SegmentRange { start: self.base.as_ptr().wrapping_add(offset), len }
+    }
+}
+
+/// A range of a segment held by a guard that outlives a borrow of the segment: a reader's pin, a put's
+/// reservation. It is a pointer and a length; taking a slice of it is `unsafe`, with the contract below.
+#[derive(Clone, Copy, Debug)]
+pub struct SegmentRange {
+    start: *mut u8,
+    len: usize,
+}
+
+impl SegmentRange {
+    /// Bytes in the range.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the range is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// `[at, at + len)` of the range, as a shorter range (panics past its end).
+    pub fn sub(&self, at: usize, len: usize) -> SegmentRange {
+        assert!(at.checked_add(len).is_some_and(|end| end <= self.len), "range {at}+{len} past {}", self.len);
+        SegmentRange { start: self.start.wrapping_add(at), len }
+    }
+
+    /// The range's bytes, for reading.
+    ///
+    /// # Safety
+    /// For as long as the slice lives: the segment is still mapped (the caller holds the DRAM tier), the
+    /// range is not freed or reused (it is pinned, or reserved by the caller), and no mutable slice covers
+    /// any of its bytes.
+    #[allow(unsafe_code)]
+    pub unsafe fn as_slice<'a>(&self) -> &'a [u8] {
+        // SAFETY: in bounds of the mapping (made by `Segment::range` and `sub`, both checked); the rest is the
+        // caller's contract.
+        unsafe { std::slice::from_raw_parts(self.start, self.len) }
+    }
+
+    /// The range's bytes, for filling.
+    ///
+    /// # Safety
+    /// For as long as the slice lives: the segment is still mapped, the range is reserved for the caller
+    /// alone, and no other slice (shared or mutable) covers any of its bytes.
+    #[allow(unsafe_code, clippy::mut_from_ref)]
+    pub unsafe fn as_mut_slice<'a>(&self) -> &'a mut [u8] {
+        // SAFETY: in bounds of the mapping; the rest is the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.start, self.len) }
     }
 }
 
@@ -137,11 +202,23 @@ mod tests {
 
     #[test]
     fn ranges_read_back_what_was_written() {
-        let segment = Segment::map(4 << 20, true).expect("map");
+        let mut segment = Segment::map(4 << 20, true).expect("map");
         assert!(segment.len() >= 4 << 20);
         segment.bytes_mut(4096, 5).copy_from_slice(b"hello");
         assert_eq!(segment.bytes(4096, 5), b"hello");
         assert_eq!(segment.bytes(0, 4), &[0, 0, 0, 0]);
+        let range = segment.range(4096, 5);
+        // SAFETY: the segment lives to the end of the test and no mutable slice covers the range.
+        #[allow(unsafe_code)]
+        let read = unsafe { range.sub(1, 3).as_slice() };
+        assert_eq!(read, b"ell");
+    }
+
+    #[test]
+    #[should_panic(expected = "past")]
+    fn a_sub_range_past_its_range_is_refused() {
+        let segment = Segment::map(2 << 20, false).expect("map");
+        let _ = segment.range(0, 8).sub(4, 8);
     }
 
     #[test]

@@ -1,5 +1,16 @@
-//! A shard: everything one core owns for its keys — the index, the DRAM tier, the region log and its
-//! device queues — and the operations on them. Runs on one glommio executor; nothing here is `Send`.
+//! A shard: everything one core owns for its keys, and the operations on them. Runs on one glommio
+//! executor; nothing here is `Send`.
+//!
+//! The core is the index, the DRAM tier and the region log over the shard's devices (`Shard`'s own
+//! fields). Each concern around it is a module of its own, with the state only it reads: the put pipeline
+//! (`put`), reads (`reads`), DRAM eviction (`eviction`), the log's writes (`durable`), reclaim (`reclaim`),
+//! recovery (`recovery`), removals (`removal`), pins (`pins`, [`PinBook`]), links and cascades (`cascade`,
+//! [`LinkState`]), progressive fills and waits (`fill`, [`Arrivals`]), tenant accounting (`usage`,
+//! [`TenantBook`]). Nothing here knows of sockets or of the other shards: the server and the forwarder sit
+//! above (`server`, `forward`), and what a shard tells its peers leaves through a channel.
+//!
+//! The shard is generic over its [`Backend`] (devices and clock), so that the seeded simulation (`sim`)
+//! runs this same code over memory namespaces that inject faults and a simulated clock.
 //!
 //! State lives in `RefCell`s that are borrowed only between awaits (never across one), so tasks of the
 //! executor interleave freely without locks. One async lock (`log_lock`, a one-permit semaphore) orders the
@@ -8,17 +19,16 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use glommio::sync::Semaphore;
-use strata_nvme::AnyDevice;
 
+use crate::backend::{Backend, Clock, Production};
 use crate::config::EngineConfig;
 use crate::dram::DramTier;
 use crate::events::EventLog;
-use crate::forward::{Cascade, CascadeKind};
 use crate::index::{Entry, FLAG_LINKED, FLAG_PINNED, Index, NONE_U32, NONE_U64};
-use crate::links::{LinkBook, NO_LINK, parent_name};
+use crate::links::{LinkCounts, NO_LINK, parent_name};
 use crate::log::RegionLog;
 use crate::metrics::{ShardMetrics, add, set};
 use crate::tenants::Tenancy;
@@ -35,15 +45,16 @@ mod recovery;
 mod removal;
 mod usage;
 
+pub use cascade::{Cascade, CascadeKind, LinkState};
 pub use durable::DurablePoint;
-pub use fill::{Fill, FillGuard};
+pub use fill::{Arrivals, Fill, FillGuard};
+pub use pins::PinBook;
 pub use put::PutReservation;
 pub use reads::{DramPin, ReadData, ReadHit};
 pub use recovery::RecoveryReport;
-pub use usage::TenantUsage;
+pub use usage::{TenantBook, TenantUsage};
 
-use fill::Arrival;
-use pins::{PinBook, is_pinned};
+use pins::is_pinned;
 use usage::Use;
 
 /// Ticks are 10 ms: leases and windows are coarse, and a `u32` of ticks lasts 497 days.
@@ -51,8 +62,8 @@ const TICK: Duration = Duration::from_millis(10);
 /// How long a read of a progressive put's bytes waits for them to arrive.
 pub const FILL_WAIT: Duration = Duration::from_secs(30);
 
-/// One shard of a node.
-pub struct Shard {
+/// One shard of a node, over backend `E` (the node's devices and wall clock unless simulated).
+pub struct Shard<E: Backend = Production> {
     /// Its id.
     pub id: u32,
     /// Shards of the node.
@@ -61,42 +72,45 @@ pub struct Shard {
     pub base_port: u16,
     /// Settings.
     pub config: Rc<EngineConfig>,
-    index: RefCell<Index>,
-    dram: RefCell<DramTier>,
-    log: RefCell<Option<RegionLog>>,
-    devices: Rc<Vec<AnyDevice>>,
-    log_lock: Rc<Semaphore>,
     /// Its counters.
     pub metrics: Arc<ShardMetrics>,
-    started: Instant,
+    clock: E::Clock,
+    index: RefCell<Index>,
+    dram: Rc<RefCell<DramTier>>,
+    log: RefCell<Option<RegionLog>>,
+    devices: Rc<Vec<E::Device>>,
+    log_lock: Rc<Semaphore>,
     poisoned: Cell<bool>,
-    /// Channels to the other shards, set once at start-up.
-    pub forwarder: std::cell::OnceCell<crate::forward::Forwarder>,
     pins: RefCell<PinBook>,
-    /// What subscribers are told (recorded only while someone subscribes).
-    pub events: Rc<RefCell<EventLog>>,
-    /// The node's threads that write event frames off the shards' cores.
-    pub event_senders: Arc<crate::event_sender::EventSenders>,
-    /// The node's tenants.
-    pub tenancy: Tenancy,
-    usage: RefCell<std::collections::HashMap<u32, TenantUsage>>,
-    links: RefCell<LinkBook>,
-    /// Departures whose children and group members have yet to leave (here and on the peers).
-    cascades: RefCell<std::collections::VecDeque<(Cascade, bool)>>,
-    cascading: Cell<bool>,
-    me: std::rc::Weak<Shard>,
-    /// Progressive puts receiving their parts, by key: readable as far as they arrived.
-    filling: RefCell<std::collections::HashMap<Vec<u8>, Rc<Fill>>>,
-    /// Hard-pinned members of each group, here (group hash → count).
-    hard_pinned_groups: RefCell<std::collections::HashMap<u64, u32>>,
-    /// Groups with a hard-pinned member on a peer (group hash → peers that said so): their members here
-    /// are not evicted either, so the group stays whole.
-    hard_pinned_elsewhere: RefCell<std::collections::HashMap<u64, u32>>,
-    /// Readers waiting for keys not stored yet (reads with `ITEM_WAIT`), by key; woken when a put of the key
-    /// commits or a progressive put of it starts.
-    awaited: RefCell<std::collections::HashMap<Vec<u8>, Rc<Arrival>>>,
-    /// The open client connections, for the stall sweeper (`server::sweep_stalled_connections`).
-    pub connection_watches: RefCell<Vec<std::rc::Weak<crate::server::ConnectionWatch>>>,
+    links: LinkState,
+    arrivals: Rc<Arrivals>,
+    tenants: TenantBook,
+    events: Rc<RefCell<EventLog>>,
+    me: std::rc::Weak<Self>,
+}
+
+/// What a shard is built from.
+pub struct ShardParts<E: Backend> {
+    /// Its id.
+    pub id: u32,
+    /// Shards of the node.
+    pub shard_count: u32,
+    /// Port of shard 0 (what HELLO tells clients).
+    pub base_port: u16,
+    /// Settings (validated: `EngineConfig::validate`).
+    pub config: Rc<EngineConfig>,
+    /// Its DRAM tier.
+    pub dram: DramTier,
+    /// Its own handles on the tier's namespaces (none: DRAM only).
+    pub devices: Vec<E::Device>,
+    /// Its share of the tier's regions (none: DRAM only).
+    pub log: Option<RegionLog>,
+    /// Its clock.
+    pub clock: E::Clock,
+    /// Its counters.
+    pub metrics: Arc<ShardMetrics>,
+    /// Every shard's count of linked objects, shared by the node's shards.
+    pub link_counts: Arc<LinkCounts>,
 }
 
 /// One stage of [`Shard::prefetch`], in the order an operation needs them.
@@ -116,11 +130,11 @@ fn object_bytes(entry: &Entry) -> u64 {
     u64::from(entry.key_len) + u64::from(entry.value_len)
 }
 
-impl Shard {
+impl<E: Backend> Shard<E> {
     /// Starts loading one more of the lines that an operation on the key whose hash is `hash` will touch
-    /// (`server::prefetch_next_puts`, `server::handle_get`). Each stage reads only lines that the stage
-    /// before asked for, an item earlier: the table slot, the entry it names, the DRAM slot's bookkeeping,
-    /// the object's first bytes in the segment (its key, compared on every read).
+    /// (the server's put and get paths). Each stage reads only lines that the stage before asked for, an
+    /// item earlier: the table slot, the entry it names, the DRAM slot's bookkeeping, the object's first
+    /// bytes in the segment (its key, compared on every read).
     pub fn prefetch(&self, hash: u64, stage: Prefetch) {
         let index = self.index.borrow();
         match stage {
@@ -136,19 +150,9 @@ impl Shard {
         }
     }
 
-    /// A shard over `devices` (its own handles on the node's namespaces) and its log state (none: DRAM only).
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        id: u32,
-        shard_count: u32,
-        base_port: u16,
-        config: Rc<EngineConfig>,
-        dram: DramTier,
-        devices: Rc<Vec<AnyDevice>>,
-        log: Option<RegionLog>,
-        metrics: Arc<ShardMetrics>,
-        event_senders: Arc<crate::event_sender::EventSenders>,
-    ) -> Rc<Self> {
+    /// A shard built from `parts`; it serves nothing until [`Shard::recover`] has run.
+    pub fn new(parts: ShardParts<E>) -> Rc<Self> {
+        let ShardParts { id, shard_count, base_port, config, dram, devices, log, clock, metrics, link_counts } = parts;
         set(&metrics.dram_capacity_bytes, dram.capacity_bytes());
         let pin_limit = (dram.capacity_bytes() as f64 * config.max_pinned_share) as u64;
         let events = Rc::new(RefCell::new(EventLog::new(config.event_log_bytes)));
@@ -163,30 +167,36 @@ impl Shard {
             shard_count,
             base_port,
             config,
-            index: RefCell::new(Index::new()),
-            dram: RefCell::new(dram),
-            log: RefCell::new(log),
-            devices,
-            log_lock: Rc::new(Semaphore::new(1)),
             metrics,
-            started: Instant::now(),
+            clock,
+            index: RefCell::new(Index::new()),
+            dram: Rc::new(RefCell::new(dram)),
+            log: RefCell::new(log),
+            devices: Rc::new(devices),
+            log_lock: Rc::new(Semaphore::new(1)),
             poisoned: Cell::new(false),
-            forwarder: std::cell::OnceCell::new(),
             pins: RefCell::new(PinBook { limit: pin_limit, ..PinBook::default() }),
+            links: LinkState::new(link_counts),
+            arrivals: Rc::new(Arrivals::default()),
+            tenants: TenantBook::new(tenancy),
             events,
-            event_senders,
-            tenancy,
-            connection_watches: RefCell::new(Vec::new()),
-            awaited: RefCell::new(std::collections::HashMap::new()),
-            hard_pinned_groups: RefCell::new(std::collections::HashMap::new()),
-            hard_pinned_elsewhere: RefCell::new(std::collections::HashMap::new()),
-            usage: RefCell::new(std::collections::HashMap::new()),
-            links: RefCell::new(LinkBook::default()),
-            cascades: RefCell::new(std::collections::VecDeque::new()),
-            cascading: Cell::new(false),
             me: me.clone(),
-            filling: RefCell::new(std::collections::HashMap::new()),
         })
+    }
+
+    /// The node's tenants, as this shard scopes and accounts them.
+    pub fn tenancy(&self) -> &Tenancy {
+        &self.tenants.tenancy
+    }
+
+    /// What subscribers are told (recorded only while someone subscribes).
+    pub fn events(&self) -> &Rc<RefCell<EventLog>> {
+        &self.events
+    }
+
+    /// The shard's clock.
+    pub fn clock(&self) -> &E::Clock {
+        &self.clock
     }
 
     /// Drops entry `id` (whose key is `key`, when known) from the index, from the pin book if it was
@@ -204,7 +214,7 @@ impl Shard {
             self.account(key, Use::Nvme, object_bytes(&entry), false);
         }
         let group = if entry.flags & FLAG_LINKED != 0 {
-            let links = self.links.borrow_mut().unlink(id);
+            let links = self.links.book.borrow_mut().unlink(id);
             self.publish_links();
             links.map_or(NO_LINK, |links| links.group)
         } else {
@@ -215,8 +225,10 @@ impl Shard {
         }
         // Only a serving shard cascades: during recovery a tombstone replays a removal whose cascade was
         // logged too, and a later record may legitimately name the removed parent again.
-        let Some(forwarder) = self.forwarder.get() else { return entry };
-        if !self.links.borrow().is_empty() || forwarder.peers_hold_links() {
+        if !self.links.serving() {
+            return entry;
+        }
+        if !self.links.book.borrow().is_empty() || self.links.peers_hold_links(self.id) {
             // Any object may be somebody's parent; only a node that links nothing skips this.
             self.queue_cascade(Cascade { name: parent_name(entry.hash), kind: CascadeKind::Parent }, true);
             if group != NO_LINK {
@@ -227,7 +239,7 @@ impl Shard {
     }
 
     fn now_tick(&self) -> u32 {
-        (self.started.elapsed().as_millis() / TICK.as_millis()) as u32 + 1
+        (self.clock.now().as_millis() / TICK.as_millis()) as u32 + 1
     }
 
     fn ticks(duration: Duration) -> u32 {
@@ -263,12 +275,12 @@ impl Shard {
         if let Some(log) = self.log.borrow().as_ref() {
             set(&self.metrics.nvme_regions_used, log.used_regions() as u64);
         }
-        if self.tenancy.is_tenanted() {
+        if self.tenants.tenancy.is_tenanted() {
             // The metrics thread reads this copy; if it holds it right now, the next update publishes.
             if let Ok(mut published) = self.metrics.tenants.try_lock() {
                 published.clear();
-                for (&tenant, usage) in self.usage.borrow().iter() {
-                    let name = self.tenancy.name_of(tenant).unwrap_or("unknown");
+                for (&tenant, usage) in self.tenants.usage.borrow().iter() {
+                    let name = self.tenants.tenancy.name_of(tenant).unwrap_or("unknown");
                     published.push(crate::metrics::TenantGauge {
                         tenant: name.to_string(),
                         dram_bytes: usage.dram,
@@ -287,6 +299,4 @@ impl Shard {
         add(&self.metrics.io_errors, 1);
         set(&self.metrics.nvme_poisoned, 1);
     }
-
-    // ---- puts ----------------------------------------------------------------------------------------
 }

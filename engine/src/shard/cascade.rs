@@ -1,18 +1,102 @@
-//! Links between objects: parents, children and groups, and the cascades that make a departure take its children and group members with it, here and on the peers.
+//! Links between objects: parents, children and groups, and the cascades that make a departure take its
+//! children and group members with it, here and on the peers.
+//!
+//! What the peers must hear (departures, and groups that gained or lost a hard-pinned member here) leaves
+//! through a channel that the node's forwarder drains; what they send arrives through
+//! [`Shard::accept_cascades`]. The shard itself knows nothing of how shards reach each other.
 
+use std::cell::{Cell, OnceCell, RefCell};
+use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
+use std::sync::Arc;
 
+use glommio::channels::local_channel::LocalSender;
 use strata_proto::RemovalReason;
 
 use super::Shard;
-use crate::forward::{Cascade, CascadeKind};
+use crate::backend::Backend;
 use crate::index::{Entry, FLAG_LINKED, FLAG_PINNED, FLAG_SOFT_PINNED, Index};
-use crate::links::{NO_LINK, ObjectLinks};
+use crate::links::{LinkBook, LinkCounts, NO_LINK, ObjectLinks};
 use crate::metrics::add;
+
+/// What a cascade names: a parent (its children leave) or a group (its members leave); or a change of
+/// whether the sender holds a hard-pinned member of a group (which keeps the group on every shard).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CascadeKind {
+    /// Objects naming this parent.
+    Parent,
+    /// Members of this group.
+    Group,
+    /// The sender now holds a hard-pinned member of this group (it held none).
+    GroupPinned,
+    /// The sender no longer holds a hard-pinned member of this group.
+    GroupUnpinned,
+}
+
+impl CascadeKind {
+    /// Whether it tells of a pin rather than a departure: every peer needs it, linked objects or not (a
+    /// member of the group may arrive there later).
+    pub fn is_pin_change(self) -> bool {
+        matches!(self, CascadeKind::GroupPinned | CascadeKind::GroupUnpinned)
+    }
+}
+
+/// "The object or group named `name` left this node": what shards tell each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cascade {
+    /// The hash naming it (`links::link_hash`).
+    pub name: u64,
+    /// Parent or group.
+    pub kind: CascadeKind,
+}
+
+/// A shard's links and the cascades under way.
+pub struct LinkState {
+    /// Which objects name which parent and group.
+    pub(super) book: RefCell<LinkBook>,
+    /// Departures whose children and group members have yet to leave (here and on the peers), each with
+    /// whether the peers must be told.
+    queue: RefCell<VecDeque<(Cascade, bool)>>,
+    /// The cascade task is running.
+    cascading: Cell<bool>,
+    /// Hard-pinned members of each group, here (group hash → count).
+    hard_pinned_here: RefCell<HashMap<u64, u32>>,
+    /// Groups with a hard-pinned member on a peer (group hash → peers that said so): their members here
+    /// are not evicted either, so the group stays whole.
+    hard_pinned_elsewhere: RefCell<HashMap<u64, u32>>,
+    /// Every shard's count of linked objects (this one's is published at every change).
+    counts: Arc<LinkCounts>,
+    /// Where batches for the peers go, once the shard serves (set by [`Shard::start_serving`]).
+    to_peers: OnceCell<LocalSender<Vec<Cascade>>>,
+}
+
+impl LinkState {
+    pub(super) fn new(counts: Arc<LinkCounts>) -> Self {
+        Self {
+            book: RefCell::new(LinkBook::default()),
+            queue: RefCell::new(VecDeque::new()),
+            cascading: Cell::new(false),
+            hard_pinned_here: RefCell::new(HashMap::new()),
+            hard_pinned_elsewhere: RefCell::new(HashMap::new()),
+            counts,
+            to_peers: OnceCell::new(),
+        }
+    }
+
+    /// Whether the shard serves (recovery is over): only then do departures cascade.
+    pub(super) fn serving(&self) -> bool {
+        self.to_peers.get().is_some()
+    }
+
+    /// Whether any shard but `me` holds linked objects.
+    pub(super) fn peers_hold_links(&self, me: u32) -> bool {
+        self.counts.any_but(me)
+    }
+}
 
 /// Counts `key` up or down in `counts`, where a key at zero is absent (a count never goes below zero);
 /// returns whether the key went from zero to one or from one to zero.
-pub(super) fn count_up_or_down(counts: &mut std::collections::HashMap<u64, u32>, key: u64, up: bool) -> bool {
+pub(super) fn count_up_or_down(counts: &mut HashMap<u64, u32>, key: u64, up: bool) -> bool {
     let count = counts.entry(key).or_default();
     let before = *count;
     *count = if up { before + 1 } else { before.saturating_sub(1) };
@@ -23,19 +107,26 @@ pub(super) fn count_up_or_down(counts: &mut std::collections::HashMap<u64, u32>,
     (before == 0) != (after == 0)
 }
 
-impl Shard {
+impl<E: Backend> Shard<E> {
+    /// Ends start-up: from now on departures cascade, and what the peers must hear is sent on `to_peers`
+    /// (which the node's forwarder drains). Tells the peers of the links and hard-pinned groups that
+    /// recovery restored.
+    pub fn start_serving(&self, to_peers: LocalSender<Vec<Cascade>>) {
+        let _ = self.links.to_peers.set(to_peers);
+        self.publish_links();
+        self.announce_hard_pinned_groups();
+    }
+
     /// Tells the peers how many linked objects this shard holds (after recovery, and at every change).
     pub(crate) fn publish_links(&self) {
-        if let Some(forwarder) = self.forwarder.get() {
-            forwarder.publish_links(self.id, self.links.borrow().len());
-        }
+        self.links.counts.publish(self.id, self.links.book.borrow().len());
     }
 
     /// Queues a departure for the cascade task (started if idle); `tell_peers`: also send it to the peers
     /// holding links (not for one a peer sent: it told every peer itself).
     pub(super) fn queue_cascade(&self, cascade: Cascade, tell_peers: bool) {
-        self.cascades.borrow_mut().push_back((cascade, tell_peers));
-        if !self.cascading.replace(true)
+        self.links.queue.borrow_mut().push_back((cascade, tell_peers));
+        if !self.links.cascading.replace(true)
             && let Some(shard) = self.me.upgrade()
         {
             // glommio may start polling a spawned task at once, and the caller holds the index: the task
@@ -50,14 +141,14 @@ impl Shard {
 
     /// Departures (and hard pins of group members) announced by a peer.
     pub fn accept_cascades(&self, batch: &[Cascade]) {
-        let has_links = !self.links.borrow().is_empty();
+        let has_links = !self.links.book.borrow().is_empty();
         for &cascade in batch {
             match cascade.kind {
                 CascadeKind::GroupPinned => {
-                    count_up_or_down(&mut self.hard_pinned_elsewhere.borrow_mut(), cascade.name, true);
+                    count_up_or_down(&mut self.links.hard_pinned_elsewhere.borrow_mut(), cascade.name, true);
                 }
                 CascadeKind::GroupUnpinned => {
-                    count_up_or_down(&mut self.hard_pinned_elsewhere.borrow_mut(), cascade.name, false);
+                    count_up_or_down(&mut self.links.hard_pinned_elsewhere.borrow_mut(), cascade.name, false);
                 }
                 CascadeKind::Parent | CascadeKind::Group if has_links => self.queue_cascade(cascade, false),
                 CascadeKind::Parent | CascadeKind::Group => {}
@@ -68,9 +159,9 @@ impl Shard {
     /// A hard-pinned member of `group` arrived here (`pinned`) or left: the peers hear when the shard starts
     /// or stops holding one, so that none of them evicts a member of a group pinned here.
     pub(super) fn hard_pin_group(&self, group: u64, pinned: bool) {
-        let changed = count_up_or_down(&mut self.hard_pinned_groups.borrow_mut(), group, pinned);
+        let changed = count_up_or_down(&mut self.links.hard_pinned_here.borrow_mut(), group, pinned);
         // Before serving (recovery) the peers are told once, by `announce_hard_pinned_groups`.
-        if changed && self.forwarder.get().is_some() {
+        if changed && self.links.serving() {
             let kind = if pinned { CascadeKind::GroupPinned } else { CascadeKind::GroupUnpinned };
             self.queue_cascade(Cascade { name: group, kind }, true);
         }
@@ -78,9 +169,9 @@ impl Shard {
 
     /// After recovery: counts the restored hard-pinned members of each group and tells the peers of the
     /// groups pinned here.
-    pub(crate) fn announce_hard_pinned_groups(&self) {
-        let counts: std::collections::HashMap<u64, u32> = {
-            let book = self.links.borrow();
+    fn announce_hard_pinned_groups(&self) {
+        let counts: HashMap<u64, u32> = {
+            let book = self.links.book.borrow();
             let index = self.index.borrow();
             book.groups()
                 .into_iter()
@@ -95,7 +186,7 @@ impl Shard {
         for &group in counts.keys() {
             self.queue_cascade(Cascade { name: group, kind: CascadeKind::GroupPinned }, true);
         }
-        *self.hard_pinned_groups.borrow_mut() = counts;
+        *self.links.hard_pinned_here.borrow_mut() = counts;
     }
 
     /// The cascade task: for each queued departure, removes this shard's objects that name it (children of
@@ -104,18 +195,15 @@ impl Shard {
     pub(super) async fn cascade(self: Rc<Self>) {
         let mut for_peers = Vec::new();
         loop {
-            let next = self.cascades.borrow_mut().pop_front();
+            let next = self.links.queue.borrow_mut().pop_front();
             let Some((cascade, tell_peers)) = next else {
                 if !for_peers.is_empty() {
-                    if let Some(forwarder) = self.forwarder.get() {
-                        forwarder.send_cascades(&for_peers).await;
-                    }
-                    for_peers.clear();
+                    self.send_to_peers(std::mem::take(&mut for_peers)).await;
                     // Sending awaited: departures may have been queued meanwhile.
                     continue;
                 }
                 // No await since the queue was found empty, so nothing was queued in between.
-                self.cascading.set(false);
+                self.links.cascading.set(false);
                 return;
             };
             if tell_peers {
@@ -126,7 +214,7 @@ impl Shard {
                 continue;
             }
             let ids = {
-                let links = self.links.borrow();
+                let links = self.links.book.borrow();
                 match cascade.kind {
                     CascadeKind::Parent => links.children_of(cascade.name),
                     _ => links.members_of(cascade.name),
@@ -148,25 +236,29 @@ impl Shard {
                 }
                 if cascade.kind == CascadeKind::Group {
                     // Its group is leaving already: its own departure need not announce the group again.
-                    self.links.borrow_mut().unlink(id);
+                    self.links.book.borrow_mut().unlink(id);
                     self.publish_links();
                 }
                 if self.remove_as(&key, RemovalReason::Cascaded).await.is_ok() {
                     add(&self.metrics.cascade_removals, 1);
                 }
             }
-            if for_peers.len() >= 256
-                && let Some(forwarder) = self.forwarder.get()
-            {
-                forwarder.send_cascades(&for_peers).await;
-                for_peers.clear();
+            if for_peers.len() >= 256 {
+                self.send_to_peers(std::mem::take(&mut for_peers)).await;
             }
+        }
+    }
+
+    /// Hands a batch to the forwarder; a shard that is not serving (or whose node stops) drops it.
+    async fn send_to_peers(&self, batch: Vec<Cascade>) {
+        if let Some(to_peers) = self.links.to_peers.get() {
+            let _ = to_peers.send(batch).await;
         }
     }
 
     /// Entry `id`, if it is linked and its links satisfy `names_it`.
     pub(super) fn linked_entry(&self, id: u32, names_it: impl Fn(ObjectLinks) -> bool) -> Option<Entry> {
-        let links = self.links.borrow().of(id)?;
+        let links = self.links.book.borrow().of(id)?;
         if !names_it(links) {
             return None;
         }
@@ -182,13 +274,13 @@ impl Shard {
             return false;
         }
         let (group, members) = {
-            let book = self.links.borrow();
+            let book = self.links.book.borrow();
             match book.of(id) {
                 Some(links) if links.group != NO_LINK => (links.group, book.members_of(links.group)),
                 _ => return false,
             }
         };
-        if self.hard_pinned_elsewhere.borrow().contains_key(&group) {
+        if self.links.hard_pinned_elsewhere.borrow().contains_key(&group) {
             // A peer holds a hard-pinned member: this one leaving would take the group apart.
             return true;
         }

@@ -8,6 +8,7 @@ use strata_proto::Status;
 use super::reads::record_value_offset;
 use super::usage::Use;
 use super::{Shard, object_bytes};
+use crate::backend::Backend;
 use crate::index::{Entry, FLAG_DIRTY, FLAG_LINKED, FLAG_PINNED, FLAG_RECORD_LINKED, NONE_U32};
 use crate::log::{RegionLog, RegionState, split_location, write_partial, write_region, written_len};
 use crate::metrics::add;
@@ -37,7 +38,7 @@ pub(super) fn point_after(log: &RegionLog, at: u64, len: usize) -> DurablePoint 
     DurablePoint { region, seq: log.regions[region as usize].seq, end: offset as usize + len }
 }
 
-impl Shard {
+impl<E: Backend> Shard<E> {
     /// Where the record of `entry` at location `at` ends: what a sync must cover to make it durable.
     pub(super) fn durable_point(&self, at: u64, entry: &Entry) -> Result<DurablePoint, Status> {
         let log = self.log.borrow();
@@ -100,7 +101,7 @@ impl Shard {
                 let Some(log) = log.as_mut() else { return Err(Status::Invalid) };
                 // Links survive a restart: the record carries them after the key.
                 let links = (entry.flags & FLAG_LINKED != 0)
-                    .then(|| self.links.borrow().of(id))
+                    .then(|| self.links.book.borrow().of(id))
                     .flatten()
                     .map(|links| RecordHeader::encode_links(links.parent, links.group));
                 let header = RecordHeader {
@@ -119,7 +120,7 @@ impl Shard {
                 }
                 let dram = self.dram.borrow();
                 let key_len = usize::from(entry.key_len);
-                let bytes = dram.segment().bytes(dram.offset(entry.dram), key_len + entry.value_len as usize);
+                let bytes = dram.bytes(entry.dram, 0, key_len + entry.value_len as usize);
                 let (usage, quotas) = self.usage_of(&bytes[..key_len]);
                 if quotas.nvme.is_some_and(|quota| usage.nvme + object_bytes(&entry) > quota) {
                     // Over the tenant's NVMe quota: the object stays in DRAM only (and is dropped when

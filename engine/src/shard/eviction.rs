@@ -6,11 +6,12 @@ use strata_proto::{RemovalReason, Tier};
 
 use super::usage::Use;
 use super::{Shard, object_bytes};
+use crate::backend::Backend;
 use crate::index::{FLAG_DIRTY, FLAG_PINNED, FLAG_REFERENCED, NONE_U32, NONE_U64};
 use crate::metrics::add;
 use crate::tenants::tenant_of;
 
-impl Shard {
+impl<E: Backend> Shard<E> {
     /// Evicts from DRAM (CLOCK, sparing pinned, leased and recently referenced objects) when allocating
     /// `need` bytes would pass the high watermark, down to the low one. Dirty objects are written to the
     /// log first. `hard`: also when under the high watermark (the allocator found no piece that fits).
@@ -33,10 +34,10 @@ impl Shard {
     /// Evicts `tenant`'s own objects from DRAM until it has `need` bytes fewer there (a put over its DRAM
     /// quota makes room among its own objects, never another tenant's).
     pub(super) async fn make_tenant_room(self: &Rc<Self>, tenant: u32, need: u64) {
-        let start = self.usage.borrow().get(&tenant).map_or(0, |usage| usage.dram);
+        let start = self.tenants.usage.borrow().get(&tenant).map_or(0, |usage| usage.dram);
         let target = start.saturating_sub(need);
         self.evict_dram(Some(tenant), move |shard| {
-            shard.usage.borrow().get(&tenant).map_or(0, |usage| usage.dram) > target
+            shard.tenants.usage.borrow().get(&tenant).map_or(0, |usage| usage.dram) > target
         })
         .await;
     }
@@ -63,8 +64,8 @@ impl Shard {
             let pinned = {
                 let mut index = self.index.borrow_mut();
                 let dram = self.dram.borrow();
-                let key = dram.segment().bytes(dram.offset(slot), usize::from(entry.key_len));
-                if only_tenant.is_some_and(|tenant| tenant_of(key, self.tenancy.is_tenanted()) != tenant) {
+                let key = dram.bytes(slot, 0, usize::from(entry.key_len));
+                if only_tenant.is_some_and(|tenant| tenant_of(key, self.tenants.tenancy.is_tenanted()) != tenant) {
                     // Another tenant's object: not this eviction's to take.
                     drop(dram);
                     self.dram.borrow_mut().requeue(slot);
@@ -96,7 +97,7 @@ impl Shard {
                 dram.requeue(slot);
                 continue;
             }
-            let key = dram.segment().bytes(dram.offset(slot), usize::from(current.key_len)).to_vec();
+            let key = dram.bytes(slot, 0, usize::from(current.key_len)).to_vec();
             {
                 let mut events = self.events.borrow_mut();
                 if current.nvme == NONE_U64 {

@@ -1,6 +1,7 @@
 //! Progressive puts readable while their parts arrive, and reads that wait for a key still being put.
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -8,13 +9,38 @@ use strata_proto::Status;
 
 use super::reads::{DramPin, ReadData, ReadHit};
 use super::{FILL_WAIT, Shard};
+use crate::backend::{Backend, Clock};
 use crate::metrics::add;
+use crate::segment::SegmentRange;
+
+/// What is on its way: progressive puts receiving their parts, readable as far as they arrived, and readers
+/// waiting for keys not stored yet (reads with `ITEM_WAIT`), both by key.
+#[derive(Default)]
+pub struct Arrivals {
+    pub(super) filling: RefCell<HashMap<Vec<u8>, Rc<Fill>>>,
+    awaited: RefCell<HashMap<Vec<u8>, Rc<Arrival>>>,
+}
+
+impl Arrivals {
+    /// Wakes the readers waiting for `key` (a put of it committed, or a progressive put of it started).
+    pub(super) fn key_arrived(&self, key: &[u8]) {
+        if self.awaited.borrow().is_empty() {
+            return;
+        }
+        let Some(arrival) = self.awaited.borrow_mut().remove(key) else { return };
+        arrival.arrived.set(true);
+        for waker in arrival.wakers.take() {
+            waker.wake();
+        }
+    }
+}
 
 /// A progressive put's object while its parts arrive: its DRAM reservation, how much of its value is in
 /// (and checked against its part's crc), and the readers waiting for more.
 pub struct Fill {
     pub(super) slot: u32,
-    pub(super) value_offset: u64,
+    /// The value's bytes in the reservation.
+    pub(super) value: SegmentRange,
     pub(super) value_len: u32,
     pub(super) filled: Cell<u32>,
     pub(super) open: Cell<bool>,
@@ -51,7 +77,7 @@ pub(super) struct Arrival {
 /// The receiving end of a progressive put: says how far the value arrived, and takes the object out of the
 /// filling table when dropped (the put committed, failed, or its connection went away).
 pub struct FillGuard {
-    pub(super) shard: Rc<Shard>,
+    pub(super) arrivals: Rc<Arrivals>,
     pub(super) key: Vec<u8>,
     pub(super) fill: Rc<Fill>,
 }
@@ -66,7 +92,7 @@ impl FillGuard {
 
 impl Drop for FillGuard {
     fn drop(&mut self) {
-        let mut filling = self.shard.filling.borrow_mut();
+        let mut filling = self.arrivals.filling.borrow_mut();
         if filling.get(&self.key).is_some_and(|fill| Rc::ptr_eq(fill, &self.fill)) {
             filling.remove(&self.key);
         }
@@ -75,22 +101,11 @@ impl Drop for FillGuard {
     }
 }
 
-impl Shard {
-    /// Wakes the readers waiting for `key` (a put of it committed, or a progressive put of it started).
-    pub(super) fn key_arrived(&self, key: &[u8]) {
-        if self.awaited.borrow().is_empty() {
-            return;
-        }
-        let Some(arrival) = self.awaited.borrow_mut().remove(key) else { return };
-        arrival.arrived.set(true);
-        for waker in arrival.wakers.take() {
-            waker.wake();
-        }
-    }
-
+impl<E: Backend> Shard<E> {
     /// Waits up to `wait` for `key` to arrive; whether it did.
     pub(super) async fn wait_for_arrival(&self, key: &[u8], wait: Duration) -> bool {
-        let arrival = Rc::clone(self.awaited.borrow_mut().entry(key.to_vec()).or_default());
+        let awaited = &self.arrivals.awaited;
+        let arrival = Rc::clone(awaited.borrow_mut().entry(key.to_vec()).or_default());
         let arrived = futures_lite::future::or(
             std::future::poll_fn(|context| {
                 if arrival.arrived.get() {
@@ -101,14 +116,14 @@ impl Shard {
                 }
             }),
             async {
-                glommio::timer::sleep(wait).await;
+                self.clock.sleep(wait).await;
                 false
             },
         )
         .await;
         if !arrived {
             // The last reader to give up takes the entry out, so waits that end leave nothing behind.
-            let mut awaited = self.awaited.borrow_mut();
+            let mut awaited = awaited.borrow_mut();
             if awaited.get(key).is_some_and(|entry| Rc::ptr_eq(entry, &arrival) && Rc::strong_count(&arrival) == 2) {
                 awaited.remove(key);
             }
@@ -135,7 +150,7 @@ impl Shard {
                 true
             },
             async {
-                glommio::timer::sleep(FILL_WAIT).await;
+                self.clock.sleep(FILL_WAIT).await;
                 false
             },
         )
@@ -146,13 +161,10 @@ impl Shard {
         if !fill.open.get() || fill.filled.get() < need {
             return Ok(None);
         }
-        let mut dram = self.dram.borrow_mut();
-        dram.pin(fill.slot);
-        let data_offset = fill.value_offset + u64::from(offset);
-        let data_crc = crc32c::crc32c(dram.segment().bytes(data_offset, len as usize));
+        let pin = DramPin::new(&self.dram, fill.slot, fill.value.sub(offset as usize, len as usize));
+        let data_crc = crc32c::crc32c(pin.bytes());
         add(&self.metrics.dram_hits, 1);
         add(&self.metrics.bytes_out, u64::from(len));
-        let pin = DramPin { shard: Rc::clone(self), slot: fill.slot };
-        Ok(Some(ReadHit { data: ReadData::Dram(pin, data_offset, len as usize), data_crc, object_len: fill.value_len }))
+        Ok(Some(ReadHit { data: ReadData::Dram(pin), data_crc, object_len: fill.value_len }))
     }
 }

@@ -2,6 +2,7 @@
 
 use super::usage::Use;
 use super::{Shard, object_bytes};
+use crate::backend::Backend;
 use crate::index::{Entry, FLAG_PINNED, FLAG_SOFT_PINNED, Index};
 use crate::metrics::set;
 
@@ -9,7 +10,7 @@ use crate::metrics::set;
 /// soft pins' expiry ticks live here, because only a few objects are pinned and the entry has no room to
 /// spare for them (see the index's budget).
 #[derive(Default)]
-pub(super) struct PinBook {
+pub struct PinBook {
     /// Entry hash → tick at which the soft pin lapses.
     pub(super) soft_expiry: std::collections::HashMap<u64, u32>,
     /// Bytes (key + value) of pinned objects, hard and soft.
@@ -22,7 +23,7 @@ pub(super) fn is_pinned(entry: &Entry) -> bool {
     entry.flags & (FLAG_PINNED | FLAG_SOFT_PINNED) != 0
 }
 
-impl Shard {
+impl<E: Backend> Shard<E> {
     pub(super) fn unpin_entry(&self, entry: &Entry, key: Option<&[u8]>) {
         if is_pinned(entry) {
             if let Some(key) = key {

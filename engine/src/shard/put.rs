@@ -7,44 +7,74 @@ use std::time::Duration;
 use strata_proto::{Links, Pin, PutOptions, Status, Tier, WritePolicy};
 
 use super::durable::DurablePoint;
-use super::fill::{Fill, FillGuard};
+use super::fill::{Arrivals, Fill, FillGuard};
 use super::pins::is_pinned;
 use super::usage::Use;
 use super::{Shard, object_bytes};
-use crate::dram::DramFull;
+use crate::backend::Backend;
+use crate::dram::{DramFull, DramTier};
 use crate::index::{
     Entry, FLAG_DIRTY, FLAG_LINKED, FLAG_PINNED, FLAG_SOFT_PINNED, Index, NONE_U32, NONE_U64, index_hash,
 };
 use crate::links::{NO_LINK, ObjectLinks, link_hash};
 use crate::metrics::{add, set};
 use crate::record::{RECORD_LINKED, RecordHeader};
+use crate::segment::SegmentRange;
 use crate::tenants::tenant_of;
 
-/// DRAM reserved for a put that is receiving its bytes; freed if dropped before [`Shard::commit_put`].
+/// DRAM reserved for a put that is receiving its bytes (`[key][value]`); freed if dropped before
+/// [`Shard::commit_put`].
 pub struct PutReservation {
-    pub(super) shard: Rc<Shard>,
+    pub(super) dram: Rc<RefCell<DramTier>>,
+    pub(super) arrivals: Rc<Arrivals>,
     pub(super) slot: Option<u32>,
-    pub(super) offset: u64,
+    /// The object's bytes: this reservation's alone until it is committed.
+    pub(super) bytes: SegmentRange,
+    /// Once readable while it fills: the fill its readers see, and where its value starts.
+    pub(super) readable: Option<(Rc<Fill>, usize)>,
 }
 
 impl PutReservation {
-    /// The bytes to fill (`[key][value]`).
-    pub fn bytes_mut(&self, len: usize) -> &mut [u8] {
-        self.shard.dram.borrow().segment().bytes_mut(self.offset, len)
+    /// Bytes reserved (key and value).
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Whether nothing is reserved.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// `len` bytes from `at` of the object (`[key][value]`), to fill. Once the object is readable while it
+    /// fills ([`PutReservation::open_for_reads`]), only bytes its readers cannot see yet are handed out:
+    /// asking for any of the value's prefix that arrived is a bug, and panics.
+    pub fn bytes_mut(&mut self, at: usize, len: usize) -> &mut [u8] {
+        if let Some((fill, value_at)) = &self.readable {
+            assert!(at >= value_at + fill.filled.get() as usize, "refilling bytes that readers may be reading");
+        }
+        let range = self.bytes.sub(at, len);
+        // SAFETY: the DRAM tier (held by `self.dram`) keeps the segment mapped; the allocator gave this range
+        // to this reservation alone and it is not published, so no reader pins it, except a progressive
+        // put's, which read only the prefix that arrived (refused above); `&mut self` makes this the only
+        // slice this reservation has handed out while it lives.
+        #[allow(unsafe_code)]
+        unsafe {
+            range.as_mut_slice()
+        }
     }
 
     /// Makes the reserved object of `key` (whose key bytes are in place) readable by GET_RANGE as its value
     /// arrives, before it is committed: readers of a key with no stored version wait for the bytes they
     /// ask for. `None` if another progressive put of the key is filling.
-    pub fn open_for_reads(&self, key: &[u8], value_len: u32) -> Option<FillGuard> {
+    pub fn open_for_reads(&mut self, key: &[u8], value_len: u32) -> Option<FillGuard> {
         let slot = self.slot?;
-        let mut filling = self.shard.filling.borrow_mut();
+        let mut filling = self.arrivals.filling.borrow_mut();
         if filling.contains_key(key) {
             return None;
         }
         let fill = Rc::new(Fill {
             slot,
-            value_offset: self.offset + key.len() as u64,
+            value: self.bytes.sub(key.len(), value_len as usize),
             value_len,
             filled: Cell::new(0),
             open: Cell::new(true),
@@ -52,8 +82,9 @@ impl PutReservation {
         });
         filling.insert(key.to_vec(), Rc::clone(&fill));
         drop(filling);
-        self.shard.key_arrived(key);
-        Some(FillGuard { shard: Rc::clone(&self.shard), key: key.to_vec(), fill })
+        self.readable = Some((Rc::clone(&fill), key.len()));
+        self.arrivals.key_arrived(key);
+        Some(FillGuard { arrivals: Rc::clone(&self.arrivals), key: key.to_vec(), fill })
     }
 }
 
@@ -62,16 +93,16 @@ impl Drop for PutReservation {
         if let Some(slot) = self.slot.take() {
             // A progressive put readable from this reservation ends here: no reader may pin the slot once
             // it is freed.
-            for fill in self.shard.filling.borrow().values().filter(|fill| fill.slot == slot) {
+            for fill in self.arrivals.filling.borrow().values().filter(|fill| fill.slot == slot) {
                 fill.open.set(false);
                 fill.wake();
             }
-            self.shard.dram.borrow_mut().retire(slot);
+            self.dram.borrow_mut().retire(slot);
         }
     }
 }
 
-impl Shard {
+impl<E: Backend> Shard<E> {
     /// The first stage of every put, whichever way it arrived (a client's frame or a peer shard's
     /// forward): resolves the write policy to the node's default, refuses what must be refused before a
     /// byte is stored ([`Shard::put_refusal`]), and reserves DRAM for `[key][value]`. The caller fills the
@@ -147,7 +178,7 @@ impl Shard {
         if let Some(quota) = quotas.dram
             && usage.dram + len > quota
         {
-            let tenant = tenant_of(key, self.tenancy.is_tenanted());
+            let tenant = tenant_of(key, self.tenants.tenancy.is_tenanted());
             self.make_tenant_room(tenant, usage.dram + len - quota).await;
             if self.usage_of(key).0.dram + len > quota {
                 return Err(Status::Quota);
@@ -157,7 +188,15 @@ impl Shard {
             self.make_dram_room(len, attempt > 0).await;
             let allocated = self.dram.borrow_mut().allocate(len);
             match allocated {
-                Ok((slot, offset)) => return Ok(PutReservation { shard: Rc::clone(self), slot: Some(slot), offset }),
+                Ok((slot, bytes)) => {
+                    return Ok(PutReservation {
+                        dram: Rc::clone(&self.dram),
+                        arrivals: Rc::clone(&self.arrivals),
+                        slot: Some(slot),
+                        bytes,
+                        readable: None,
+                    });
+                }
                 Err(DramFull::TooLarge) => return Err(Status::TooLarge),
                 Err(DramFull::NoSpace) => {}
             }
@@ -220,7 +259,7 @@ impl Shard {
             self.account(key, Use::Dram, new_bytes, true);
             self.relink(&mut index, id, object_links, old_hard_pin, pin_flags);
             self.events.borrow_mut().stored(key, links.parent, value_len, Tier::Dram);
-            self.key_arrived(key);
+            self.arrivals.key_arrived(key);
             if pin_flags != 0 {
                 self.record_pin(key, hash, new_bytes, options.pin);
             }
@@ -232,6 +271,26 @@ impl Shard {
             return if policy == WritePolicy::Durable { Err(Status::Invalid) } else { Ok(None) };
         }
         self.write_per_policy(policy, superseded_record, key, id, hash, version).await
+    }
+
+    /// A put whose value is in memory (a forwarded put, the simulation): the pipeline of a client's streamed
+    /// put — [`Shard::admit_put`], the reservation filled, [`Shard::commit_put`] — then its sync if the
+    /// policy asks for one. `value_crc` is the value's crc32c, checked by whoever received it.
+    pub async fn put_value(
+        self: &Rc<Self>,
+        key: &[u8],
+        value: &[u8],
+        value_crc: u32,
+        mut options: PutOptions,
+        links: Links<'_>,
+    ) -> Result<(), Status> {
+        let mut reservation = self.admit_put(key, value.len() as u32, &mut options).await?;
+        reservation.bytes_mut(0, key.len()).copy_from_slice(key);
+        reservation.bytes_mut(key.len(), value.len()).copy_from_slice(value);
+        match self.commit_put(key, reservation, value.len() as u32, value_crc, options, links).await? {
+            Some(point) => self.sync(point).await,
+            None => Ok(()),
+        }
     }
 
     /// Refuses a pinned put (QUOTA) that would take the node's pinned bytes, or its tenant's, past their
@@ -291,7 +350,7 @@ impl Shard {
     fn relink(&self, index: &mut Index, id: u32, object_links: ObjectLinks, old_hard_pin: bool, pin_flags: u16) {
         let was_linked = index.get(id).flags & FLAG_LINKED != 0;
         let old_group =
-            if was_linked { self.links.borrow().of(id).map_or(NO_LINK, |links| links.group) } else { NO_LINK };
+            if was_linked { self.links.book.borrow().of(id).map_or(NO_LINK, |links| links.group) } else { NO_LINK };
         if old_hard_pin && old_group != NO_LINK {
             self.hard_pin_group(old_group, false);
         }
@@ -299,7 +358,7 @@ impl Shard {
             self.hard_pin_group(object_links.group, true);
         }
         if was_linked || !object_links.is_none() {
-            self.links.borrow_mut().link(id, object_links);
+            self.links.book.borrow_mut().link(id, object_links);
             let entry = index.get_mut(id);
             entry.flags = if object_links.is_none() { entry.flags & !FLAG_LINKED } else { entry.flags | FLAG_LINKED };
             self.publish_links();

@@ -1,5 +1,6 @@
 //! Reads: gets from DRAM or the NVMe tier with their checks and promotion, and existence tests.
 
+use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -7,16 +8,20 @@ use strata_proto::{RemovalReason, Status, Tier};
 
 use super::usage::Use;
 use super::{Shard, object_bytes};
+use crate::backend::Backend;
+use crate::dram::DramTier;
 use crate::index::{Entry, FLAG_RECORD_LINKED, FLAG_REFERENCED, NONE_U32, NONE_U64, index_hash};
 use crate::log::{RegionState, Staged, read_range, split_location};
 use crate::metrics::add;
 use crate::record::{RECORD_HEADER_BYTES, RECORD_LINKS_BYTES, RecordHeader};
+use crate::segment::SegmentRange;
 
 /// Bytes a read returns.
 pub enum ReadData {
     /// From the DRAM segment, pinned until dropped.
-    Dram(DramPin, u64, usize),
-    /// Read from the NVMe tier (or copied from the open region).
+    Dram(DramPin),
+    /// Read from the NVMe tier (or copied from the open region): the record, and where the bytes returned
+    /// are in it.
     Staged(Staged, usize, usize),
     /// Received from the owning shard (forwarded requests).
     Owned(Vec<u8>),
@@ -36,7 +41,7 @@ impl ReadHit {
     /// The bytes, as slices in order.
     pub fn slices(&self) -> Vec<&[u8]> {
         match &self.data {
-            ReadData::Dram(pin, offset, len) => vec![pin.shard.dram.borrow().segment().bytes(*offset, *len)],
+            ReadData::Dram(pin) => vec![pin.bytes()],
             ReadData::Staged(staged, offset, len) => staged.slices(*offset, *len),
             ReadData::Owned(bytes) => vec![&bytes[..]],
         }
@@ -45,7 +50,8 @@ impl ReadHit {
     /// Bytes returned.
     pub fn len(&self) -> usize {
         match &self.data {
-            ReadData::Dram(_, _, len) | ReadData::Staged(_, _, len) => *len,
+            ReadData::Dram(pin) => pin.bytes.len(),
+            ReadData::Staged(_, _, len) => *len,
             ReadData::Owned(bytes) => bytes.len(),
         }
     }
@@ -56,15 +62,36 @@ impl ReadHit {
     }
 }
 
-/// Keeps a DRAM slot's bytes in place while a reader sends them.
+/// Keeps bytes of a DRAM slot in place while a reader sends them: the slot is not freed or reused until
+/// the pin drops, and a pinned range is never written.
 pub struct DramPin {
-    pub(super) shard: Rc<Shard>,
-    pub(super) slot: u32,
+    dram: Rc<RefCell<DramTier>>,
+    slot: u32,
+    bytes: SegmentRange,
+}
+
+impl DramPin {
+    /// Pins `slot` of `dram` and holds `bytes`, a range of its object.
+    pub(super) fn new(dram: &Rc<RefCell<DramTier>>, slot: u32, bytes: SegmentRange) -> Self {
+        dram.borrow_mut().pin(slot);
+        Self { dram: Rc::clone(dram), slot, bytes }
+    }
+
+    /// The pinned bytes.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `self.dram` owns the segment, so it stays mapped while `self` lives; the slot is pinned, so
+        // its range is not freed or reused; a published object is never written, and a progressive put's
+        // pin covers only what arrived, which its reservation no longer hands out.
+        #[allow(unsafe_code)]
+        unsafe {
+            self.bytes.as_slice()
+        }
+    }
 }
 
 impl Drop for DramPin {
     fn drop(&mut self) {
-        self.shard.dram.borrow_mut().unpin(self.slot);
+        self.dram.borrow_mut().unpin(self.slot);
     }
 }
 
@@ -74,7 +101,7 @@ pub(super) fn record_value_offset(entry: &Entry) -> usize {
     RECORD_HEADER_BYTES + usize::from(entry.key_len) + links
 }
 
-impl Shard {
+impl<E: Backend> Shard<E> {
     /// Reads `key`'s value, or `range` (offset, length) of it. A key neither stored nor being put
     /// progressively is waited for up to `wait` (zero: answered NOT_FOUND at once).
     pub async fn get(
@@ -95,7 +122,7 @@ impl Shard {
                 Lookup::OnTier(on_tier) => on_tier,
                 Lookup::Absent => {
                     // Not stored: a progressive put of the key may be under way.
-                    let fill = self.filling.borrow().get(key).cloned();
+                    let fill = self.arrivals.filling.borrow().get(key).cloned();
                     match fill {
                         Some(fill) if !waited_for_fill => {
                             waited_for_fill = true;
@@ -143,29 +170,21 @@ impl Shard {
             }
             return Ok(Lookup::OnTier(OnTier { id, entry, offset, len }));
         }
-        let mut dram = self.dram.borrow_mut();
-        let base = dram.offset(entry.dram);
-        if dram.segment().bytes(base, key.len()) != key {
-            return Err(Status::NotFound);
-        }
-        dram.pin(entry.dram);
+        let data = {
+            let dram = self.dram.borrow();
+            if dram.bytes(entry.dram, 0, key.len()) != key {
+                return Err(Status::NotFound);
+            }
+            dram.range(entry.dram, key.len() + offset as usize, len as usize)
+        };
+        let pin = DramPin::new(&self.dram, entry.dram, data);
         let entry_mut = index.get_mut(id);
         entry_mut.flags |= FLAG_REFERENCED;
         entry_mut.last_hit = now;
         add(&self.metrics.dram_hits, 1);
-        let data_offset = base + key.len() as u64 + u64::from(offset);
-        let data_crc = if range.is_none() {
-            entry.value_crc
-        } else {
-            crc32c::crc32c(dram.segment().bytes(data_offset, len as usize))
-        };
+        let data_crc = if range.is_none() { entry.value_crc } else { crc32c::crc32c(pin.bytes()) };
         add(&self.metrics.bytes_out, u64::from(len));
-        let pin = DramPin { shard: Rc::clone(self), slot: entry.dram };
-        Ok(Lookup::InDram(ReadHit {
-            data: ReadData::Dram(pin, data_offset, len as usize),
-            data_crc,
-            object_len: entry.value_len,
-        }))
+        Ok(Lookup::InDram(ReadHit { data: ReadData::Dram(pin), data_crc, object_len: entry.value_len }))
     }
 
     /// The hit of a record read from the tier (`staged`, checked), promoted into DRAM when it was hit
@@ -291,14 +310,15 @@ impl Shard {
         if current.hash != entry.hash || current.version != entry.version || current.dram != NONE_U32 {
             return;
         }
-        let Ok((slot, offset)) = dram.allocate(len) else { return };
-        let bytes = dram.segment().bytes_mut(offset, len as usize);
-        bytes[..key.len()].copy_from_slice(key);
-        let mut at = key.len();
-        for part in staged.slices(record_value_offset(&entry), entry.value_len as usize) {
-            bytes[at..at + part.len()].copy_from_slice(part);
-            at += part.len();
-        }
+        let copied = dram.allocate_with(len, |bytes| {
+            bytes[..key.len()].copy_from_slice(key);
+            let mut at = key.len();
+            for part in staged.slices(record_value_offset(&entry), entry.value_len as usize) {
+                bytes[at..at + part.len()].copy_from_slice(part);
+                at += part.len();
+            }
+        });
+        let Ok(slot) = copied else { return };
         dram.publish(slot, id);
         index.get_mut(id).dram = slot;
         self.account(key, Use::Dram, len, true);

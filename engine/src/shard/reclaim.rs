@@ -8,13 +8,14 @@ use strata_proto::{RemovalReason, Status};
 use super::pins::is_pinned;
 use super::usage::Use;
 use super::{Shard, object_bytes};
+use crate::backend::Backend;
 use crate::index::{Index, NONE_U32, NONE_U64, index_hash};
 use crate::log::{RegionLog, RegionState, Staged, location, read_range, split_location};
 use crate::metrics::add;
 use crate::record::{RECORD_TOMBSTONE, RecordHeader};
 use crate::scan::{Scanned, scan_region};
 
-impl Shard {
+impl<E: Backend> Shard<E> {
     /// Reclaims the oldest sealed region: reinserts its recently hit (and pinned or leased) records into the
     /// open region when `reinsert`, drops the others from the index, zeroes its header, frees it.
     pub(super) async fn reclaim_oldest(self: &Rc<Self>, reinsert: bool) -> Result<(), Status> {

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use super::{Shard, Use, is_pinned, object_bytes};
+use crate::backend::Backend;
 use crate::index::{Entry, FLAG_LINKED, FLAG_PINNED, FLAG_RECORD_LINKED, Index, NONE_U32, index_hash};
 use crate::links::ObjectLinks;
 use crate::log::{RegionLog, RegionState, Staged, location, read_range};
@@ -62,7 +63,7 @@ struct Geometry {
     format_id: u64,
 }
 
-impl Shard {
+impl<E: Backend> Shard<E> {
     /// Rebuilds the index from this shard's regions (see the module doc), repairs the end of an unfinished
     /// write, and reopens the log.
     pub async fn recover(self: &Rc<Self>) -> Result<RecoveryReport, String> {
@@ -267,8 +268,8 @@ fn item_end(item: &Scanned) -> usize {
 }
 
 /// The index being rebuilt, record by record.
-struct Replay<'a> {
-    shard: &'a Shard,
+struct Replay<'a, E: Backend> {
+    shard: &'a Shard<E>,
     /// Each recovered object's tenant (a tenanted node only), for the accounting of a dropped one whose
     /// key is not at hand.
     tenants: HashMap<u64, u32>,
@@ -278,7 +279,7 @@ struct Replay<'a> {
     named_losses: u64,
 }
 
-impl Replay<'_> {
+impl<E: Backend> Replay<'_, E> {
     /// Applies an intact record at `at` of region `region`.
     fn apply(&mut self, region: u32, at: usize, header: RecordHeader, covered: &[u8]) {
         let shard = self.shard;
@@ -319,7 +320,7 @@ impl Replay<'_> {
         };
         // A later version names what it names: the book follows the newest record.
         let object_links = links.map_or(ObjectLinks::default(), |(parent, group)| ObjectLinks { parent, group });
-        shard.links.borrow_mut().link(id, object_links);
+        shard.links.book.borrow_mut().link(id, object_links);
         shard.account(key, Use::Nvme, object_bytes(&entry), true);
         if is_pinned(&entry) {
             // Restored pins count against the limit even past it: they were admitted before.
@@ -328,7 +329,7 @@ impl Replay<'_> {
             pins.bytes += object_bytes(&entry);
             set(&shard.metrics.pinned_bytes, pins.bytes);
         }
-        if shard.tenancy.is_tenanted() {
+        if shard.tenants.tenancy.is_tenanted() {
             self.tenants.insert(hash, tenant_of(key, true));
         }
     }

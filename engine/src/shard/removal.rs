@@ -7,11 +7,12 @@ use strata_proto::{RemovalReason, Status};
 use super::reads::record_value_offset;
 use super::usage::Use;
 use super::{Shard, object_bytes};
+use crate::backend::Backend;
 use crate::index::{Entry, FLAG_DIRTY, NONE_U32, NONE_U64, index_hash};
 use crate::log::{RegionState, read_range, split_location};
 use crate::record::{RECORD_HEADER_BYTES, RecordHeader};
 
-impl Shard {
+impl<E: Backend> Shard<E> {
     /// Removes `key`; a tombstone in the log keeps it removed across a restart.
     pub async fn remove(self: &Rc<Self>, key: &[u8]) -> Result<(), Status> {
         self.remove_as(key, RemovalReason::Removed).await
@@ -28,7 +29,7 @@ impl Shard {
             let entry = *index.get(id);
             let mut dram = self.dram.borrow_mut();
             if entry.dram != NONE_U32 {
-                if dram.segment().bytes(dram.offset(entry.dram), key.len()) != key {
+                if dram.bytes(entry.dram, 0, key.len()) != key {
                     return Err(Status::NotFound);
                 }
                 dram.retire(entry.dram);
@@ -56,7 +57,7 @@ impl Shard {
         let key_len = usize::from(entry.key_len);
         if entry.dram != NONE_U32 {
             let dram = self.dram.borrow();
-            return Some(dram.segment().bytes(dram.offset(entry.dram), key_len).to_vec());
+            return Some(dram.bytes(entry.dram, 0, key_len).to_vec());
         }
         if entry.nvme == NONE_U64 {
             return None;

@@ -1,0 +1,127 @@
+//! One client connection's socket and buffers: buffered reads of frame headers and small items, and
+//! values read straight into their destination with their crc taken as the bytes arrive.
+
+use std::io;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use strata_nvme::tcp::stream::Socket;
+
+use super::watch::{ConnectionWatch, on_socket};
+use crate::peer_limits::{ConnectionSlot, PeerBudget};
+
+/// Bytes of a connection's input buffer.
+pub(super) const INPUT_BUFFER_BYTES: usize = 64 << 10;
+/// A large value is received (and checksummed) in pieces of at most this many bytes.
+const CRC_PIECE_BYTES: usize = 256 << 10;
+
+/// A client connection.
+pub(super) struct Connection {
+    /// Dropped before the socket is closed (fields drop in order), so the sweeper never sees a reused fd.
+    pub(super) watch: Rc<ConnectionWatch>,
+    /// The connection's place under the node's and its tenant's connection limits.
+    pub(super) slot: ConnectionSlot,
+    /// Where partial-frame bytes are claimed.
+    pub(super) peers: Arc<PeerBudget>,
+    pub(super) stream: Socket,
+    pub(super) input: Box<[u8]>,
+    pub(super) start: usize,
+    pub(super) end: usize,
+    pub(super) output: Vec<u8>,
+}
+
+impl Connection {
+    pub(super) fn buffered(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Makes `len` (≤ the buffer) bytes available; `Ok(false)` if the peer closed before sending any.
+    pub(super) async fn fill(&mut self, len: usize) -> io::Result<bool> {
+        if self.buffered() >= len {
+            return Ok(true);
+        }
+        if self.start + len > self.input.len() {
+            self.input.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        while self.buffered() < len {
+            let read = on_socket(&self.watch, self.stream.read(&mut self.input[self.end..])).await?;
+            if read == 0 {
+                if self.buffered() == 0 {
+                    return Ok(false);
+                }
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            self.end += read;
+        }
+        Ok(true)
+    }
+
+    pub(super) async fn read_exact(&mut self, destination: &mut [u8]) -> io::Result<()> {
+        let from_buffer = destination.len().min(self.buffered());
+        destination[..from_buffer].copy_from_slice(&self.input[self.start..self.start + from_buffer]);
+        self.start += from_buffer;
+        let rest = &mut destination[from_buffer..];
+        if rest.is_empty() {
+            return Ok(());
+        }
+        if rest.len() >= INPUT_BUFFER_BYTES / 2 {
+            return on_socket(&self.watch, self.stream.read_exact(rest)).await;
+        }
+        if !self.fill(rest.len()).await? {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        rest.copy_from_slice(&self.input[self.start..self.start + rest.len()]);
+        self.start += rest.len();
+        Ok(())
+    }
+
+    /// Fills `destination` and returns the crc32c of its bytes, computed piece by piece as they arrive, while
+    /// they are still in cache (a 4 MiB value checked after the fact would be read back from memory).
+    pub(super) async fn read_exact_crc(&mut self, destination: &mut [u8]) -> io::Result<u32> {
+        let from_buffer = destination.len().min(self.buffered());
+        // Checked in the input buffer, which is in cache, before the copy: the destination (a DRAM slot) is
+        // usually not, and reading it right after writing it waits for its lines to arrive, where the
+        // copy's stores alone drain in the background.
+        let received = &self.input[self.start..self.start + from_buffer];
+        let mut crc = crc32c::crc32c(received);
+        destination[..from_buffer].copy_from_slice(received);
+        self.start += from_buffer;
+        let mut at = from_buffer;
+        if destination.len() - at < INPUT_BUFFER_BYTES / 2 {
+            self.read_exact(&mut destination[at..]).await?;
+            return Ok(crc32c::crc32c_append(crc, &destination[at..]));
+        }
+        while at < destination.len() {
+            let end = destination.len().min(at + CRC_PIECE_BYTES);
+            let read = on_socket(&self.watch, self.stream.read(&mut destination[at..end])).await?;
+            if read == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            crc = crc32c::crc32c_append(crc, &destination[at..at + read]);
+            at += read;
+        }
+        Ok(crc)
+    }
+
+    pub(super) async fn skip(&mut self, mut len: u64) -> io::Result<()> {
+        while len > 0 {
+            if self.buffered() == 0 && !self.fill(1).await? {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            let take = (self.buffered() as u64).min(len) as usize;
+            self.start += take;
+            len -= take as u64;
+        }
+        Ok(())
+    }
+
+    pub(super) async fn flush(&mut self) -> io::Result<()> {
+        if !self.output.is_empty() {
+            on_socket(&self.watch, self.stream.write_all(&self.output)).await?;
+            self.output.clear();
+        }
+        Ok(())
+    }
+}

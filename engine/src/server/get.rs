@@ -1,0 +1,171 @@
+//! GET and GET_RANGE frames: each item read here or at its owner, the reply one vectored write of the
+//! headers and every value's own memory (the DRAM segment, pinned, or the NVMe read's buffers).
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::time::Duration;
+
+use strata_proto::{FrameHeader, Opcode, RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, Status};
+
+use super::connection::Connection;
+use super::watch::on_socket;
+use super::{ConnectionError, ShardServer, count};
+use crate::forward::ForwardOp;
+use crate::shard::{Prefetch, ReadData, ReadHit, Shard};
+use crate::tenants::Scope;
+
+/// Reads one item of a GET / GET_RANGE frame, here or at the key's owner.
+async fn read_item(
+    server: &ShardServer,
+    scope: &Scope,
+    user_key: &[u8],
+    range: Option<(u32, u32)>,
+    wait: Duration,
+) -> Result<ReadHit, Status> {
+    let key = scope.scoped(user_key);
+    match server.other_owner(user_key) {
+        None => server.shard.get(&key, range, wait).await,
+        Some(owner) => {
+            let reply = server.forward(owner, &key, ForwardOp::Get(range, wait)).await;
+            if reply.status == Status::Ok {
+                Ok(ReadHit {
+                    data_crc: reply.data_crc,
+                    object_len: reply.object_len,
+                    data: ReadData::Owned(reply.data),
+                })
+            } else {
+                Err(reply.status)
+            }
+        }
+    }
+}
+
+/// Runs `futures` together; their outputs in the order given.
+async fn join_in_order<'a, T>(mut futures: Vec<Pin<Box<dyn Future<Output = T> + 'a>>>) -> Vec<T> {
+    let mut outputs: Vec<Option<T>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|context| {
+        let mut pending = false;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(context) {
+                    std::task::Poll::Ready(value) => *output = Some(value),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending { std::task::Poll::Pending } else { std::task::Poll::Ready(()) }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}
+
+pub(super) async fn handle_get(
+    server: &ShardServer,
+    connection: &mut Connection,
+    header: FrameHeader,
+    body: &[u8],
+    items: &[(RequestItemHeader, usize, usize)],
+    scope: &Scope,
+) -> Result<(u64, u64), ConnectionError> {
+    let read = |(item, key_at, key_len): &(RequestItemHeader, usize, usize)| {
+        let user_key = &body[*key_at..*key_at + *key_len];
+        let range = (header.opcode == Opcode::GetRange).then_some((item.offset, item.value_len));
+        read_item(server, scope, user_key, range, item.wait())
+    };
+    let results: Vec<Result<ReadHit, Status>> = if items.iter().any(|(item, ..)| !item.wait().is_zero()) {
+        // Items that may wait for their keys wait together: a batch of layers of several requests whose
+        // prefills are still sending takes as long as the slowest, not the sum.
+        join_in_order(items.iter().map(|item| Box::pin(read(item)) as Pin<Box<dyn Future<Output = _> + '_>>).collect())
+            .await
+    } else {
+        // The lines each read will touch, asked for in stages up to three items ahead, for keys of this
+        // shard: a batch of small reads is otherwise a chain of misses.
+        let shard = &server.shard;
+        let hashes = local_hashes(server, scope, body_keys(body, items));
+        let stages = [Prefetch::DramBytes, Prefetch::DramSlot, Prefetch::Entry, Prefetch::IndexSlot];
+        let mut results = Vec::with_capacity(items.len());
+        for (at, item) in items.iter().enumerate() {
+            prefetch_stages(shard, &hashes, at, &stages);
+            results.push(read(item).await);
+        }
+        results
+    };
+    let body_len: u64 = results
+        .iter()
+        .map(|result| RESPONSE_ITEM_BYTES as u64 + result.as_ref().map_or(0, |hit| hit.len() as u64))
+        .sum();
+    FrameHeader {
+        opcode: header.opcode,
+        flags: 0,
+        request_id: header.request_id,
+        count: results.len() as u32,
+        status: Status::Ok,
+        body_len,
+    }
+    .encode_into(&mut connection.output);
+    // The reply goes out in one vectored write (a few, past IOV_MAX pieces): the headers from one buffer,
+    // each value from its own memory (the DRAM segment, pinned, or the NVMe read's buffers), no copy.
+    let mut heads: Vec<usize> = Vec::with_capacity(results.len());
+    for result in &results {
+        match result {
+            Ok(hit) => ResponseItemHeader {
+                status: Status::Ok,
+                data_len: hit.len() as u32,
+                data_crc: hit.data_crc,
+                object_len: hit.object_len,
+            }
+            .encode_into(&mut connection.output),
+            Err(status) => ResponseItemHeader::status(*status).encode_into(&mut connection.output),
+        }
+        heads.push(connection.output.len());
+    }
+    let output = std::mem::take(&mut connection.output);
+    let mut pieces: Vec<io::IoSlice<'_>> = Vec::with_capacity(results.len() * 2 + 1);
+    let mut head_start = 0usize;
+    for (result, &head_end) in results.iter().zip(&heads) {
+        pieces.push(io::IoSlice::new(&output[head_start..head_end]));
+        head_start = head_end;
+        if let Ok(hit) = result {
+            pieces.extend(hit.slices().into_iter().filter(|slice| !slice.is_empty()).map(io::IoSlice::new));
+        }
+    }
+    let written = on_socket(&connection.watch, connection.stream.write_all_vectored(&mut pieces)).await;
+    drop(pieces);
+    connection.output = output;
+    connection.output.clear();
+    written?;
+    Ok(count(results.iter().map(|result| result.as_ref().map_or_else(|status| *status, |_| Status::Ok))))
+}
+
+/// The keys of a read-side body's items, as the client sent them.
+pub(super) fn body_keys<'a>(
+    body: &'a [u8],
+    items: &'a [(RequestItemHeader, usize, usize)],
+) -> impl Iterator<Item = &'a [u8]> + 'a {
+    items.iter().map(|(_, key_at, key_len)| &body[*key_at..*key_at + *key_len])
+}
+
+/// Each key's index hash as this shard stores it, or `None` for a key another shard owns (forwarded).
+pub(super) fn local_hashes<'a>(
+    server: &ShardServer,
+    scope: &Scope,
+    user_keys: impl Iterator<Item = &'a [u8]>,
+) -> Vec<Option<u64>> {
+    user_keys
+        .map(|user_key| {
+            server.other_owner(user_key).is_none().then(|| crate::index::index_hash(&scope.scoped(user_key)))
+        })
+        .collect()
+}
+
+/// Asks for one stage of lines for each of the items from `from` on: `stages[0]` (an operation's last
+/// stage) for item `from`, `stages[1]` for the one after, and so on, so that each item gets its stages in
+/// order over the calls before it runs (see `put::prefetch_next_puts`).
+pub(super) fn prefetch_stages(shard: &Shard, hashes: &[Option<u64>], from: usize, stages: &[Prefetch]) {
+    for (ahead, &stage) in stages.iter().enumerate() {
+        if let Some(Some(hash)) = hashes.get(from + ahead) {
+            shard.prefetch(*hash, stage);
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! PUT frames: each item's value read from the socket straight into its DRAM reservation (or, for a key
+//! another shard owns, into a buffer that is forwarded), through the shard's one put pipeline
+//! (`Shard::admit_put`, `Shard::commit_put`), then one sync per region for the batch's durable items.
+
+use std::collections::VecDeque;
+
+use strata_proto::{
+    FrameHeader, LINKS_HEADER_BYTES, Links, Opcode, PART_HEADER_BYTES, ProtoError, PutOptions, REQUEST_ITEM_BYTES,
+    RequestItemHeader, ResponseItemHeader, Status, decode_part_header,
+};
+
+use super::connection::Connection;
+use super::{ConnectionError, ShardServer};
+use crate::forward::ForwardOp;
+use crate::metrics::add;
+use crate::peer_limits::PartialClaim;
+use crate::shard::{DurablePoint, FillGuard, Prefetch, PutReservation, Shard};
+use crate::tenants::Scope;
+
+pub(super) async fn handle_put(
+    server: &ShardServer,
+    connection: &mut Connection,
+    header: FrameHeader,
+    scope: &Scope,
+) -> Result<Vec<ResponseItemHeader>, ConnectionError> {
+    let shard = &server.shard;
+    let limits = shard.config.limits;
+    let mut statuses = Vec::with_capacity(header.count as usize);
+    let mut consumed = 0u64;
+    let mut durable: Vec<DurablePoint> = Vec::new();
+    let mut durable_items: Vec<usize> = Vec::new();
+    let mut item_bytes = [0u8; REQUEST_ITEM_BYTES];
+    let mut ahead = VecDeque::with_capacity(3);
+    for _ in 0..header.count {
+        prefetch_next_puts(shard, connection, scope, &limits, &mut ahead);
+        if consumed + REQUEST_ITEM_BYTES as u64 > header.body_len {
+            return Err(ProtoError::BodyMismatch {
+                items: consumed + REQUEST_ITEM_BYTES as u64,
+                body: header.body_len,
+            }
+            .into());
+        }
+        connection.read_exact(&mut item_bytes).await?;
+        let item = RequestItemHeader::decode(&item_bytes, Opcode::Put, &limits)?;
+        let key_len = usize::from(item.key_len);
+        consumed += (REQUEST_ITEM_BYTES + key_len) as u64 + u64::from(item.value_len);
+        if consumed > header.body_len {
+            return Err(ProtoError::BodyMismatch { items: consumed, body: header.body_len }.into());
+        }
+        let mut user_key = vec![0u8; key_len];
+        connection.read_exact(&mut user_key).await?;
+        let owner = server.other_owner(&user_key);
+        let key = scope.scoped_owned(user_key);
+        let key_len = key.len();
+        // A links block: the parent and the group, scoped like keys so that tenants never link across.
+        let (parent, group) = if item.has_links() {
+            let mut head = [0u8; LINKS_HEADER_BYTES];
+            connection.read_exact(&mut head).await?;
+            let (parent_len, group_len) = Links::decode_header(&head, &limits)?;
+            consumed += (LINKS_HEADER_BYTES + parent_len + group_len) as u64;
+            if consumed > header.body_len {
+                return Err(ProtoError::BodyMismatch { items: consumed, body: header.body_len }.into());
+            }
+            let mut names = vec![0u8; parent_len + group_len];
+            connection.read_exact(&mut names).await?;
+            let scoped = |name: &[u8]| (!name.is_empty()).then(|| scope.scoped(name).into_owned());
+            (scoped(&names[..parent_len]), scoped(&names[parent_len..]))
+        } else {
+            (None, None)
+        };
+        let links = Links { parent: parent.as_deref(), group: group.as_deref() };
+        if u64::from(item.value_len) > limits.max_value_bytes {
+            skip_value(connection, &item, &mut consumed, header.body_len).await?;
+            statuses.push(ResponseItemHeader::status(Status::TooLarge));
+            continue;
+        }
+        let mut options = PutOptions::decode(&item);
+        let Ok(claim) = claim_arriving_value(shard, connection, scope, &item, key_len) else {
+            add(&shard.metrics.partial_frame_refusals, 1);
+            skip_value(connection, &item, &mut consumed, header.body_len).await?;
+            statuses.push(ResponseItemHeader::status(Status::Quota));
+            continue;
+        };
+        if let Some(owner) = owner {
+            let mut value = vec![0u8; item.value_len as usize];
+            let received = if item.is_progressive() {
+                let into = Destination::Buffer(&mut value);
+                receive_parts(connection, into, None, &mut consumed, header.body_len).await?
+            } else {
+                let crc = connection.read_exact_crc(&mut value).await?;
+                (crc == item.value_crc).then_some(crc)
+            };
+            drop(claim);
+            let status = if let Some(value_crc) = received {
+                let op = ForwardOp::Put { value, value_crc, options, parent, group };
+                server.forward(owner, &key, op).await.status
+            } else {
+                Status::TransferChecksum
+            };
+            statuses.push(ResponseItemHeader::status(status));
+            continue;
+        }
+        let total = key_len as u64 + u64::from(item.value_len);
+        let mut reservation = match shard.admit_put(&key, item.value_len, &mut options).await {
+            Ok(reservation) => reservation,
+            Err(status) => {
+                skip_value(connection, &item, &mut consumed, header.body_len).await?;
+                statuses.push(ResponseItemHeader::status(status));
+                continue;
+            }
+        };
+        debug_assert_eq!(reservation.len() as u64, total);
+        reservation.bytes_mut(0, key_len).copy_from_slice(&key);
+        // A progressive put is readable (GET_RANGE) as its parts arrive, until it commits; `_fill` ends that
+        // when dropped, after the commit.
+        let (value_crc, _fill) = if item.is_progressive() {
+            let fill = reservation.open_for_reads(&key, item.value_len);
+            let into = Destination::Reservation(&mut reservation, key_len);
+            match receive_parts(connection, into, fill.as_ref(), &mut consumed, header.body_len).await? {
+                Some(crc) => (crc, fill),
+                None => {
+                    statuses.push(ResponseItemHeader::status(Status::TransferChecksum));
+                    continue;
+                }
+            }
+        } else {
+            let value = reservation.bytes_mut(key_len, item.value_len as usize);
+            if connection.read_exact_crc(value).await? != item.value_crc {
+                statuses.push(ResponseItemHeader::status(Status::TransferChecksum));
+                continue;
+            }
+            (item.value_crc, None)
+        };
+        drop(claim);
+        let status = match shard.commit_put(&key, reservation, item.value_len, value_crc, options, links).await {
+            Ok(Some(point)) => {
+                durable.push(point);
+                durable_items.push(statuses.len());
+                Status::Ok
+            }
+            Ok(None) => Status::Ok,
+            Err(status) => status,
+        };
+        statuses.push(ResponseItemHeader::status(status));
+    }
+    if consumed != header.body_len {
+        return Err(ProtoError::BodyMismatch { items: consumed, body: header.body_len }.into());
+    }
+    // One sync per region touched covers the whole batch (the last point of each region is the furthest).
+    for (index, point) in durable.iter().enumerate() {
+        let last_of_region = durable[index + 1..].iter().all(|later| later.region_key() != point.region_key());
+        if last_of_region && let Err(status) = shard.sync(*point).await {
+            for (item, other) in durable_items.iter().zip(&durable) {
+                if other.region_key() == point.region_key() {
+                    statuses[*item] = ResponseItemHeader::status(status);
+                }
+            }
+        }
+    }
+    Ok(statuses)
+}
+
+/// Claims the bytes of a put item's key and value against the partial-frame caps while they arrive:
+/// `Ok(None)` when the value is buffered already (nothing waits on the peer), `Err` past a cap.
+fn claim_arriving_value(
+    shard: &Shard,
+    connection: &Connection,
+    scope: &Scope,
+    item: &RequestItemHeader,
+    key_len: usize,
+) -> Result<Option<PartialClaim>, ()> {
+    if !item.is_progressive() && connection.buffered() as u64 >= u64::from(item.value_len) {
+        return Ok(None);
+    }
+    let bytes = key_len as u64 + u64::from(item.value_len);
+    connection.peers.claim(scope.id, bytes, &shard.metrics).map(Some).ok_or(())
+}
+
+/// Asks for the lines the next put items will touch, in stages (`Shard::prefetch`): the one at the
+/// front of the connection's buffered input, the next and the one after. The index and the DRAM tier's
+/// bookkeeping are far larger than the cache, so each put's lookups were otherwise misses in a row (the
+/// table slot, the entry it names, the replaced object's slot); an item's processing takes longer than
+/// a miss, so asked an item or two ahead they hit.
+///
+/// `ahead` carries, from one item to the next, the hash and length of the items already read ahead,
+/// starting with the one at the front (each item is parsed and hashed once, not once per stage); this
+/// call drops the front one, which the caller consumes next. Were it ever out of step, only the hints
+/// would be wrong.
+fn prefetch_next_puts(
+    shard: &Shard,
+    connection: &Connection,
+    scope: &Scope,
+    limits: &strata_proto::Limits,
+    ahead: &mut VecDeque<(u64, usize)>,
+) {
+    let stages = [Prefetch::DramSlot, Prefetch::Entry, Prefetch::IndexSlot];
+    let buffered = &connection.input[connection.start..connection.end];
+    let mut at: usize = ahead.iter().map(|&(_, len)| len).sum();
+    while ahead.len() < stages.len() {
+        let Some((key, len)) = buffered.get(at..).and_then(|rest| buffered_put_item(rest, limits)) else { break };
+        ahead.push_back((crate::index::index_hash(&scope.scoped(key)), len));
+        at += len;
+    }
+    for (&(hash, _), stage) in ahead.iter().zip(stages) {
+        shard.prefetch(hash, stage);
+    }
+    ahead.pop_front();
+}
+
+/// The key and the length of the put item at the front of `bytes`, if its header and key are there and it
+/// is a plain one (no links block, not progressive).
+fn buffered_put_item<'a>(bytes: &'a [u8], limits: &strata_proto::Limits) -> Option<(&'a [u8], usize)> {
+    let item = RequestItemHeader::decode(bytes.get(..REQUEST_ITEM_BYTES)?, Opcode::Put, limits).ok()?;
+    if item.has_links() || item.is_progressive() {
+        return None;
+    }
+    let key = bytes.get(REQUEST_ITEM_BYTES..REQUEST_ITEM_BYTES + usize::from(item.key_len))?;
+    Some((key, REQUEST_ITEM_BYTES + key.len() + item.value_len as usize))
+}
+
+/// Skips a refused put item's value: its bytes, or a progressive put's parts.
+async fn skip_value(
+    connection: &mut Connection,
+    item: &RequestItemHeader,
+    consumed: &mut u64,
+    body_len: u64,
+) -> Result<(), ConnectionError> {
+    if !item.is_progressive() {
+        connection.skip(u64::from(item.value_len)).await?;
+        return Ok(());
+    }
+    let mut left = u64::from(item.value_len);
+    while left > 0 {
+        let (len, _) = read_part_header(connection, left, consumed, body_len).await?;
+        connection.skip(u64::from(len)).await?;
+        left -= u64::from(len);
+    }
+    Ok(())
+}
+
+/// Reads a progressive put's next part header, `(len, crc)`, with `left` bytes of value still to come.
+async fn read_part_header(
+    connection: &mut Connection,
+    left: u64,
+    consumed: &mut u64,
+    body_len: u64,
+) -> Result<(u32, u32), ConnectionError> {
+    let mut head = [0u8; PART_HEADER_BYTES];
+    connection.read_exact(&mut head).await?;
+    let (len, crc) = decode_part_header(&head, left)?;
+    *consumed += PART_HEADER_BYTES as u64;
+    if *consumed > body_len {
+        return Err(ProtoError::BodyMismatch { items: *consumed, body: body_len }.into());
+    }
+    Ok((len, crc))
+}
+
+/// Where a progressive put's value goes: a buffer (a value to forward), or the value's part of a
+/// reservation (after its key, `value_at` bytes in), taken part by part so that no slice covers the bytes
+/// that readers may already be reading.
+enum Destination<'a> {
+    Buffer(&'a mut [u8]),
+    Reservation(&'a mut PutReservation, usize),
+}
+
+impl Destination<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Destination::Buffer(bytes) => bytes.len(),
+            Destination::Reservation(reservation, value_at) => reservation.len() - value_at,
+        }
+    }
+
+    fn part(&mut self, at: usize, len: usize) -> &mut [u8] {
+        match self {
+            Destination::Buffer(bytes) => &mut bytes[at..at + len],
+            Destination::Reservation(reservation, value_at) => reservation.bytes_mut(*value_at + at, len),
+        }
+    }
+}
+
+/// Receives a progressive put's parts into `value`, each checked against its crc before its bytes become
+/// readable through `fill`; returns the whole value's crc, or `None` if a part failed its crc (the remaining
+/// parts are still consumed, so the stream stays in step).
+async fn receive_parts(
+    connection: &mut Connection,
+    mut value: Destination<'_>,
+    fill: Option<&FillGuard>,
+    consumed: &mut u64,
+    body_len: u64,
+) -> Result<Option<u32>, ConnectionError> {
+    let mut at = 0usize;
+    let mut crc = 0u32;
+    let mut intact = true;
+    let value_len = value.len();
+    while at < value_len {
+        let (len, part_crc) = read_part_header(connection, (value_len - at) as u64, consumed, body_len).await?;
+        let received = connection.read_exact_crc(value.part(at, len as usize)).await?;
+        at += len as usize;
+        intact &= received == part_crc;
+        if intact {
+            crc = crc32c::crc32c_combine(crc, received, len as usize);
+            if let Some(fill) = fill {
+                fill.advance(at as u32);
+            }
+        }
+    }
+    Ok(intact.then_some(crc))
+}
+
+#[cfg(test)]
+mod tests {
+    use strata_proto::{ITEM_LINKS, ITEM_PROGRESSIVE, Limits};
+
+    use super::*;
+
+    fn item(key: &[u8], value_len: u32, flags: u16, out: &mut Vec<u8>) {
+        RequestItemHeader { key_len: key.len() as u16, value_len, flags, ..Default::default() }.encode_into(out);
+        out.extend_from_slice(key);
+        out.extend(std::iter::repeat_n(7u8, value_len as usize));
+    }
+
+    #[test]
+    fn buffered_put_items_are_read_ahead_only_when_whole_and_plain() {
+        let limits = Limits::default();
+        let mut body = Vec::new();
+        item(b"first", 64, 0, &mut body);
+        let second_at = body.len();
+        item(b"second-key", 3, 0, &mut body);
+        assert_eq!(buffered_put_item(&body, &limits), Some((&b"first"[..], second_at)));
+        assert_eq!(buffered_put_item(&body[second_at..], &limits), Some((&b"second-key"[..], body.len() - second_at)));
+        // A key cut short by the end of the buffered input, a header cut short, nothing at all.
+        assert_eq!(buffered_put_item(&body[second_at..second_at + REQUEST_ITEM_BYTES + 4], &limits), None);
+        assert_eq!(buffered_put_item(&body[..REQUEST_ITEM_BYTES - 1], &limits), None);
+        assert_eq!(buffered_put_item(&[], &limits), None);
+        // Items whose length depends on more than their header: not read ahead.
+        for flags in [ITEM_LINKS, ITEM_PROGRESSIVE] {
+            let mut other = Vec::new();
+            item(b"k", 8, flags, &mut other);
+            assert_eq!(buffered_put_item(&other, &limits), None, "flags {flags:#x}");
+        }
+        // A header the decoder refuses (a key longer than the node allows) is not read ahead either.
+        let mut long = Vec::new();
+        RequestItemHeader { key_len: u16::MAX, value_len: 1, ..Default::default() }.encode_into(&mut long);
+        let small = Limits { max_key_bytes: 16, ..Limits::default() };
+        assert_eq!(buffered_put_item(&long, &small), None);
+    }
+}
