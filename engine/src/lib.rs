@@ -22,8 +22,10 @@ pub mod scan;
 pub mod segment;
 mod server;
 pub mod shard;
+pub mod sim;
 mod sys;
 pub mod tenants;
+pub mod tier;
 
 pub use crate::config::EngineConfig;
 pub use crate::node::{Node, NodeError, NodeSummary, start};

@@ -136,6 +136,8 @@ pub struct RegionLog {
     pub format_id: u64,
     /// This start's epoch.
     pub epoch: u64,
+    /// The node is stopping: the open region was sealed for the last time, and no region opens again.
+    pub closed: bool,
 }
 
 impl RegionLog {
@@ -187,7 +189,7 @@ impl RegionLog {
 
     /// Opens the next free region into a spare buffer; the caller made sure both exist.
     pub fn open_next(&mut self) -> bool {
-        if self.open.is_some() || self.free.is_empty() || self.spare.is_empty() {
+        if self.closed || self.open.is_some() || self.free.is_empty() || self.spare.is_empty() {
             return self.open.is_some();
         }
         let (Some(id), Some(mut buffer)) = (self.free.pop_front(), self.spare.pop()) else { return false };

@@ -11,22 +11,19 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use glommio::{LocalExecutorBuilder, Placement};
-use strata_nvme::superblock::{
-    NamespaceRole, PoolSuperblock, SuperblockError, read_at, read_superblock, uuid_text, write_block0, write_padded,
-};
-use strata_nvme::{AnyDevice, BlockDevice, DeviceSpec, HostOptions, MemoryDevice};
+use strata_nvme::{AnyDevice, DeviceSpec, HostOptions, MemoryDevice};
 
 use crate::backend::WallClock;
 use crate::config::EngineConfig;
 use crate::dram::DramTier;
-use crate::log::{RegionBuffer, RegionInfo, RegionLog, RegionState};
 use crate::metrics::ShardMetrics;
-use crate::record::{FIRST_REGION_OFFSET, FormatError, TIER_HEADER_OFFSET, TierHeader};
+use crate::record::TierHeader;
 use crate::segment::PageKind;
 use crate::server::ShardServer;
 use crate::shard::{RecoveryReport, Shard, ShardParts};
 /// The CPUs the calling thread may run on (its affinity mask, as `taskset` set it).
 pub use crate::sys::allowed_cpus;
+use crate::tier::{FreshIds, NamespaceSlot, TierError};
 
 /// Why a node did not start.
 #[derive(Debug, thiserror::Error)]
@@ -275,137 +272,25 @@ async fn prepare_tier(
     config: &EngineConfig,
     handles: &[NamespaceHandle],
     names: &[String],
-) -> Result<Vec<(TierHeader, u64)>, String> {
-    let shard_count = config.cpus.len() as u32;
-    let mut headers = Vec::new();
-    let local_pool_uuid: [u8; 16] = {
-        let mut uuid = [0u8; 16];
-        uuid[..8].copy_from_slice(&random_u64().to_le_bytes());
-        uuid[8..].copy_from_slice(&random_u64().to_le_bytes());
-        uuid
+) -> Result<Vec<(TierHeader, u64)>, TierError> {
+    let fresh = FreshIds {
+        pool_uuid: {
+            let mut uuid = [0u8; 16];
+            uuid[..8].copy_from_slice(&random_u64().to_le_bytes());
+            uuid[8..].copy_from_slice(&random_u64().to_le_bytes());
+            uuid
+        },
+        format_id: random_u64(),
     };
+    let mut headers = Vec::new();
     for (index, handle) in handles.iter().enumerate() {
         let name = &names[index];
-        let device = open_handle(handle, true).await.map_err(|error| format!("{name}: {error}"))?;
-        let geometry = device.geometry();
-        let block = geometry.logical_block_bytes as usize;
-        let io = |error: strata_nvme::BlockError| format!("{name}: {error}");
-        match read_superblock(&device).await.map_err(io)? {
-            Ok(found) => {
-                if let Some(expected) = config.pool_uuid
-                    && found.pool_uuid != expected
-                {
-                    return Err(format!(
-                        "{name} belongs to pool {:?} ({}), not to the pool description's ({})",
-                        found.pool_name,
-                        uuid_text(&found.pool_uuid),
-                        uuid_text(&expected)
-                    ));
-                }
-            }
-            Err(SuperblockError::NotFormatted) if config.pool_uuid.is_none() => {
-                let superblock = PoolSuperblock {
-                    pool_name: "strata-node-local".into(),
-                    pool_uuid: local_pool_uuid,
-                    index: index as u32,
-                    count: handles.len() as u32,
-                    role: NamespaceRole::Data,
-                    block_bytes: geometry.logical_block_bytes,
-                    capacity_bytes: geometry.capacity_bytes,
-                    formatted_at: std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |since| since.as_secs()),
-                };
-                write_block0(&device, &superblock.encode()).await.map_err(io)?;
-            }
-            Err(SuperblockError::NotFormatted) => {
-                return Err(format!("{name} is not formatted into a pool: run strata-pool create (or add) first"));
-            }
-            Err(error) => return Err(format!("{name}: {error}; run strata-pool create --force to reformat it")),
-        }
-        let tier_len = block.max(crate::record::TIER_HEADER_BYTES).next_multiple_of(block);
-        let existing = TierHeader::decode(read_at(&device, TIER_HEADER_OFFSET, tier_len).await.map_err(io)?.as_slice());
-        let region_count = geometry.capacity_bytes.saturating_sub(FIRST_REGION_OFFSET) / config.region_bytes;
-        let header = match existing {
-            Ok(found) if !config.format => {
-                if found.shard_count != shard_count {
-                    return Err(format!(
-                        "{name} holds a tier formatted for {} shards; start with {} cores (--cores), or erase it with --format",
-                        found.shard_count, found.shard_count
-                    ));
-                }
-                if found.region_bytes != config.region_bytes {
-                    return Err(format!(
-                        "{name} holds a tier with {} MiB regions; start with --region-size {}MiB, or erase it with --format",
-                        found.region_bytes >> 20,
-                        found.region_bytes >> 20
-                    ));
-                }
-                TierHeader { epoch: found.epoch + 1, namespace_index: index as u32, ..found }
-            }
-            Ok(_) | Err(FormatError::NoMagic) => {
-                if region_count == 0 {
-                    return Err(format!(
-                        "{name} holds {} bytes: too small for one {} MiB region after the first MiB",
-                        geometry.capacity_bytes,
-                        config.region_bytes >> 20
-                    ));
-                }
-                let header = TierHeader {
-                    shard_count,
-                    namespace_index: index as u32,
-                    region_bytes: config.region_bytes,
-                    first_region_offset: FIRST_REGION_OFFSET,
-                    region_count,
-                    format_id: random_u64(),
-                    epoch: 1,
-                };
-                zero_region_headers(&device, &header, block).await.map_err(io)?;
-                header
-            }
-            Err(error) => {
-                return Err(format!(
-                    "{name}: the tier header is damaged ({error}); start with --format to erase the tier"
-                ));
-            }
-        };
-        write_padded(&device, TIER_HEADER_OFFSET, &header.encode(), tier_len).await.map_err(io)?;
-        headers.push((header, geometry.capacity_bytes));
+        let device =
+            open_handle(handle, true).await.map_err(|reason| TierError::Open { name: name.clone(), reason })?;
+        let slot = NamespaceSlot { name, index: index as u32, count: handles.len() as u32 };
+        headers.push(crate::tier::prepare_namespace(&device, slot, config, fresh).await?);
     }
     Ok(headers)
-}
-
-/// Zeroes the first block of every region of a tier being formatted: recovery takes a region whose header
-/// is neither zeros nor intact for damage, and what an earlier format left there (another region size)
-/// would be neither.
-async fn zero_region_headers(device: &AnyDevice, header: &TierHeader, block: usize) -> strata_nvme::BlockResult<()> {
-    for region in 0..header.region_count {
-        let mut zeros = device.alloc_buffer(block);
-        zeros.as_mut_slice().fill(0);
-        device.write(zeros, header.first_region_offset + region * header.region_bytes).await.1?;
-    }
-    device.flush().await
-}
-
-/// Region `r` of namespace `k` belongs to shard `(r + k) % shards`; a shard's regions are listed by `r`
-/// then `k`, so consecutive regions of one shard alternate between namespaces.
-fn regions_of_shard(headers: &[(TierHeader, u64)], shard: u32, shard_count: u32) -> Vec<RegionInfo> {
-    let most = headers.iter().map(|(header, _)| header.region_count).max().unwrap_or(0);
-    let mut regions = Vec::new();
-    for r in 0..most {
-        for (k, (header, _)) in headers.iter().enumerate() {
-            if r < header.region_count && (r + k as u64) % u64::from(shard_count) == u64::from(shard) {
-                regions.push(RegionInfo {
-                    device: k,
-                    device_offset: header.first_region_offset + r * header.region_bytes,
-                    seq: 0,
-                    state: RegionState::Free,
-                    sealed: None,
-                });
-            }
-        }
-    }
-    regions
 }
 
 fn bind_listeners(config: &EngineConfig) -> Result<Vec<std::net::TcpListener>, NodeError> {
@@ -571,7 +456,7 @@ fn open_tier(
         .map_err(|error| NodeError::Nvme(format!("starting an executor: {error}")))?
         .join()
         .map_err(|error| NodeError::Nvme(format!("{error:?}")))?
-        .map_err(NodeError::Nvme)
+        .map_err(|error| NodeError::Nvme(error.to_string()))
 }
 
 /// What every shard's executor shares.
@@ -659,7 +544,7 @@ async fn build_shard(
     }
     let dram = DramTier::new(shared.dram_per_shard, config.hugepages)?;
     let pages = dram.pages();
-    let log = region_log(&devices, shared, shard)?;
+    let log = crate::tier::region_log(&devices, &shared.tier, shard, config).map_err(|error| error.to_string())?;
     let region_count = log.as_ref().map_or(0, |log| log.regions.len());
     let peers = peers.ok_or_else(|| format!("no side of the mesh was dealt to shard {shard}"))?;
     let shard_state = Shard::new(ShardParts {
@@ -674,46 +559,13 @@ async fn build_shard(
         metrics,
         link_counts: Arc::clone(&peers.link_counts),
     });
-    let report = shard_state.recover().await?;
+    let report = shard_state.recover().await.map_err(|error| error.to_string())?;
     let forwarder = Rc::new(crate::forward::Forwarder::connect(&shard_state, peers).await);
     // Recovery restored links before the mesh existed: the peers learn of them now.
     forwarder.relay_cascades_of(&shard_state);
     let server =
         ShardServer::new(shard_state, forwarder, Arc::clone(&shared.event_senders), Arc::clone(&shared.peer_budget));
     Ok((server, (report, pages, region_count)))
-}
-
-/// The shard's region log over its share of the tier's regions; `None` without a tier.
-fn region_log(devices: &[AnyDevice], shared: &ShardShared, shard: u32) -> Result<Option<RegionLog>, String> {
-    if devices.is_empty() {
-        return Ok(None);
-    }
-    let config = &shared.config;
-    let regions = regions_of_shard(&shared.tier, shard, shared.shard_count);
-    if regions.is_empty() {
-        return Err(format!("the NVMe tier has no region for shard {shard}: give it more capacity"));
-    }
-    let chunk_bytes =
-        devices.iter().map(|device| device.geometry().max_transfer_bytes).min().unwrap_or(1 << 20).min(1 << 20)
-            as usize;
-    let block_bytes = devices.iter().map(|device| device.geometry().logical_block_bytes).max().unwrap_or(4096) as usize;
-    let spare =
-        (0..config.region_buffers).map(|_| RegionBuffer::new(&devices[0], config.region_bytes, chunk_bytes)).collect();
-    let (first, _) = shared.tier[0];
-    Ok(Some(RegionLog {
-        region_bytes: config.region_bytes,
-        chunk_bytes,
-        block_bytes,
-        free: (0..regions.len() as u32).collect(),
-        regions,
-        sealed: Default::default(),
-        open: None,
-        spare,
-        next_seq: 1,
-        shard,
-        format_id: first.format_id,
-        epoch: first.epoch,
-    }))
 }
 
 /// Serves each connection `listener` accepts on a task of its own, until the node stops.

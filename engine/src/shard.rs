@@ -51,7 +51,7 @@ pub use fill::{Arrivals, Fill, FillGuard};
 pub use pins::PinBook;
 pub use put::PutReservation;
 pub use reads::{DramPin, ReadData, ReadHit};
-pub use recovery::RecoveryReport;
+pub use recovery::{RecoveryError, RecoveryReport};
 pub use usage::{TenantBook, TenantUsage};
 
 use pins::is_pinned;
@@ -81,6 +81,8 @@ pub struct Shard<E: Backend = Production> {
     devices: Rc<Vec<E::Device>>,
     log_lock: Rc<Semaphore>,
     poisoned: Cell<bool>,
+    /// Tombstones of keys that left the index (cascades) not known durable yet, by key hash.
+    unsynced_tombstones: RefCell<std::collections::HashMap<u64, DurablePoint>>,
     pins: RefCell<PinBook>,
     links: LinkState,
     arrivals: Rc<Arrivals>,
@@ -175,6 +177,7 @@ impl<E: Backend> Shard<E> {
             devices: Rc::new(devices),
             log_lock: Rc::new(Semaphore::new(1)),
             poisoned: Cell::new(false),
+            unsynced_tombstones: RefCell::new(std::collections::HashMap::new()),
             pins: RefCell::new(PinBook { limit: pin_limit, ..PinBook::default() }),
             links: LinkState::new(link_counts),
             arrivals: Rc::new(Arrivals::default()),

@@ -28,6 +28,10 @@ pub struct FaultConfig {
     pub torn_write_probability: f64,
     /// Latency added before every operation.
     pub added_latency: Duration,
+    /// Each operation first yields to its executor a seeded number of times, up to this many: latency in
+    /// scheduler turns rather than time, so that a simulation's operations complete in a seeded order that
+    /// replays exactly.
+    pub max_yields: u32,
 }
 
 /// What was injected so far.
@@ -67,6 +71,12 @@ impl<D: BlockDevice> FaultDevice<D> {
     async fn delay(&self) {
         if !self.config.added_latency.is_zero() {
             glommio::timer::sleep(self.config.added_latency).await;
+        }
+        if self.config.max_yields > 0 {
+            let yields = self.rng.borrow_mut().random_range(0..=self.config.max_yields);
+            for _ in 0..yields {
+                futures_lite::future::yield_now().await;
+            }
         }
     }
 

@@ -6,7 +6,8 @@
 //! ([`StatsDevice`], [`FaultDevice`], [`QueueDepthLimit`]); the placement code above (the engine's region
 //! log, the bench) is generic over the device.
 //!
-//! Backends: [`MemoryDevice`] (a RAM namespace), [`UringDevice`] (glommio `DmaFile`, O_DIRECT, io_uring) and
+//! Backends: [`MemoryDevice`] (a RAM namespace), [`VolatileDevice`] (a RAM namespace behind a volatile
+//! write cache, for crash tests), [`UringDevice`] (glommio `DmaFile`, O_DIRECT, io_uring) and
 //! [`RingDevice`] (our own io_uring, for executors dedicated to I/O).
 //! [`NvmfDevice`] (a namespace of a remote NVMe-oF/TCP controller, [`host`]) implements it too; the
 //! NVMe-oF target ([`target`]) serves any of them. [`spec`] and [`tcp`] hold the NVMe structures and the
@@ -30,6 +31,7 @@ pub mod superblock;
 pub mod target;
 pub mod tcp;
 mod uring;
+mod volatile;
 
 pub use crate::any_device::{AnyDevice, DeviceSpec, OpenError};
 pub use crate::buffer::IoBuffer;
@@ -42,3 +44,4 @@ pub use crate::queue_depth::QueueDepthLimit;
 pub use crate::ring::RingDevice;
 pub use crate::stats::{DeviceStats, OpStats, StatsDevice, latency_histogram};
 pub use crate::uring::{UringDevice, UringOptions};
+pub use crate::volatile::{CrashReport, VolatileDevice, VolatileDisk};

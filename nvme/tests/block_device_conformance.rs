@@ -11,7 +11,7 @@ use strata_nvme::target::{self, NamespaceBackend, NamespaceConfig, SubsystemConf
 use strata_nvme::tcp::Digests;
 use strata_nvme::{
     BlockDevice, BlockErrorKind, BlockOp, FaultConfig, FaultDevice, HostOptions, IoBuffer, MemoryDevice, NvmfAddress,
-    NvmfDevice, QueueDepthLimit, RingDevice, StatsDevice, UringDevice, UringOptions,
+    NvmfDevice, QueueDepthLimit, RingDevice, StatsDevice, UringDevice, UringOptions, VolatileDisk,
 };
 
 const CAPACITY: u64 = 4 << 20;
@@ -137,6 +137,15 @@ async fn conformance(device: &impl BlockDevice) {
 fn memory_device_conforms() {
     run(|| async { conformance(&MemoryDevice::new(CAPACITY, 512)).await });
     run(|| async { conformance(&MemoryDevice::new(CAPACITY, 4096)).await });
+}
+
+#[test]
+fn volatile_device_conforms() {
+    run(|| async { conformance(&VolatileDisk::new(CAPACITY, 4096).handle()).await });
+    run(|| async {
+        let config = FaultConfig { seed: 3, max_yields: 4, ..FaultConfig::default() };
+        conformance(&FaultDevice::new(VolatileDisk::new(CAPACITY, 512).handle(), config)).await
+    });
 }
 
 #[test]

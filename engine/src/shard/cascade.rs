@@ -249,6 +249,17 @@ impl<E: Backend> Shard<E> {
         }
     }
 
+    /// Resolves once no cascade is under way here (a bounded number of turns of the executor: a peer may
+    /// keep sending departures).
+    pub(crate) async fn cascades_settled(&self) {
+        for _ in 0..10_000 {
+            if !self.links.cascading.get() {
+                return;
+            }
+            futures_lite::future::yield_now().await;
+        }
+    }
+
     /// Hands a batch to the forwarder; a shard that is not serving (or whose node stops) drops it.
     async fn send_to_peers(&self, batch: Vec<Cascade>) {
         if let Some(to_peers) = self.links.to_peers.get() {

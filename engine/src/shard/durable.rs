@@ -16,6 +16,8 @@ use crate::record::{RECORD_LINKED, RECORD_PINNED, RECORD_TOMBSTONE, RecordHeader
 
 /// Regions reclaimed at most per rotation, so one put never waits for a long reclaim.
 const MAX_RECLAIMS_PER_ROTATION: usize = 4;
+/// Rotations one append may ask for before it gives up.
+const MAX_ROTATIONS_PER_APPEND: usize = 4;
 
 /// Where a durable put's record ends, to sync up to.
 #[derive(Clone, Copy, Debug)]
@@ -39,6 +41,35 @@ pub(super) fn point_after(log: &RegionLog, at: u64, len: usize) -> DurablePoint 
 }
 
 impl<E: Backend> Shard<E> {
+    /// The point a put of the key whose index hash is `hash` must sync before it is acknowledged: where the
+    /// tombstone of its last removal ends, if that removal was not synced and may not be durable yet.
+    pub(super) fn unsynced_tombstone(&self, hash: u64) -> Option<DurablePoint> {
+        let point = self.unsynced_tombstones.borrow_mut().remove(&hash)?;
+        (!self.is_durable(point)).then_some(point)
+    }
+
+    /// Whether the log is durable up to `point`: its region was sealed (or since reclaimed), or synced
+    /// that far.
+    fn is_durable(&self, point: DurablePoint) -> bool {
+        let log = self.log.borrow();
+        let Some(log) = log.as_ref() else { return true };
+        let region = &log.regions[point.region as usize];
+        match region.state {
+            _ if region.seq != point.seq => true,
+            RegionState::Sealed | RegionState::Free => true,
+            RegionState::Sealing => false,
+            RegionState::Open => log.open.as_ref().is_some_and(|open| open.durable >= point.end),
+        }
+    }
+
+    /// Forgets the unsynced tombstones that region `region` of generation `seq` made durable (it sealed).
+    fn forget_tombstones_of(&self, region: u32, seq: u64) {
+        let mut tombstones = self.unsynced_tombstones.borrow_mut();
+        if !tombstones.is_empty() {
+            tombstones.retain(|_, point| point.region_key() != (region, seq));
+        }
+    }
+
     /// Where the record of `entry` at location `at` ends: what a sync must cover to make it durable.
     pub(super) fn durable_point(&self, at: u64, entry: &Entry) -> Result<DurablePoint, Status> {
         let log = self.log.borrow();
@@ -63,8 +94,8 @@ impl<E: Backend> Shard<E> {
             flags: RECORD_TOMBSTONE,
             version,
         };
-        // A fresh region always has room for a tombstone, so the second try succeeds unless rotation failed.
-        for _ in 0..2 {
+        // A fresh region has room for a tombstone unless reclaim filled it with what it kept.
+        for _ in 0..MAX_ROTATIONS_PER_APPEND {
             if self.poisoned.get() {
                 return Err(Status::Io);
             }
@@ -83,7 +114,9 @@ impl<E: Backend> Shard<E> {
 
     /// Appends the DRAM copy of entry `id` to the log (if it is still version `version` and dirty).
     pub(super) async fn persist(self: &Rc<Self>, id: u32, hash: u64, version: u32) -> Result<u64, Status> {
-        loop {
+        // A fresh region has room for any record that passed the size check, unless reclaim filled it with
+        // what it kept: a few rotations, then NO_SPACE rather than rotating for ever.
+        for _ in 0..MAX_ROTATIONS_PER_APPEND {
             let full_region = {
                 let mut index = self.index.borrow_mut();
                 let entry = *index.get(id);
@@ -151,12 +184,30 @@ impl<E: Backend> Shard<E> {
             };
             self.rotate(full_region).await?;
         }
+        Err(Status::NoSpace)
     }
 
     /// Makes the log durable up to `point` (group commit: one write and flush covers every record appended
     /// before it).
     pub async fn sync(self: &Rc<Self>, point: DurablePoint) -> Result<(), Status> {
         let _permit = self.log_lock.acquire_static_permit(1).await.map_err(|_| Status::ShuttingDown)?;
+        self.sync_held(point).await
+    }
+
+    /// Makes the open region durable up to what it holds now (reclaim, before it destroys the copies it
+    /// moved there); the caller holds the log's lock.
+    pub(super) async fn sync_open_held(self: &Rc<Self>) -> Result<(), Status> {
+        let point = {
+            let log = self.log.borrow();
+            let Some(log) = log.as_ref() else { return Ok(()) };
+            let Some(open) = log.open.as_ref() else { return Ok(()) };
+            DurablePoint { region: open.id, seq: log.regions[open.id as usize].seq, end: open.used }
+        };
+        self.sync_held(point).await
+    }
+
+    /// [`Shard::sync`], with the log's lock already held.
+    async fn sync_held(self: &Rc<Self>, point: DurablePoint) -> Result<(), Status> {
         enum Step {
             Done(Result<(), Status>),
             Wait(Option<Rc<Semaphore>>),
@@ -225,6 +276,9 @@ impl<E: Backend> Shard<E> {
         {
             let log = self.log.borrow();
             let Some(log) = log.as_ref() else { return Err(Status::Invalid) };
+            if log.closed {
+                return Err(Status::ShuttingDown);
+            }
             if log.open.as_ref().map(|open| open.id) != full {
                 return Ok(());
             }
@@ -293,17 +347,23 @@ impl<E: Backend> Shard<E> {
         glommio::spawn_local(async move {
             let (buffer, result) =
                 write_region(devices, device, device_offset, buffer, used, block_bytes, region_bytes).await;
-            {
+            let seq = {
                 let mut log = shard.log.borrow_mut();
-                if let Some(log) = log.as_mut() {
+                log.as_mut().map(|log| {
                     let region = &mut log.regions[id as usize];
                     region.state = RegionState::Sealed;
                     region.sealed = None;
                     log.spare.push(buffer);
+                    region.seq
+                })
+            };
+            match result {
+                Err(error) => shard.poison("writing a region", &error),
+                Ok(()) => {
+                    if let Some(seq) = seq {
+                        shard.forget_tombstones_of(id, seq);
+                    }
                 }
-            }
-            if let Err(error) = result {
-                shard.poison("writing a region", &error);
             }
             done.close();
         })

@@ -124,6 +124,11 @@ impl<E: Backend> Shard<E> {
     /// before a byte of it is stored: `Exists` for a put (not an upsert) of a stored key, `Quota` for a pin
     /// over the shard's pinned-bytes limit, or a durable put that cannot be made durable here.
     pub(super) fn put_refusal(&self, key: &[u8], value_len: u32, options: &PutOptions) -> Option<Status> {
+        if self.poisoned.get() {
+            // A tier that failed a write takes no more writes, and neither does the shard (fjall's rule): an
+            // acknowledgement must never rest on a write that may not have happened.
+            return Some(Status::Io);
+        }
         if !options.upsert && self.index.borrow().find(index_hash(key)).is_some() {
             return Some(Status::Exists);
         }
@@ -223,12 +228,18 @@ impl<E: Backend> Shard<E> {
             group: links.group.map_or(NO_LINK, link_hash),
         };
         let hash = index_hash(key);
-        let (id, version, superseded_record) = {
+        if self.poisoned.get() {
+            return Err(Status::Io);
+        }
+        let (id, version, superseded_record, removal_to_sync) = {
             let mut index = self.index.borrow_mut();
             let existing = index.find(hash);
             if existing.is_some() && !options.upsert {
                 return Err(Status::Exists);
             }
+            // A key removed by a cascade left a tombstone that may not be durable yet: this put is
+            // acknowledged only once it is, or a crash could bring the older record back.
+            let removal_to_sync = if existing.is_none() { self.unsynced_tombstone(hash) } else { None };
             // The version replaced has a record on the tier that a restart would find: this put is
             // acknowledged only once something newer (its own record, or a tombstone) is durable.
             let superseded_record =
@@ -263,14 +274,17 @@ impl<E: Backend> Shard<E> {
             if pin_flags != 0 {
                 self.record_pin(key, hash, new_bytes, options.pin);
             }
-            (id, index.get(id).version, superseded_record)
+            (id, index.get(id).version, superseded_record, removal_to_sync)
         };
         add(&self.metrics.bytes_in, u64::from(value_len));
         self.update_gauges();
         if !self.has_nvme() {
             return if policy == WritePolicy::Durable { Err(Status::Invalid) } else { Ok(None) };
         }
-        self.write_per_policy(policy, superseded_record, key, id, hash, version).await
+        let point = self.write_per_policy(policy, superseded_record, key, id, hash, version).await?;
+        // A durable put's own record, once synced, supersedes the removed one; any other put waits for the
+        // removal's tombstone.
+        Ok(point.or(removal_to_sync))
     }
 
     /// A put whose value is in memory (a forwarded put, the simulation): the pipeline of a client's streamed

@@ -326,6 +326,13 @@ impl<E: Backend> Shard<E> {
         self.events.borrow_mut().tier_changed(key, Tier::Nvme, Tier::Dram);
     }
 
+    /// Whether the index places `key`'s stored version on the NVMe tier (the simulation's view of what a
+    /// crash should leave).
+    pub(crate) fn has_tier_copy(&self, key: &[u8]) -> bool {
+        let index = self.index.borrow();
+        index.find(index_hash(key)).is_some_and(|id| index.get(id).nvme != NONE_U64)
+    }
+
     /// Whether `key` is stored, and the length of its value: from the index alone (the 64-bit hash), for
     /// DRAM and NVMe objects alike, so that a scheduler's batch of lookups touches no object memory. A hash
     /// collision (see `index.rs`) can make this say yes for a key a get then misses; never the reverse.

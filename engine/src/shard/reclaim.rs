@@ -9,7 +9,7 @@ use super::pins::is_pinned;
 use super::usage::Use;
 use super::{Shard, object_bytes};
 use crate::backend::Backend;
-use crate::index::{Index, NONE_U32, NONE_U64, index_hash};
+use crate::index::{FLAG_DIRTY, FLAG_RECORD_LINKED, Index, NONE_U32, NONE_U64, index_hash};
 use crate::log::{RegionLog, RegionState, Staged, location, read_range, split_location};
 use crate::metrics::add;
 use crate::record::{RECORD_TOMBSTONE, RecordHeader};
@@ -44,12 +44,13 @@ impl<E: Backend> Shard<E> {
         let staged = read_range(&self.devices, device, device_offset, 0, region_bytes, chunk_bytes).await;
         let now = self.now_tick();
         let recent = Self::ticks(self.config.reinsert_window);
-        {
+        let moved = {
             let mut index = self.index.borrow_mut();
             let mut log_ref = self.log.borrow_mut();
             let Some(log) = log_ref.as_mut() else { return Err(Status::Invalid) };
             let format_id = log.format_id;
             let mut damaged = false;
+            let mut moved = 0u64;
             match &staged {
                 Ok(staged) => {
                     for item in scan_region(staged, seq, format_id) {
@@ -62,7 +63,8 @@ impl<E: Backend> Shard<E> {
                             }
                         };
                         let record = ReclaimedRecord { region: id, at, header, covered: &covered[..] };
-                        self.reclaim_record(&mut index, log, staged, record, reinsert.then_some((now, recent)));
+                        let keep_within = reinsert.then_some((now, recent));
+                        moved += u64::from(self.reclaim_record(&mut index, log, staged, record, keep_within));
                     }
                 }
                 Err(error) => {
@@ -78,6 +80,12 @@ impl<E: Backend> Shard<E> {
             region.state = RegionState::Free;
             region.seq = 0;
             log.sealed.pop_front();
+            moved
+        };
+        // The copies moved to the open region are made durable before the region they came from is given
+        // up: a crash in between would otherwise lose both.
+        if moved > 0 {
+            self.sync_open_held().await?;
         }
         // Zero the header, durably, before reuse, so that a crash cannot bring this generation back.
         self.zero_region_header(device, device_offset, block_bytes).await;
@@ -91,7 +99,10 @@ impl<E: Backend> Shard<E> {
     /// Moves one record of a region being reclaimed to the open region when the object is still wanted
     /// (`keep_within`: reclaim reinserts, at tick `now`, objects hit within `recent` ticks, pinned, leased or
     /// held by their group), or drops it from the tier; a record that is no longer its key's current
-    /// version is passed over.
+    /// version is passed over. Returns whether it moved the record.
+    ///
+    /// An object dropped from the tier that is still in DRAM stays there, dirty again: it is written anew
+    /// when it leaves DRAM or the node stops, as a write-back object is.
     fn reclaim_record(
         &self,
         index: &mut Index,
@@ -99,19 +110,23 @@ impl<E: Backend> Shard<E> {
         staged: &Staged,
         record: ReclaimedRecord<'_>,
         keep_within: Option<(u32, u32)>,
-    ) {
+    ) -> bool {
         let ReclaimedRecord { region, at, header, covered } = record;
         let key = &covered[..usize::from(header.key_len)];
-        let Some(entry_id) = index.find(index_hash(key)) else { return };
+        let Some(entry_id) = index.find(index_hash(key)) else { return false };
         let entry = *index.get(entry_id);
         if entry.nvme != location(region, at as u32) {
-            return;
+            return false;
         }
+        // What is kept moves into the open region; all but pinned objects only while they leave a quarter of
+        // it to new writes, so that a tier of hot objects still takes puts.
+        let room_left = log.open.as_ref().is_some_and(|open| open.used + header.record_len() <= reinsert_limit(log));
         let keep = keep_within.is_some_and(|(now, recent)| {
             is_pinned(&entry)
-                || self.leased(&entry, now)
-                || (entry.last_hit != 0 && now.saturating_sub(entry.last_hit) <= recent)
-                || self.group_stays(index, entry_id, now)
+                || (room_left
+                    && (self.leased(&entry, now)
+                        || (entry.last_hit != 0 && now.saturating_sub(entry.last_hit) <= recent)
+                        || self.group_stays(index, entry_id, now)))
         });
         let moved = if keep && header.flags & RECORD_TOMBSTONE == 0 {
             let value = staged.slices(at + header.value_offset(), header.value_len as usize);
@@ -123,9 +138,12 @@ impl<E: Backend> Shard<E> {
         if let Some(new_location) = moved {
             entry.nvme = new_location;
             add(&self.metrics.reinsertions, 1);
-            return;
+            return true;
         }
         entry.nvme = NONE_U64;
+        if entry.dram != NONE_U32 {
+            entry.flags = (entry.flags | FLAG_DIRTY) & !FLAG_RECORD_LINKED;
+        }
         let dropped = *entry;
         add(&self.metrics.nvme_evictions, 1);
         self.account(key, Use::Nvme, object_bytes(&dropped), false);
@@ -133,6 +151,7 @@ impl<E: Backend> Shard<E> {
             self.forget(index, entry_id, Some(key));
             self.events.borrow_mut().removed(key, RemovalReason::Evicted);
         }
+        false
     }
 
     /// Drops every entry that still points at `region`, whose records the scan could not read: an object
@@ -167,6 +186,11 @@ impl<E: Backend> Shard<E> {
             self.poison("zeroing a reclaimed region's header", &error);
         }
     }
+}
+
+/// How full reinsertion may make the open region (bytes from its start).
+fn reinsert_limit(log: &RegionLog) -> usize {
+    log.region_bytes as usize / 4 * 3
 }
 
 /// One record found by a reclaim's scan of `region`, at byte `at`: its header and the bytes its crc covers.

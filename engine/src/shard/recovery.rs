@@ -11,6 +11,8 @@
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use strata_nvme::{BlockDevice, BlockError};
+
 use super::{Shard, Use, is_pinned, object_bytes};
 use crate::backend::Backend;
 use crate::index::{Entry, FLAG_LINKED, FLAG_PINNED, FLAG_RECORD_LINKED, Index, NONE_U32, index_hash};
@@ -44,6 +46,43 @@ pub struct RecoveryReport {
     pub unfinished_regions: u64,
 }
 
+/// Why a shard could not recover its tier: a write recovery must make failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RecoveryError {
+    /// Sealing a region where an unfinished write stopped failed.
+    #[error("sealing region {region} where an unfinished write stopped: {source}")]
+    Seal {
+        /// The region (the shard's numbering).
+        region: u32,
+        /// The device's error.
+        #[source]
+        source: BlockError,
+    },
+    /// A region's records end too close to its end to seal it (a format no build writes).
+    #[error("no room to seal region {region} at byte {at}")]
+    NoRoomToSeal {
+        /// The region.
+        region: u32,
+        /// Where its records end.
+        at: usize,
+    },
+    /// Emptying the shard's regions, after a loss that dropped every key, failed.
+    #[error("emptying region {region} after a loss: {source}")]
+    Retire {
+        /// The region.
+        region: u32,
+        /// The device's error.
+        #[source]
+        source: BlockError,
+    },
+    /// No region was free to open, and reclaiming one failed.
+    #[error("reclaiming a region to open one: {}", .0.name())]
+    Reclaim(strata_proto::Status),
+}
+
+/// Times recovery reads a region before it counts it lost.
+const READ_ATTEMPTS: u32 = 3;
+
 /// What a region slot's header says.
 enum Slot {
     /// Never written, reclaimed, or another format's.
@@ -65,16 +104,17 @@ struct Geometry {
 
 impl<E: Backend> Shard<E> {
     /// Rebuilds the index from this shard's regions (see the module doc), repairs the end of an unfinished
-    /// write, and reopens the log.
-    pub async fn recover(self: &Rc<Self>) -> Result<RecoveryReport, String> {
+    /// write, and reopens the log. When it must drop every key (it cannot name what it lost), it also empties
+    /// the shard's regions on the device.
+    pub async fn recover(self: &Rc<Self>) -> Result<RecoveryReport, RecoveryError> {
         let Some(geometry) = self.log_geometry() else { return Ok(RecoveryReport::default()) };
         let mut report = RecoveryReport::default();
-        let mut live = Vec::new();
+        let (mut live, mut lost) = (Vec::new(), 0u64);
         for id in 0..geometry.regions.len() as u32 {
             match self.read_slot(&geometry, id).await {
                 Slot::Free => {}
                 Slot::Live(seq) => live.push((seq, id)),
-                Slot::Lost => report.lost_regions += 1,
+                Slot::Lost => lost += 1,
             }
         }
         live.sort_unstable();
@@ -83,61 +123,27 @@ impl<E: Backend> Shard<E> {
         let newest = live.last().map_or(0, |&(seq, _)| seq);
         let in_flight_from = newest.saturating_sub(self.config.region_buffers as u64 - 1);
         let mut replay = Replay { shard: self, tenants: HashMap::new(), hasher_changed: false, named_losses: 0 };
+        let mut readable = Vec::with_capacity(live.len());
         for &(seq, id) in &live {
-            let (device, device_offset) = geometry.regions[id as usize];
-            let read = read_range(&self.devices, device, device_offset, 0, geometry.region_bytes, geometry.chunk_bytes);
-            let staged = match read.await {
-                Ok(staged) => staged,
-                Err(error) => {
-                    tracing::error!(shard = self.id, region = id, %error, "region unreadable at recovery");
-                    report.lost_regions += 1;
-                    continue;
-                }
-            };
             let in_flight = seq >= in_flight_from;
-            let (mut unfinished_at, mut sealed, mut tail_lost, mut end) = (None, false, false, REGION_HEADER_BYTES);
-            for item in scan_region(&staged, seq, geometry.format_id) {
-                end = item_end(&item);
-                match item {
-                    Scanned::Record { at, header, covered } => replay.apply(id, at, header, &covered),
-                    Scanned::Seal { .. } => sealed = true,
-                    Scanned::Damaged { header, .. } => {
-                        report.lost_records += 1;
-                        report.lost_bytes += header.record_len() as u64;
-                        report.dropped_keys += replay.drop_key(header.key_hash);
-                    }
-                    Scanned::Lost { from, trailing: true, .. } if in_flight => unfinished_at = Some(from),
-                    Scanned::Lost { from, to, trailing } => {
-                        tail_lost |= trailing;
-                        report.lost_records += 1;
-                        report.lost_bytes += (to - from) as u64;
-                        report.dropped_keys += replay.drop_all();
-                    }
-                }
+            match self.replay_region(&geometry, id, seq, in_flight, &mut replay, &mut report).await? {
+                true => readable.push((seq, id)),
+                false => lost += 1,
             }
-            if sealed {
-                continue;
-            }
-            if tail_lost {
-                continue;
-            }
-            if !in_flight && unfinished_at.is_none() {
-                // Written whole before the newest regions, yet its seal is gone: its tail was lost.
-                report.lost_records += 1;
-                report.dropped_keys += replay.drop_all();
-                continue;
-            }
-            let at = unfinished_at.unwrap_or(end);
-            report.unfinished_regions += 1;
-            self.write_seal(&geometry, id, seq, &staged, at).await?;
         }
+        report.lost_regions = lost;
         // A lost region's generation is unknown: it may have held a newer record of any key. And were the
         // index hash not the one the records were written with, a damaged record's key hash names nothing.
+        // Either way every key is dropped, and the shard's regions are emptied on the device: were they
+        // replayed at the next start (a region readable again), what was dropped would come back over what
+        // was written since.
         if report.lost_regions > 0 || (replay.hasher_changed && replay.named_losses > 0) {
             report.dropped_keys += replay.drop_all();
+            self.retire_regions(&geometry, 0..geometry.regions.len() as u32).await?;
+            readable.clear();
         }
         report.records = self.index.borrow().len() as u64;
-        self.reopen_log(&live).await?;
+        self.reopen_log(&readable).await?;
         self.count_recovery(&report);
         if report.lost_records + report.lost_regions > 0 {
             tracing::warn!(
@@ -150,6 +156,94 @@ impl<E: Backend> Shard<E> {
             );
         }
         Ok(report)
+    }
+
+    /// Replays region `id` (generation `seq`; `in_flight`: among those a crash may have caught mid-write)
+    /// into the index, and seals it where an unfinished write stopped. `Ok(false)`: it could not be read.
+    async fn replay_region(
+        &self,
+        geometry: &Geometry,
+        id: u32,
+        seq: u64,
+        in_flight: bool,
+        replay: &mut Replay<'_, E>,
+        report: &mut RecoveryReport,
+    ) -> Result<bool, RecoveryError> {
+        let staged = match self.read_region(geometry, id, geometry.region_bytes).await {
+            Ok(staged) => staged,
+            Err(error) => {
+                tracing::error!(shard = self.id, region = id, %error, "region unreadable at recovery");
+                return Ok(false);
+            }
+        };
+        let (mut unfinished_at, mut sealed, mut tail_lost, mut end) = (None, false, false, REGION_HEADER_BYTES);
+        for item in scan_region(&staged, seq, geometry.format_id) {
+            end = item_end(&item);
+            match item {
+                Scanned::Record { at, header, covered } => replay.apply(id, at, header, &covered),
+                Scanned::Seal { .. } => sealed = true,
+                Scanned::Damaged { header, .. } => {
+                    report.lost_records += 1;
+                    report.lost_bytes += header.record_len() as u64;
+                    report.dropped_keys += replay.drop_key(header.key_hash);
+                }
+                Scanned::Lost { from, trailing: true, .. } if in_flight => unfinished_at = Some(from),
+                Scanned::Lost { from, to, trailing } => {
+                    tail_lost |= trailing;
+                    report.lost_records += 1;
+                    report.lost_bytes += (to - from) as u64;
+                    report.dropped_keys += replay.drop_all();
+                }
+            }
+        }
+        if sealed || tail_lost {
+            return Ok(true);
+        }
+        if !in_flight && unfinished_at.is_none() {
+            // Written whole before the newest regions, yet its seal is gone: its tail was lost.
+            report.lost_records += 1;
+            report.dropped_keys += replay.drop_all();
+            return Ok(true);
+        }
+        report.unfinished_regions += 1;
+        self.write_seal(geometry, id, seq, &staged, unfinished_at.unwrap_or(end)).await?;
+        Ok(true)
+    }
+
+    /// Zeroes, durably, the headers of `regions`: they hold nothing from now on.
+    async fn retire_regions(
+        &self,
+        geometry: &Geometry,
+        regions: impl Iterator<Item = u32>,
+    ) -> Result<(), RecoveryError> {
+        for region in regions {
+            let (device, device_offset) = geometry.regions[region as usize];
+            let device_handle = &self.devices[device];
+            let mut zero = device_handle.alloc_buffer(geometry.block_bytes);
+            zero.as_mut_slice().fill(0);
+            let zeroed = match device_handle.write(zero, device_offset).await.1 {
+                Ok(()) => device_handle.flush().await,
+                Err(error) => Err(error),
+            };
+            zeroed.map_err(|source| RecoveryError::Retire { region, source })?;
+        }
+        Ok(())
+    }
+
+    /// Reads the first `len` bytes of region `id`, trying again after a failure: a region recovery cannot
+    /// read costs the shard every key (see [`Shard::recover`]).
+    async fn read_region(&self, geometry: &Geometry, id: u32, len: usize) -> Result<Staged, BlockError> {
+        let (device, device_offset) = geometry.regions[id as usize];
+        let mut attempt = 0;
+        loop {
+            match read_range(&self.devices, device, device_offset, 0, len, geometry.chunk_bytes).await {
+                Err(error) if attempt < READ_ATTEMPTS - 1 => {
+                    tracing::warn!(shard = self.id, region = id, %error, "region read failed at recovery; trying again");
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
     }
 
     fn log_geometry(&self) -> Option<Geometry> {
@@ -167,10 +261,7 @@ impl<E: Backend> Shard<E> {
     /// Reads region `id`'s header. A slot whose header is all zeros is free (formatted, or reclaimed);
     /// one whose header is neither zeros nor intact is damaged.
     async fn read_slot(&self, geometry: &Geometry, id: u32) -> Slot {
-        let (device, device_offset) = geometry.regions[id as usize];
-        let head = match read_range(&self.devices, device, device_offset, 0, geometry.block_bytes, geometry.chunk_bytes)
-            .await
-        {
+        let head = match self.read_region(geometry, id, geometry.block_bytes).await {
             Ok(head) => head.copy(0, REGION_HEADER_BYTES),
             Err(error) => {
                 tracing::error!(shard = self.id, region = id, %error, "region header unreadable at recovery");
@@ -199,11 +290,11 @@ impl<E: Backend> Shard<E> {
         seq: u64,
         staged: &Staged,
         from: usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), RecoveryError> {
         let (device, device_offset) = geometry.regions[id as usize];
         let seal_end = from + RECORD_HEADER_BYTES;
         if seal_end > geometry.region_bytes {
-            return Err(format!("no room to seal region {id} at {from}"));
+            return Err(RecoveryError::NoRoomToSeal { region: id, at: from });
         }
         let first = from / geometry.block_bytes * geometry.block_bytes;
         let end = (seal_end + END_MARK_BYTES).next_multiple_of(geometry.block_bytes).min(geometry.region_bytes);
@@ -213,12 +304,12 @@ impl<E: Backend> Shard<E> {
         bytes[seal_end - first..mark_end].fill(0);
         crate::log::write_partial(&self.devices, device, device_offset, bytes, first, geometry.chunk_bytes)
             .await
-            .map_err(|error| format!("sealing region {id}: {error}"))
+            .map_err(|source| RecoveryError::Seal { region: id, source })
     }
 
     /// Hands the log its regions back: the live ones sealed in generation order, the others free; opens
     /// the next region (reclaiming the oldest if none is free).
-    async fn reopen_log(self: &Rc<Self>, live: &[(u64, u32)]) -> Result<(), String> {
+    async fn reopen_log(self: &Rc<Self>, live: &[(u64, u32)]) -> Result<(), RecoveryError> {
         {
             let mut log = self.log.borrow_mut();
             if let Some(log) = log.as_mut() {
@@ -242,7 +333,7 @@ impl<E: Backend> Shard<E> {
             }
         }
         if self.log.borrow().as_ref().is_some_and(|log| log.open.is_none()) {
-            self.reclaim_oldest(false).await.map_err(|status| format!("reclaiming at start-up: {}", status.name()))?;
+            self.reclaim_oldest(false).await.map_err(RecoveryError::Reclaim)?;
             self.log.borrow_mut().as_mut().map(RegionLog::open_next);
         }
         Ok(())

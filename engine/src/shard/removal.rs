@@ -22,6 +22,10 @@ impl<E: Backend> Shard<E> {
     /// is on the tier. A client's removal is acknowledged only once its tombstone is durable, so that a
     /// restart cannot bring the key back; a cascade's is not waited for (nobody was told it happened).
     pub(super) async fn remove_as(self: &Rc<Self>, key: &[u8], reason: RemovalReason) -> Result<(), Status> {
+        if reason == RemovalReason::Removed && self.poisoned.get() {
+            // Its tombstone could not be made durable: a removal acknowledged now could be undone by a crash.
+            return Err(Status::Io);
+        }
         let hash = index_hash(key);
         let entry = {
             let mut index = self.index.borrow_mut();
@@ -44,11 +48,14 @@ impl<E: Backend> Shard<E> {
         if entry.nvme == NONE_U64 || !self.has_nvme() {
             return Ok(());
         }
-        let point = self.append_tombstone(key, hash, entry.version).await;
+        let point = self.append_tombstone(key, hash, entry.version).await?;
         if reason != RemovalReason::Removed {
+            // Nobody waits for a cascade's removal: its tombstone becomes durable with the region, and a put
+            // of the key before then waits for it (`Shard::commit_put`).
+            self.unsynced_tombstones.borrow_mut().insert(hash, point);
             return Ok(());
         }
-        self.sync(point?).await
+        self.sync(point).await
     }
 
     /// The key of entry `entry`: from its DRAM copy, else from its record's header on the NVMe tier (whose
@@ -111,30 +118,71 @@ impl<E: Backend> Shard<E> {
         removed
     }
 
+    /// The objects a clean shutdown could not write (refused by the tier, left dirty by the last pass, or
+    /// all of them on a poisoned tier) leave the node with it: subscribers are told they were evicted, and
+    /// the log says how many.
+    fn report_unsaved(&self) {
+        let index = self.index.borrow();
+        let dram = self.dram.borrow();
+        let mut unsaved = 0u64;
+        for id in index.ids() {
+            let entry = index.get(id);
+            if entry.flags & FLAG_DIRTY != 0 && entry.dram != NONE_U32 {
+                let key = dram.bytes(entry.dram, 0, usize::from(entry.key_len));
+                self.events.borrow_mut().removed(key, RemovalReason::Evicted);
+                unsaved += 1;
+            }
+        }
+        if unsaved > 0 {
+            tracing::warn!(
+                shard = self.id,
+                unsaved,
+                "objects in DRAM could not be written to the NVMe tier at shutdown"
+            );
+        }
+    }
+
     // ---- start-up and shutdown -----------------------------------------------------------------------
 
-    /// Clean shutdown: writes dirty (write-back) objects, seals the open region and waits for every region
-    /// write to complete.
+    /// Clean shutdown: writes dirty objects (write-back ones, and those whose record a reclaim took while
+    /// they were in DRAM), seals the open region and waits for every region write to complete.
     pub async fn flush_for_shutdown(self: &Rc<Self>) {
         if !self.has_nvme() {
             return;
         }
-        let dirty: Vec<(u32, u64, u32)> = {
-            let index = self.index.borrow();
-            index
-                .ids()
-                .map(|id| (id, *index.get(id)))
-                .filter(|(_, entry)| entry.flags & FLAG_DIRTY != 0 && entry.dram != NONE_U32)
-                .map(|(id, entry)| (id, entry.hash, entry.version))
-                .collect()
-        };
-        for (id, hash, version) in dirty {
-            if self.persist(id, hash, version).await.is_err() && self.poisoned.get() {
+        // Departures under way finish first: a cascade's removal writes a tombstone.
+        self.cascades_settled().await;
+        // Writing one object may rotate, and a rotation's reclaim may leave another dirty again: pass over
+        // the index until nothing dirty is left, a bounded number of times (DRAM holding more than the tier
+        // would otherwise churn forever).
+        let mut refused = std::collections::HashSet::new();
+        for _pass in 0..8 {
+            let dirty: Vec<(u32, u64, u32)> = {
+                let index = self.index.borrow();
+                index
+                    .ids()
+                    .map(|id| (id, *index.get(id)))
+                    .filter(|(id, entry)| {
+                        entry.flags & FLAG_DIRTY != 0 && entry.dram != NONE_U32 && !refused.contains(id)
+                    })
+                    .map(|(id, entry)| (id, entry.hash, entry.version))
+                    .collect()
+            };
+            if dirty.is_empty() || self.poisoned.get() {
                 break;
             }
+            for (id, hash, version) in dirty {
+                if self.persist(id, hash, version).await.is_err() {
+                    refused.insert(id);
+                }
+            }
         }
+        self.report_unsaved();
         if let Ok(_permit) = self.log_lock.acquire_static_permit(1).await {
             self.seal_open();
+            if let Some(log) = self.log.borrow_mut().as_mut() {
+                log.closed = true;
+            }
         }
         loop {
             let wait = self
