@@ -116,6 +116,19 @@ impl VolatileDisk {
         report
     }
 
+    /// Flips the bits of `mask` in the byte at `offset`, on the medium itself (durable, as media damage is).
+    pub fn corrupt(&self, offset: u64, mask: u8) {
+        let mut medium = self.medium.borrow_mut();
+        if let Some(byte) = medium.bytes.get_mut(offset as usize) {
+            *byte ^= mask;
+        }
+    }
+
+    /// Bytes of the namespace.
+    pub fn capacity_bytes(&self) -> u64 {
+        self.geometry.capacity_bytes
+    }
+
     /// A copy of the medium's bytes (what reads see now).
     pub fn snapshot(&self) -> Vec<u8> {
         self.medium.borrow().bytes.clone()

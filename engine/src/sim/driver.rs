@@ -119,6 +119,7 @@ struct Sim {
     steps: usize,
     step: usize,
     faulty: bool,
+    corrupting: bool,
     value_max: u32,
     report: SimReport,
     trace: VecDeque<String>,
@@ -138,6 +139,8 @@ impl Sim {
         let regions_per_namespace = u64::from(shards) * (tier_per_shard / region_bytes) / namespaces as u64 + 2;
         let block_bytes = if rng.random_bool(0.5) { 4096 } else { 512 };
         let faulty = rng.random_bool(0.3);
+        // Some faulty seeds also damage the medium at crashes: flipped bytes in the regions.
+        let corrupting = faulty && rng.random_bool(0.5);
         let config = EngineConfig {
             cpus: (0..shards as usize).collect(),
             dram_bytes: u64::from(shards) * dram_per_shard,
@@ -182,6 +185,7 @@ impl Sim {
             steps,
             step: 0,
             faulty,
+            corrupting,
             value_max,
             report: SimReport { seed, shards, ..SimReport::default() },
             trace: VecDeque::new(),
@@ -293,12 +297,21 @@ impl Sim {
     }
 
     /// Each namespace keeps what its unflushed writes left; the handles opened so far fail from now on.
+    /// A corrupting seed may also flip a few bytes of the regions.
     fn crash_disks(&mut self) {
         for index in 0..self.world.disks.len() {
             let report = self.world.disks[index].crash(self.rng.random());
             let line =
                 format!("crash: {} unflushed writes kept, {} torn, {} lost", report.kept, report.torn, report.lost);
             self.note(line);
+            if self.corrupting && self.rng.random_bool(0.5) {
+                for _ in 0..self.rng.random_range(1..=3) {
+                    let offset = self.rng.random_range(FIRST_REGION_OFFSET..self.world.disks[index].capacity_bytes());
+                    let mask = self.rng.random_range(1..=255u8);
+                    self.world.disks[index].corrupt(offset, mask);
+                    self.note(format!("namespace {index}: byte {offset} flipped by {mask:#04x}"));
+                }
+            }
         }
     }
 

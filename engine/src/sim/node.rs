@@ -89,7 +89,7 @@ impl World {
         let shards = Rc::new(shards);
         for shard in shards.iter() {
             let (to_peers, from_shard) = local_channel::new_bounded(16);
-            glommio::spawn_local(relay(Rc::clone(&shards), shard.id, Arc::clone(&link_counts), from_shard)).detach();
+            glommio::spawn_local(relay(Rc::downgrade(&shards), shard.id, Arc::clone(&link_counts), from_shard)).detach();
             shard.start_serving(to_peers);
         }
         Ok(Life { shards, reports, subscriptions })
@@ -107,14 +107,16 @@ impl World {
 }
 
 /// Delivers what shard `from` tells its peers, as the node's forwarder does: departures to the shards that
-/// hold links, pin changes to all.
+/// hold links, pin changes to all. It holds the shards weakly: a shard holds the channel's other end, and a
+/// life's shards must drop with it.
 async fn relay(
-    shards: Rc<Vec<Rc<Shard<Simulated>>>>,
+    shards: std::rc::Weak<Vec<Rc<Shard<Simulated>>>>,
     from: u32,
     link_counts: Arc<LinkCounts>,
     batches: LocalReceiver<Vec<Cascade>>,
 ) {
     while let Some(batch) = batches.recv().await {
+        let Some(shards) = shards.upgrade() else { return };
         let everyone = batch.iter().any(|cascade| cascade.kind.is_pin_change());
         for peer in shards.iter().filter(|peer| peer.id != from) {
             if everyone || link_counts.of(peer.id) > 0 {
