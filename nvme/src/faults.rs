@@ -24,6 +24,9 @@ pub struct FaultConfig {
     pub error_probability: f64,
     /// Byte ranges where every read or write that touches them fails.
     pub error_ranges: Vec<Range<u64>>,
+    /// Byte ranges where every read that touches them fails, while writes succeed (a medium error that a
+    /// write repairs, as a remapped block is).
+    pub read_error_ranges: Vec<Range<u64>>,
     /// Probability that a write is torn.
     pub torn_write_probability: f64,
     /// Latency added before every operation.
@@ -82,7 +85,9 @@ impl<D: BlockDevice> FaultDevice<D> {
 
     /// Decides whether this operation fails; counts it if so.
     fn injects_error(&self, op: BlockOp, offset: u64, len: u64) -> Option<BlockError> {
-        let in_range = self.config.error_ranges.iter().any(|range| offset < range.end && range.start < offset + len);
+        let touches = |range: &Range<u64>| offset < range.end && range.start < offset + len;
+        let in_range = self.config.error_ranges.iter().any(touches)
+            || (op == BlockOp::Read && self.config.read_error_ranges.iter().any(touches));
         let by_chance = self.config.error_probability > 0.0
             && self.rng.borrow_mut().random_bool(self.config.error_probability.min(1.0));
         if !(in_range || by_chance) {

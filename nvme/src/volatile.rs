@@ -116,6 +116,17 @@ impl VolatileDisk {
         report
     }
 
+    /// A power cut in which every write since the last flush is lost whole (the worst case a test wants).
+    pub fn crash_losing_unflushed(&self) {
+        let mut medium = self.medium.borrow_mut();
+        let unflushed = std::mem::take(&mut medium.unflushed);
+        for write in unflushed.iter().rev() {
+            let at = write.offset as usize;
+            medium.bytes[at..at + write.before.len()].copy_from_slice(&write.before);
+        }
+        medium.life += 1;
+    }
+
     /// Flips the bits of `mask` in the byte at `offset`, on the medium itself (durable, as media damage is).
     pub fn corrupt(&self, offset: u64, mask: u8) {
         let mut medium = self.medium.borrow_mut();

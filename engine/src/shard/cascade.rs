@@ -302,3 +302,44 @@ impl<E: Backend> Shard<E> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use strata_proto::{Pin, Status, WritePolicy};
+
+    use crate::sim::testing::{TestTier, put, put_child, read, value};
+
+    #[test]
+    fn a_put_of_a_key_a_cascade_removed_waits_for_the_removal_to_be_durable() {
+        let tier = TestTier::new(|_| {});
+        tier.life(async |shard, _| {
+            put(&shard, b"parent", &value(1, 100), WritePolicy::Durable, Pin::None).await.expect("parent");
+            put_child(&shard, b"child", &value(2, 100), b"parent").await.expect("child");
+            shard.remove(b"parent").await.expect("remove");
+            shard.cascades_settled().await;
+            assert_eq!(read(&shard, b"child").await, Err(Status::NotFound), "the child left with its parent");
+            // Before: acknowledged at once, while the cascade's tombstone was not durable; a crash then
+            // brought the child's old version back over this acknowledged one.
+            put(&shard, b"child", &value(3, 100), WritePolicy::WriteBack, Pin::None).await.expect("put again");
+        });
+        tier.crash();
+        tier.life(async |shard, _| {
+            assert_ne!(read(&shard, b"child").await, Ok(value(2, 100)), "the removed version came back");
+        });
+    }
+
+    #[test]
+    fn children_and_theirs_leave_with_their_parent() {
+        let tier = TestTier::new(|_| {});
+        tier.life(async |shard, _| {
+            put(&shard, b"root", &value(1, 100), WritePolicy::WriteThrough, Pin::None).await.expect("root");
+            put_child(&shard, b"leaf", &value(2, 100), b"root").await.expect("leaf");
+            put_child(&shard, b"grandleaf", &value(3, 100), b"leaf").await.expect("grandleaf");
+            shard.remove(b"root").await.expect("remove");
+            shard.cascades_settled().await;
+            assert_eq!(read(&shard, b"leaf").await, Err(Status::NotFound));
+            assert_eq!(read(&shard, b"grandleaf").await, Err(Status::NotFound), "and so on down the tree");
+            assert_eq!(shard.metrics.cascade_removals.load(std::sync::atomic::Ordering::Relaxed), 2);
+        });
+    }
+}

@@ -370,3 +370,43 @@ impl<E: Backend> Shard<E> {
         .detach();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use strata_proto::{Pin, Status, WritePolicy};
+
+    use crate::sim::testing::{TestTier, put, read, value};
+
+    #[test]
+    fn durable_puts_share_one_sync_and_survive_a_crash() {
+        let tier = TestTier::new(|_| {});
+        tier.life(async |shard, _| {
+            for index in 0..5u8 {
+                put(&shard, &[b'w', index], &value(index, 1000), WritePolicy::WriteThrough, Pin::None)
+                    .await
+                    .expect("put");
+            }
+            let syncs = shard.metrics.durable_syncs.load(Ordering::Relaxed);
+            put(&shard, b"durable", &value(9, 1000), WritePolicy::Durable, Pin::None).await.expect("put");
+            assert_eq!(shard.metrics.durable_syncs.load(Ordering::Relaxed), syncs + 1, "one write covers them");
+        });
+        tier.crash();
+        tier.life(async |shard, _| {
+            assert_eq!(read(&shard, b"durable").await, Ok(value(9, 1000)));
+            // The write-through records before it were made durable by the same write.
+            assert_eq!(read(&shard, b"w\x00").await, Ok(value(0, 1000)));
+        });
+    }
+
+    #[test]
+    fn a_durable_put_larger_than_a_region_is_refused_before_anything_is_stored() {
+        let tier = TestTier::new(|_| {});
+        tier.life(async |shard, _| {
+            let status = put(&shard, b"big", &value(1, 200 << 10), WritePolicy::Durable, Pin::None).await;
+            assert_eq!(status, Err(Status::TooLarge));
+            assert_eq!(shard.exists(b"big"), Err(Status::NotFound));
+        });
+    }
+}

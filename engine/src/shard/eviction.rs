@@ -120,3 +120,46 @@ impl<E: Backend> Shard<E> {
 
     // ---- reads ---------------------------------------------------------------------------------------
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use strata_proto::{Pin, WritePolicy};
+
+    use crate::sim::testing::{TestTier, put, read, value};
+
+    #[test]
+    fn dram_moves_its_oldest_objects_to_the_tier_and_keeps_hard_pins() {
+        let tier = TestTier::new(|_| {});
+        tier.life(async |shard, _| {
+            put(&shard, b"pinned", &value(0, 64 << 10), WritePolicy::WriteThrough, Pin::Hard).await.expect("pinned");
+            for index in 1..40u8 {
+                let key = [b'k', index];
+                put(&shard, &key, &value(index, 64 << 10), WritePolicy::WriteThrough, Pin::None).await.expect("put");
+            }
+            assert!(shard.metrics.dram_evictions.load(Ordering::Relaxed) > 0);
+            assert!(!shard.in_dram(b"k\x01") && shard.has_tier_copy(b"k\x01"), "the oldest went to the tier");
+            assert!(shard.in_dram(b"k\x27"), "the newest stayed");
+            assert!(shard.in_dram(b"pinned"), "a hard pin is never evicted");
+            assert_eq!(read(&shard, b"k\x01").await, Ok(value(1, 64 << 10)), "served from the tier");
+        });
+    }
+
+    #[test]
+    fn a_write_back_object_is_written_before_it_leaves_dram() {
+        let tier = TestTier::new(|_| {});
+        tier.life(async |shard, _| {
+            put(&shard, b"first", &value(1, 64 << 10), WritePolicy::WriteBack, Pin::None).await.expect("put");
+            assert!(!shard.has_tier_copy(b"first"), "write-back: not written yet");
+            for index in 0..40u8 {
+                put(&shard, &[b'k', index], &value(index, 64 << 10), WritePolicy::WriteBack, Pin::None)
+                    .await
+                    .expect("put");
+            }
+            assert!(!shard.in_dram(b"first") && shard.has_tier_copy(b"first"));
+            assert!(shard.metrics.dram_writebacks.load(Ordering::Relaxed) > 0);
+            assert_eq!(read(&shard, b"first").await, Ok(value(1, 64 << 10)));
+        });
+    }
+}

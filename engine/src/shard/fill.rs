@@ -168,3 +168,42 @@ impl<E: Backend> Shard<E> {
         Ok(Some(ReadHit { data: ReadData::Dram(pin), data_crc, object_len: fill.value_len }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::rc::Rc;
+    use std::time::Duration;
+
+    use strata_proto::{Pin, Status, WritePolicy};
+
+    use crate::sim::testing::{TestTier, put, value};
+
+    #[test]
+    fn a_read_that_waits_for_a_key_gets_it_when_it_is_put_or_gives_up_when_the_clock_says() {
+        let tier = TestTier::new(|_| {});
+        tier.life(async |shard, _| {
+            let waiting = Rc::clone(&shard);
+            let arrives = glommio::spawn_local(async move {
+                waiting.get(b"later", None, Duration::from_secs(5)).await.map(|hit| hit.slices().concat())
+            });
+            futures_lite::future::yield_now().await;
+            put(&shard, b"later", &value(1, 100), WritePolicy::WriteThrough, Pin::None).await.expect("put");
+            assert_eq!(arrives.await, Ok(value(1, 100)));
+
+            let waiting = Rc::clone(&shard);
+            let answer = Rc::new(std::cell::Cell::new(None));
+            let answered = Rc::clone(&answer);
+            glommio::spawn_local(async move {
+                answered.set(waiting.get(b"never", None, Duration::from_secs(5)).await.err());
+            })
+            .detach();
+            futures_lite::future::yield_now().await;
+            tier.world.clock.advance(Duration::from_secs(4));
+            futures_lite::future::yield_now().await;
+            assert_eq!(answer.get(), None, "still waiting after 4 s");
+            tier.world.clock.advance(Duration::from_secs(1));
+            futures_lite::future::yield_now().await;
+            assert_eq!(answer.get(), Some(Status::NotFound));
+        });
+    }
+}

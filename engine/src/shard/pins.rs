@@ -64,3 +64,51 @@ impl<E: Backend> Shard<E> {
         entry.last_hit != 0 && now < entry.last_hit.saturating_add(Self::ticks(self.config.read_lease))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use strata_proto::{Pin, Status, WritePolicy};
+
+    use crate::sim::testing::{TestTier, put, value};
+
+    #[test]
+    fn a_soft_pin_keeps_its_object_in_dram_until_its_ttl_lapses() {
+        let tier = TestTier::new(|_| {});
+        tier.life(async |shard, _| {
+            let soft = Pin::Soft { ttl_seconds: 2 };
+            put(&shard, b"soft", &value(0, 64 << 10), WritePolicy::WriteThrough, soft).await.expect("put");
+            let fill = async |from: u8| {
+                for index in from..from + 30 {
+                    let key = [b'k', index];
+                    put(&shard, &key, &value(index, 64 << 10), WritePolicy::WriteThrough, Pin::None)
+                        .await
+                        .expect("put");
+                }
+            };
+            fill(0).await;
+            assert!(shard.in_dram(b"soft"), "pinned while its TTL runs");
+            tier.world.clock.advance(Duration::from_secs(3));
+            fill(30).await;
+            assert!(!shard.in_dram(b"soft"), "evicted once it lapsed");
+        });
+    }
+
+    #[test]
+    fn pins_past_the_pinned_share_of_dram_are_refused() {
+        let tier = TestTier::new(|config| config.max_pinned_share = 0.25);
+        tier.life(async |shard, _| {
+            // 1 MiB of DRAM: a quarter is 256 KiB, three 100 KB pins are past it.
+            for index in 0..2u8 {
+                put(&shard, &[b'p', index], &value(index, 100_000), WritePolicy::WriteThrough, Pin::Hard)
+                    .await
+                    .expect("pin");
+            }
+            let third = put(&shard, b"p\x02", &value(2, 100_000), WritePolicy::WriteThrough, Pin::Hard).await;
+            assert_eq!(third, Err(Status::Quota));
+            assert!(shard.metrics.pinned_bytes.load(Ordering::Relaxed) <= 256 << 10);
+        });
+    }
+}

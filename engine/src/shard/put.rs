@@ -428,3 +428,46 @@ impl<E: Backend> Shard<E> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use strata_proto::{Pin, Status, WritePolicy};
+
+    use crate::sim::testing::{TestTier, put, read, value};
+
+    #[test]
+    fn a_poisoned_tier_takes_no_puts_or_removals_and_what_was_acknowledged_holds() {
+        let tier = TestTier::new(|_| {});
+        tier.life(async |shard, _| {
+            put(&shard, b"k", &value(1, 100), WritePolicy::Durable, Pin::None).await.expect("put");
+            shard.poison("a test", &"an injected failure");
+            // Before: the upsert failed on its tombstone yet stayed in DRAM, and the removal of that
+            // DRAM-only version was acknowledged without a tombstone; a crash then brought v1 back.
+            assert_eq!(put(&shard, b"k", &value(2, 100), WritePolicy::WriteBack, Pin::None).await, Err(Status::Io));
+            assert_eq!(put(&shard, b"new", &value(3, 100), WritePolicy::WriteBack, Pin::None).await, Err(Status::Io));
+            assert_eq!(shard.remove(b"k").await, Err(Status::Io));
+            assert_eq!(read(&shard, b"k").await, Ok(value(1, 100)), "reads go on");
+        });
+        tier.crash();
+        tier.life(async |shard, _| {
+            assert_eq!(read(&shard, b"k").await, Ok(value(1, 100)), "the newest acknowledged version");
+            assert_eq!(read(&shard, b"new").await, Err(Status::NotFound));
+        });
+    }
+
+    #[test]
+    fn a_durable_put_survives_a_crash_and_a_write_back_upsert_is_lost_whole() {
+        let tier = TestTier::new(|_| {});
+        tier.life(async |shard, _| {
+            put(&shard, b"durable", &value(1, 5000), WritePolicy::Durable, Pin::None).await.expect("put");
+            put(&shard, b"upserted", &value(2, 5000), WritePolicy::Durable, Pin::None).await.expect("put");
+            // Acknowledged once the old version's tombstone is durable: after a crash, v3 or nothing.
+            put(&shard, b"upserted", &value(3, 5000), WritePolicy::WriteBack, Pin::None).await.expect("upsert");
+        });
+        tier.crash();
+        tier.life(async |shard, _| {
+            assert_eq!(read(&shard, b"durable").await, Ok(value(1, 5000)));
+            assert_eq!(read(&shard, b"upserted").await, Err(Status::NotFound), "never the superseded version");
+        });
+    }
+}

@@ -333,6 +333,28 @@ impl<E: Backend> Shard<E> {
         index.find(index_hash(key)).is_some_and(|id| index.get(id).nvme != NONE_U64)
     }
 
+    /// Whether `key`'s stored version has a copy in DRAM.
+    #[cfg(test)]
+    pub(crate) fn in_dram(&self, key: &[u8]) -> bool {
+        let index = self.index.borrow();
+        index.find(index_hash(key)).is_some_and(|id| index.get(id).dram != NONE_U32)
+    }
+
+    /// Where `key`'s value starts on its namespace, if its stored version has a record (tests that damage
+    /// it).
+    #[cfg(test)]
+    pub(crate) fn value_on_device(&self, key: &[u8]) -> Option<u64> {
+        let index = self.index.borrow();
+        let entry = *index.get(index.find(index_hash(key))?);
+        if entry.nvme == NONE_U64 {
+            return None;
+        }
+        let (region, offset) = split_location(entry.nvme);
+        let log = self.log.borrow();
+        let region = &log.as_ref()?.regions[region as usize];
+        Some(region.device_offset + u64::from(offset) + record_value_offset(&entry) as u64)
+    }
+
     /// Whether `key` is stored, and the length of its value: from the index alone (the 64-bit hash), for
     /// DRAM and NVMe objects alike, so that a scheduler's batch of lookups touches no object memory. A hash
     /// collision (see `index.rs`) can make this say yes for a key a get then misses; never the reverse.
@@ -376,4 +398,56 @@ struct OnTier {
     entry: Entry,
     offset: u32,
     len: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use strata_proto::{Pin, Status, WritePolicy};
+
+    use crate::sim::testing::{TestTier, put, read, value};
+
+    #[test]
+    fn a_damaged_record_is_dropped_never_served() {
+        let tier = TestTier::new(|_| {});
+        tier.life(async |shard, _| {
+            put(&shard, b"k", &value(1, 8000), WritePolicy::Durable, Pin::None).await.expect("put");
+            for index in 0..30u8 {
+                put(&shard, &[b'f', index], &value(index, 64 << 10), WritePolicy::WriteThrough, Pin::None)
+                    .await
+                    .expect("put");
+            }
+            assert!(!shard.in_dram(b"k"), "only on the tier now");
+            let at = shard.value_on_device(b"k").expect("a record");
+            tier.world.disks[0].corrupt(at + 4000, 0x10);
+            assert_eq!(read(&shard, b"k").await, Err(Status::Checksum));
+            assert_eq!(read(&shard, b"k").await, Err(Status::NotFound), "dropped from the index");
+        });
+    }
+
+    #[test]
+    fn a_range_is_read_from_dram_or_the_tier_with_its_own_crc() {
+        let tier = TestTier::new(|_| {});
+        tier.life(async |shard, _| {
+            let bytes = value(9, 20_000);
+            put(&shard, b"k", &bytes, WritePolicy::WriteThrough, Pin::None).await.expect("put");
+            for on_tier in [false, true] {
+                assert_eq!(shard.in_dram(b"k"), !on_tier);
+                let hit = shard.get(b"k", Some((1000, 5000)), Duration::ZERO).await.expect("range");
+                let read: Vec<u8> = hit.slices().concat();
+                assert_eq!(read, bytes[1000..6000], "on the tier: {on_tier}");
+                assert_eq!(hit.data_crc, crc32c::crc32c(&read));
+                assert_eq!(hit.object_len, 20_000);
+                // A reader's pin holds the bytes in place: let go before making DRAM evict.
+                drop(hit);
+                for index in 0..30u8 {
+                    put(&shard, &[b'f', index], &value(index, 64 << 10), WritePolicy::WriteThrough, Pin::None)
+                        .await
+                        .expect("put");
+                }
+            }
+            assert_eq!(shard.get(b"k", Some((19_000, 2000)), Duration::ZERO).await.err(), Some(Status::Invalid));
+        });
+    }
 }

@@ -199,3 +199,36 @@ impl<E: Backend> Shard<E> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use strata_proto::{Pin, Status, WritePolicy};
+
+    use crate::sim::testing::{TestTier, put, read, value};
+
+    #[test]
+    fn an_acknowledged_removal_holds_across_a_crash() {
+        let tier = TestTier::new(|_| {});
+        tier.life(async |shard, _| {
+            put(&shard, b"k", &value(1, 3000), WritePolicy::Durable, Pin::None).await.expect("put");
+            shard.remove(b"k").await.expect("remove");
+            assert_eq!(shard.remove(b"k").await, Err(Status::NotFound));
+        });
+        tier.crash();
+        tier.life(async |shard, _| assert_eq!(read(&shard, b"k").await, Err(Status::NotFound)));
+    }
+
+    #[test]
+    fn keys_matching_a_pattern_are_removed_and_only_those() {
+        let tier = TestTier::new(|_| {});
+        tier.life(async |shard, _| {
+            for key in [&b"layer-0"[..], b"layer-1", b"other"] {
+                put(&shard, key, &value(1, 100), WritePolicy::WriteThrough, Pin::None).await.expect("put");
+            }
+            let pattern = regex::bytes::Regex::new("^layer-").expect("pattern");
+            assert_eq!(shard.remove_matching(b"", Some(&pattern)).await, 2);
+            assert_eq!(read(&shard, b"other").await, Ok(value(1, 100)));
+            assert_eq!(read(&shard, b"layer-1").await, Err(Status::NotFound));
+        });
+    }
+}

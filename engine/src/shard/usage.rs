@@ -76,3 +76,43 @@ impl<E: Backend> Shard<E> {
         (self.tenants.usage.borrow().get(&tenant).copied().unwrap_or_default(), self.tenants.tenancy.quotas_of(tenant))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use strata_proto::{Pin, Status, WritePolicy};
+
+    use crate::sim::testing::{TestTier, put, value};
+    use crate::tenants::TenantConfig;
+
+    fn tenant(name: &str, dram_quota: Option<u64>) -> TenantConfig {
+        TenantConfig {
+            name: name.into(),
+            token: format!("token-{name}").into_bytes(),
+            dram_quota,
+            nvme_quota: None,
+            max_pinned: None,
+        }
+    }
+
+    #[test]
+    fn each_tenant_is_charged_for_its_own_objects_and_held_to_its_quota() {
+        let tier = TestTier::new(|config| config.tenants = vec![tenant("a", Some(64 << 10)), tenant("b", None)]);
+        tier.life(async |shard, _| {
+            let a = shard.tenancy().authenticate(b"token-a").expect("a");
+            let b = shard.tenancy().authenticate(b"token-b").expect("b");
+            let key_a = a.scoped(b"k").into_owned();
+            put(&shard, &key_a, &value(1, 40_000), WritePolicy::WriteThrough, Pin::None).await.expect("a's put");
+            put(&shard, &b.scoped(b"k"), &value(2, 100_000), WritePolicy::WriteThrough, Pin::None).await.expect("b's");
+            let usage: std::collections::HashMap<u32, _> = shard.tenant_usage().into_iter().collect();
+            let of = |scope: &crate::tenants::Scope| usage[&crate::tenants::tenant_of(&scope.scoped(b"k"), true)];
+            assert_eq!(of(&a).dram, key_a.len() as u64 + 40_000);
+            assert_eq!(of(&b).dram, key_a.len() as u64 + 100_000);
+            // a's second object is past its 64 KiB quota together with the first: the first makes room.
+            put(&shard, &a.scoped(b"k2"), &value(3, 40_000), WritePolicy::WriteThrough, Pin::None).await.expect("put");
+            let usage: std::collections::HashMap<u32, _> = shard.tenant_usage().into_iter().collect();
+            assert!(usage[&crate::tenants::tenant_of(&key_a, true)].dram <= 64 << 10);
+            let too_big = put(&shard, &a.scoped(b"big"), &value(4, 70_000), WritePolicy::WriteThrough, Pin::None).await;
+            assert_eq!(too_big, Err(Status::Quota));
+        });
+    }
+}

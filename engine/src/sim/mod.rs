@@ -20,6 +20,8 @@ mod driver;
 pub mod model;
 mod node;
 mod ops;
+#[cfg(test)]
+pub(crate) mod testing;
 
 use strata_nvme::{FaultDevice, VolatileDevice};
 

@@ -89,7 +89,8 @@ impl World {
         let shards = Rc::new(shards);
         for shard in shards.iter() {
             let (to_peers, from_shard) = local_channel::new_bounded(16);
-            glommio::spawn_local(relay(Rc::downgrade(&shards), shard.id, Arc::clone(&link_counts), from_shard)).detach();
+            glommio::spawn_local(relay(Rc::downgrade(&shards), shard.id, Arc::clone(&link_counts), from_shard))
+                .detach();
             shard.start_serving(to_peers);
         }
         Ok(Life { shards, reports, subscriptions })
