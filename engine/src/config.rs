@@ -105,6 +105,54 @@ impl Default for EngineConfig {
     }
 }
 
+/// Why a configuration is refused.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    /// No CPU to run a shard on.
+    #[error("at least one core is needed")]
+    NoCores,
+    /// The watermarks are out of order.
+    #[error("watermarks must satisfy 0 < low < high <= 1 (low {low}, high {high})")]
+    Watermarks {
+        /// The low one.
+        low: f64,
+        /// The high one.
+        high: f64,
+    },
+    /// The region size is not a power of two from 1 MiB to 1 GiB.
+    #[error("region size {0} must be a power of two from 1 MiB to 1 GiB")]
+    RegionSize(u64),
+    /// The pinned share is out of range.
+    #[error("the pinned share {0} must be within 0..=0.9")]
+    PinnedShare(f64),
+    /// The tenants are inconsistent.
+    #[error(transparent)]
+    Tenants(#[from] crate::tenants::TenantError),
+    /// Fewer than two region buffers per shard.
+    #[error("at least 2 region buffers per shard are needed (one fills while one is written)")]
+    RegionBuffers,
+    /// Too little DRAM per shard.
+    #[error("{dram_bytes} bytes of DRAM give each of {shards} shards under 4 MiB")]
+    DramPerShard {
+        /// The node's DRAM.
+        dram_bytes: u64,
+        /// Its shards.
+        shards: usize,
+    },
+    /// An empty list of CPUs for event senders.
+    #[error("no CPUs for event senders (say `inline` to write events on the shards' cores)")]
+    NoEventCpus,
+    /// A CPU number past what the system can name.
+    #[error("CPU {0} for event senders is past the largest CPU number")]
+    EventCpu(usize),
+    /// The shards' ports run past 65535.
+    #[error("base port + shards exceeds 65535")]
+    Ports,
+    /// A CPU list that does not parse.
+    #[error("{0:?} is not a CPU list (e.g. 0,2-3)")]
+    CpuList(String),
+}
+
 /// Where a shard's event frames are written to their subscribers' sockets (`crate::event_sender`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EventCpus {
@@ -119,7 +167,7 @@ pub enum EventCpus {
 
 impl EventCpus {
     /// Parses `spare`, `inline` or a list of CPUs such as `0,2-3`.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
         match text.trim() {
             "spare" => Ok(EventCpus::Spare),
             "inline" => Ok(EventCpus::Inline),
@@ -129,15 +177,16 @@ impl EventCpus {
 }
 
 /// Parses a CPU list such as `0,2-3` (the form of `taskset -c`).
-pub fn parse_cpu_list(text: &str) -> Result<Vec<usize>, String> {
+pub fn parse_cpu_list(text: &str) -> Result<Vec<usize>, ConfigError> {
     let mut cpus = Vec::new();
+    let refused = || ConfigError::CpuList(text.to_string());
     for part in text.split(',').map(str::trim) {
-        let number = |text: &str| text.trim().parse::<usize>().map_err(|_| format!("{text:?} is not a CPU number"));
+        let number = |text: &str| text.trim().parse::<usize>().map_err(|_| refused());
         match part.split_once('-') {
             Some((first, last)) => {
                 let (first, last) = (number(first)?, number(last)?);
                 if first > last || last - first >= 4096 {
-                    return Err(format!("{part:?} is not a CPU range"));
+                    return Err(refused());
                 }
                 cpus.extend(first..=last);
             }
@@ -149,44 +198,36 @@ pub fn parse_cpu_list(text: &str) -> Result<Vec<usize>, String> {
 
 impl EngineConfig {
     /// Checks values that would make the node misbehave rather than fail.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.cpus.is_empty() {
-            return Err("at least one core is needed".into());
+            return Err(ConfigError::NoCores);
         }
         if !(0.0 < self.low_watermark && self.low_watermark < self.high_watermark && self.high_watermark <= 1.0) {
-            return Err(format!(
-                "watermarks must satisfy 0 < low < high <= 1 (low {}, high {})",
-                self.low_watermark, self.high_watermark
-            ));
+            return Err(ConfigError::Watermarks { low: self.low_watermark, high: self.high_watermark });
         }
         if !self.region_bytes.is_power_of_two() || !(1 << 20..=1 << 30).contains(&self.region_bytes) {
-            return Err(format!("region size {} must be a power of two from 1 MiB to 1 GiB", self.region_bytes));
+            return Err(ConfigError::RegionSize(self.region_bytes));
         }
         if !(0.0..=0.9).contains(&self.max_pinned_share) {
-            return Err(format!("the pinned share {} must be within 0..=0.9", self.max_pinned_share));
+            return Err(ConfigError::PinnedShare(self.max_pinned_share));
         }
         crate::tenants::Tenancy::new(&self.tenants, self.cpus.len() as u32)?;
         if self.region_buffers < 2 {
-            return Err("at least 2 region buffers per shard are needed (one fills while one is written)".into());
+            return Err(ConfigError::RegionBuffers);
         }
-        let per_shard = self.dram_bytes / self.cpus.len() as u64;
-        if per_shard < 4 << 20 {
-            return Err(format!(
-                "{} bytes of DRAM give each of {} shards under 4 MiB",
-                self.dram_bytes,
-                self.cpus.len()
-            ));
+        if self.dram_bytes / (self.cpus.len() as u64) < 4 << 20 {
+            return Err(ConfigError::DramPerShard { dram_bytes: self.dram_bytes, shards: self.cpus.len() });
         }
         if let EventCpus::These(cpus) = &self.event_cpus {
             if cpus.is_empty() {
-                return Err("no CPUs for event senders (say `inline` to write events on the shards' cores)".into());
+                return Err(ConfigError::NoEventCpus);
             }
-            if let Some(cpu) = cpus.iter().find(|cpu| **cpu >= libc::CPU_SETSIZE as usize) {
-                return Err(format!("CPU {cpu} for event senders is past the largest CPU number"));
+            if let Some(&cpu) = cpus.iter().find(|cpu| **cpu >= libc::CPU_SETSIZE as usize) {
+                return Err(ConfigError::EventCpu(cpu));
             }
         }
         if u64::from(self.listen.port()) + self.cpus.len() as u64 > 65_536 {
-            return Err("base port + shards exceeds 65535".into());
+            return Err(ConfigError::Ports);
         }
         Ok(())
     }

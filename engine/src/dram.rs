@@ -44,6 +44,23 @@ pub struct DramTier {
     clock: VecDeque<(u32, u32)>,
 }
 
+/// Why a DRAM tier could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum DramError {
+    /// The segment could not be mapped.
+    #[error("mapping a DRAM segment of {capacity_bytes} bytes: {source}")]
+    Map {
+        /// Bytes asked for.
+        capacity_bytes: u64,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The allocator refused its configuration.
+    #[error("DRAM allocator: {0}")]
+    Allocator(#[from] AllocError),
+}
+
 /// Why DRAM space could not be had.
 #[derive(Debug)]
 pub enum DramFull {
@@ -55,15 +72,14 @@ pub enum DramFull {
 
 impl DramTier {
     /// A tier of `capacity_bytes` (hugepages when `try_huge` and reserved).
-    pub fn new(capacity_bytes: u64, try_huge: bool) -> Result<Self, String> {
+    pub fn new(capacity_bytes: u64, try_huge: bool) -> Result<Self, DramError> {
         let segment = Segment::map(capacity_bytes as usize, try_huge)
-            .map_err(|error| format!("mapping a DRAM segment of {capacity_bytes} bytes: {error}"))?;
+            .map_err(|source| DramError::Map { capacity_bytes, source })?;
         let capacity_bytes = (capacity_bytes.min(segment.len() as u64) / 64) * 64;
         // One allocation per 2 KiB on average bounds the allocator's node pool to 32 bytes per 2 KiB
         // (1.6 %), reserved up front.
         let max_allocations = (capacity_bytes / 2048).clamp(4096, u64::from(u32::MAX / 4)) as u32;
-        let allocator = Allocator::new(AllocatorConfig::new(capacity_bytes, 64, max_allocations))
-            .map_err(|error| format!("DRAM allocator: {error}"))?;
+        let allocator = Allocator::new(AllocatorConfig::new(capacity_bytes, 64, max_allocations))?;
         Ok(Self { segment, allocator, objects: Vec::new(), free_slots: Vec::new(), clock: VecDeque::new() })
     }
 

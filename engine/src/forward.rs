@@ -269,8 +269,8 @@ async fn serve(shard: &Rc<Shard>, request: Forward) -> ForwardReply {
     match request.op {
         ForwardOp::Put { value, value_crc, options, parent, group } => {
             let links = strata_proto::Links { parent: parent.as_deref(), group: group.as_deref() };
-            let status = shard.put_value(key, &value, value_crc, options, links).await.err().unwrap_or(Status::Ok);
-            reply.status = status;
+            let put = shard.put_value(key, &value, value_crc, options, links).await;
+            reply.status = put.err().map_or(Status::Ok, |error| error.status());
         }
         ForwardOp::Get(range, wait) => match shard.get(key, range, wait).await {
             Ok(hit) => {
@@ -278,15 +278,15 @@ async fn serve(shard: &Rc<Shard>, request: Forward) -> ForwardReply {
                 reply.data_crc = hit.data_crc;
                 reply.object_len = hit.object_len;
             }
-            Err(status) => reply.status = status,
+            Err(error) => reply.status = error.status(),
         },
         ForwardOp::Exists { lease } => match if lease { shard.exists_leased(key) } else { shard.exists(key) } {
             Ok(len) => reply.object_len = len,
-            Err(status) => reply.status = status,
+            Err(error) => reply.status = error.status(),
         },
         ForwardOp::Remove => {
-            if let Err(status) = shard.remove(key).await {
-                reply.status = status;
+            if let Err(error) = shard.remove(key).await {
+                reply.status = error.status();
             }
         }
     }

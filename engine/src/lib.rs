@@ -8,6 +8,7 @@
 pub mod backend;
 pub mod config;
 pub mod dram;
+pub mod error;
 pub mod event_sender;
 pub mod events;
 pub mod forward;
@@ -28,4 +29,5 @@ pub mod tenants;
 pub mod tier;
 
 pub use crate::config::EngineConfig;
+pub use crate::error::EngineError;
 pub use crate::node::{Node, NodeError, NodeSummary, start};

@@ -30,10 +30,24 @@ use crate::tier::{FreshIds, NamespaceSlot, TierError};
 pub enum NodeError {
     /// The configuration is inconsistent.
     #[error("configuration: {0}")]
-    Config(String),
+    Config(#[from] crate::config::ConfigError),
+    /// No consecutive free ports for the shards.
+    #[error("found no {shards} consecutive free ports")]
+    Ports {
+        /// Shards (ports) asked for.
+        shards: usize,
+    },
     /// A namespace could not be opened, checked or formatted.
     #[error("NVMe tier: {0}")]
-    Nvme(String),
+    Nvme(#[from] TierError),
+    /// An executor could not be started or failed.
+    #[error("{what}: {reason}")]
+    Executor {
+        /// Which.
+        what: String,
+        /// Glommio's error.
+        reason: String,
+    },
     /// A listener could not be bound.
     #[error("listening on {addr}: {source}")]
     Listen {
@@ -60,8 +74,38 @@ pub enum NodeError {
         /// The shard.
         shard: u32,
         /// Why.
-        reason: String,
+        #[source]
+        reason: ShardStartError,
     },
+}
+
+/// Why a shard did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ShardStartError {
+    /// Its handle on a namespace could not be opened.
+    #[error("opening {name}: {source}")]
+    Open {
+        /// The namespace.
+        name: String,
+        /// Why.
+        #[source]
+        source: strata_nvme::OpenError,
+    },
+    /// Its DRAM tier could not be built.
+    #[error(transparent)]
+    Dram(#[from] crate::dram::DramError),
+    /// Its share of the tier could not be laid out.
+    #[error(transparent)]
+    Tier(#[from] TierError),
+    /// Its recovery failed.
+    #[error("recovery: {0}")]
+    Recovery(#[from] crate::shard::RecoveryError),
+    /// Its executor exited before it reported.
+    #[error("its executor exited during start-up")]
+    Exited,
+    /// No side of the mesh of shards was dealt to it.
+    #[error("no side of the mesh of shards was dealt to it")]
+    NoMesh,
 }
 
 /// What a started node reports.
@@ -205,7 +249,7 @@ impl Node {
         let mut result = Ok(());
         for (shard, handle) in std::mem::take(&mut self.shards).into_iter().enumerate() {
             if let Err(error) = handle.join() {
-                result = Err(NodeError::Shard { shard: shard as u32, reason: format!("{error:?}") });
+                result = Err(NodeError::Executor { what: format!("shard {shard}"), reason: format!("{error:?}") });
             }
         }
         if let Some(thread) = self.metrics_thread.take() {
@@ -236,7 +280,7 @@ enum NamespaceHandle {
 
 /// Opens a handle; `sized`: create or extend files to their size (done once, when preparing the tier;
 /// shards then open the files as they are).
-async fn open_handle(handle: &NamespaceHandle, sized: bool) -> Result<AnyDevice, String> {
+async fn open_handle(handle: &NamespaceHandle, sized: bool) -> Result<AnyDevice, strata_nvme::OpenError> {
     match handle {
         NamespaceHandle::Memory(device) => Ok(AnyDevice::Memory(device.clone())),
         NamespaceHandle::Spec(spec) => {
@@ -244,7 +288,7 @@ async fn open_handle(handle: &NamespaceHandle, sized: bool) -> Result<AnyDevice,
                 DeviceSpec::File { path, .. } if !sized => DeviceSpec::File { path: path.clone(), size_bytes: None },
                 other => other.clone(),
             };
-            AnyDevice::open(&spec, &HostOptions::default()).await.map_err(|error| error.to_string())
+            AnyDevice::open(&spec, &HostOptions::default()).await
         }
     }
 }
@@ -286,7 +330,7 @@ async fn prepare_tier(
     for (index, handle) in handles.iter().enumerate() {
         let name = &names[index];
         let device =
-            open_handle(handle, true).await.map_err(|reason| TierError::Open { name: name.clone(), reason })?;
+            open_handle(handle, true).await.map_err(|source| TierError::Open { name: name.clone(), source })?;
         let slot = NamespaceSlot { name, index: index as u32, count: handles.len() as u32 };
         headers.push(crate::tier::prepare_namespace(&device, slot, config, fresh).await?);
     }
@@ -312,7 +356,7 @@ fn bind_listeners(config: &EngineConfig) -> Result<Vec<std::net::TcpListener>, N
             return Ok(listeners);
         }
     }
-    Err(NodeError::Config(format!("found no {shards} consecutive free ports")))
+    Err(NodeError::Ports { shards })
 }
 
 /// The calling thread's scheduling policy when it is a real-time one (executors inherit it).
@@ -335,7 +379,7 @@ fn real_time_policy() -> Option<&'static str> {
 
 /// Starts a node; returns once every shard has recovered and is serving.
 pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
-    config.validate().map_err(NodeError::Config)?;
+    config.validate()?;
     if config.nvme.iter().any(|spec| matches!(spec, DeviceSpec::File { .. }))
         && let Some(policy) = real_time_policy()
     {
@@ -358,7 +402,7 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
     let stop = Arc::new(AtomicBool::new(false));
     let metrics: Vec<Arc<ShardMetrics>> = (0..shard_count).map(|_| Arc::new(ShardMetrics::default())).collect();
     let dram_per_shard = config.dram_bytes / u64::from(shard_count);
-    let (ready_sender, ready_receiver) = mpsc::channel::<(u32, Result<ShardStarted, String>)>();
+    let (ready_sender, ready_receiver) = mpsc::channel::<(u32, Result<ShardStarted, ShardStartError>)>();
     // Read here, on the thread that started the node, before any executor pins itself: the CPUs the
     // operator let the process use.
     let event_senders = Arc::new(crate::event_sender::EventSenders::new(&config.event_cpus, &config.cpus));
@@ -368,6 +412,7 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
         config: Arc::new(config),
         tier: Arc::new(tier),
         handles: Arc::new(handles),
+        names: Arc::new(names.clone()),
         event_senders: Arc::clone(&event_senders),
         peer_budget,
         stop: Arc::clone(&stop),
@@ -453,10 +498,13 @@ fn open_tier(
         .name("strata-prepare")
         .io_memory(2 << 20)
         .spawn(move || async move { prepare_tier(&config, &handles, &names).await })
-        .map_err(|error| NodeError::Nvme(format!("starting an executor: {error}")))?
+        .map_err(|error| NodeError::Executor {
+            what: "starting the tier's executor".into(),
+            reason: error.to_string(),
+        })?
         .join()
-        .map_err(|error| NodeError::Nvme(format!("{error:?}")))?
-        .map_err(|error| NodeError::Nvme(error.to_string()))
+        .map_err(|error| NodeError::Executor { what: "the tier's executor".into(), reason: format!("{error:?}") })?
+        .map_err(NodeError::Nvme)
 }
 
 /// What every shard's executor shares.
@@ -465,6 +513,8 @@ struct ShardShared {
     config: Arc<EngineConfig>,
     tier: Arc<Vec<(TierHeader, u64)>>,
     handles: Arc<Vec<NamespaceHandle>>,
+    /// The namespaces' names, for messages.
+    names: Arc<Vec<String>>,
     event_senders: Arc<crate::event_sender::EventSenders>,
     peer_budget: Arc<crate::peer_limits::PeerBudget>,
     stop: Arc<AtomicBool>,
@@ -480,7 +530,7 @@ struct ShardStart {
     metrics: Arc<ShardMetrics>,
     /// Its side of the mesh of shards (one per shard, dealt in order).
     peers: Option<crate::forward::MeshEnds>,
-    ready: mpsc::Sender<(u32, Result<ShardStarted, String>)>,
+    ready: mpsc::Sender<(u32, Result<ShardStarted, ShardStartError>)>,
 }
 
 /// What a shard reports once it has recovered: its recovery, its DRAM's pages, its regions.
@@ -518,7 +568,10 @@ fn spawn_shard(
             crate::server::close_connections(&server);
             server.shard.flush_for_shutdown().await;
         })
-        .map_err(|error| NodeError::Shard { shard, reason: format!("starting its executor on CPU {cpu}: {error}") })
+        .map_err(|error| NodeError::Executor {
+            what: format!("starting shard {shard}'s executor on CPU {cpu}"),
+            reason: error.to_string(),
+        })
 }
 
 /// Opens the shard's devices, builds its DRAM tier and region log, recovers its keys from the tier and
@@ -528,11 +581,12 @@ async fn build_shard(
     shared: &ShardShared,
     metrics: Arc<ShardMetrics>,
     peers: Option<crate::forward::MeshEnds>,
-) -> Result<(Rc<ShardServer>, ShardStarted), String> {
+) -> Result<(Rc<ShardServer>, ShardStarted), ShardStartError> {
     let config = &shared.config;
     let mut devices = Vec::new();
-    for handle in shared.handles.iter() {
-        let device = open_handle(handle, false).await?;
+    for (handle, name) in shared.handles.iter().zip(shared.names.iter()) {
+        let device =
+            open_handle(handle, false).await.map_err(|source| ShardStartError::Open { name: name.clone(), source })?;
         let device = match (device, &config.faults) {
             (AnyDevice::File(file), Some(faults)) => {
                 let faults = strata_nvme::FaultConfig { seed: faults.seed + u64::from(shard), ..faults.clone() };
@@ -544,9 +598,9 @@ async fn build_shard(
     }
     let dram = DramTier::new(shared.dram_per_shard, config.hugepages)?;
     let pages = dram.pages();
-    let log = crate::tier::region_log(&devices, &shared.tier, shard, config).map_err(|error| error.to_string())?;
+    let log = crate::tier::region_log(&devices, &shared.tier, shard, config)?;
     let region_count = log.as_ref().map_or(0, |log| log.regions.len());
-    let peers = peers.ok_or_else(|| format!("no side of the mesh was dealt to shard {shard}"))?;
+    let peers = peers.ok_or(ShardStartError::NoMesh)?;
     let shard_state = Shard::new(ShardParts {
         id: shard,
         shard_count: shared.shard_count,
@@ -559,7 +613,7 @@ async fn build_shard(
         metrics,
         link_counts: Arc::clone(&peers.link_counts),
     });
-    let report = shard_state.recover().await.map_err(|error| error.to_string())?;
+    let report = shard_state.recover().await?;
     let forwarder = Rc::new(crate::forward::Forwarder::connect(&shard_state, peers).await);
     // Recovery restored links before the mesh existed: the peers learn of them now.
     forwarder.relay_cascades_of(&shard_state);
@@ -587,7 +641,7 @@ async fn accept_until_stopped(server: &Rc<ShardServer>, shared: &ShardShared, li
 
 /// Waits for every shard's start-up report: their recoveries, regions and pages, or the first failure.
 fn wait_for_shards(
-    ready: &mpsc::Receiver<(u32, Result<ShardStarted, String>)>,
+    ready: &mpsc::Receiver<(u32, Result<ShardStarted, ShardStartError>)>,
     shard_count: u32,
 ) -> (Vec<RecoveryReport>, Vec<usize>, PageKind, Option<NodeError>) {
     let mut recovery = vec![RecoveryReport::default(); shard_count as usize];
@@ -605,7 +659,7 @@ fn wait_for_shards(
                 failure.get_or_insert(NodeError::Shard { shard, reason });
             }
             Err(_) => {
-                failure.get_or_insert(NodeError::Shard { shard: 0, reason: "exited during start-up".into() });
+                failure.get_or_insert(NodeError::Shard { shard: 0, reason: ShardStartError::Exited });
             }
         }
     }

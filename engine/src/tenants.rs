@@ -98,6 +98,20 @@ pub fn tenant_of(key: &[u8], tenanted: bool) -> u32 {
     }
 }
 
+/// Why a set of tenants is refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TenantError {
+    /// A tenant has no token.
+    #[error("tenant {0:?} has an empty token")]
+    EmptyToken(String),
+    /// Two tenants' names give the same id.
+    #[error("tenants {0:?} and {1:?} have the same id: rename one")]
+    SameId(String, String),
+    /// Two tenants have one token.
+    #[error("tenant {0:?} shares its token with another tenant")]
+    SharedToken(String),
+}
+
 /// The node's tenants.
 #[derive(Clone, Debug, Default)]
 pub struct Tenancy {
@@ -107,19 +121,19 @@ pub struct Tenancy {
 impl Tenancy {
     /// The tenants of `configs`, each quota split between `shards`; refuses duplicate names, empty
     /// tokens and ids that collide.
-    pub fn new(configs: &[TenantConfig], shards: u32) -> Result<Self, String> {
+    pub fn new(configs: &[TenantConfig], shards: u32) -> Result<Self, TenantError> {
         let mut scopes: Vec<(Vec<u8>, Scope)> = Vec::new();
         let share = |quota: Option<u64>| quota.map(|bytes| bytes / u64::from(shards.max(1)));
         for config in configs {
             if config.token.is_empty() {
-                return Err(format!("tenant {:?} has an empty token", config.name));
+                return Err(TenantError::EmptyToken(config.name.clone()));
             }
             let id = tenant_id(&config.name);
             if let Some((_, other)) = scopes.iter().find(|(_, scope)| scope.id == id) {
-                return Err(format!("tenants {:?} and {:?} have the same id: rename one", other.name, config.name));
+                return Err(TenantError::SameId(other.name.clone(), config.name.clone()));
             }
             if scopes.iter().any(|(token, _)| *token == config.token) {
-                return Err(format!("tenant {:?} shares its token with another tenant", config.name));
+                return Err(TenantError::SharedToken(config.name.clone()));
             }
             let quotas = Quotas {
                 dram: share(config.dram_quota),

@@ -15,12 +15,13 @@ use crate::record::{FIRST_REGION_OFFSET, FormatError, TIER_HEADER_BYTES, TIER_HE
 #[derive(Debug, thiserror::Error)]
 pub enum TierError {
     /// The namespace could not be opened.
-    #[error("{name}: {reason}")]
+    #[error("{name}: {source}")]
     Open {
         /// The namespace.
         name: String,
         /// Why.
-        reason: String,
+        #[source]
+        source: strata_nvme::OpenError,
     },
     /// A read or write of the namespace failed.
     #[error("{name}: {source}")]

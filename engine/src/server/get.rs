@@ -25,7 +25,7 @@ async fn read_item(
 ) -> Result<ReadHit, Status> {
     let key = scope.scoped(user_key);
     match server.other_owner(user_key) {
-        None => server.shard.get(&key, range, wait).await,
+        None => server.shard.get(&key, range, wait).await.map_err(|error| error.status()),
         Some(owner) => {
             let reply = server.forward(owner, &key, ForwardOp::Get(range, wait)).await;
             if reply.status == Status::Ok {

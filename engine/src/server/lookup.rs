@@ -36,7 +36,7 @@ pub(super) async fn exists(
             continue;
         }
         let found = match hashes[at] {
-            Some(hash) => shard.exists_hashed(hash, prefix),
+            Some(hash) => shard.exists_hashed(hash, prefix).map_err(|error| error.status()),
             None => {
                 let owner = server.other_owner(user_key).unwrap_or(shard.id);
                 let key = scope.scoped(user_key);
@@ -66,7 +66,7 @@ pub(super) async fn remove(
     for user_key in body_keys(body, items) {
         let key = scope.scoped(user_key);
         let status = match server.other_owner(user_key) {
-            None => server.shard.remove(&key).await.err().unwrap_or(Status::Ok),
+            None => server.shard.remove(&key).await.err().map_or(Status::Ok, |error| error.status()),
             Some(owner) => server.forward(owner, &key, ForwardOp::Remove).await.status,
         };
         statuses.push(ResponseItemHeader::status(status));

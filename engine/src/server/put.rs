@@ -103,9 +103,9 @@ pub(super) async fn handle_put(
         let total = key_len as u64 + u64::from(item.value_len);
         let mut reservation = match shard.admit_put(&key, item.value_len, &mut options).await {
             Ok(reservation) => reservation,
-            Err(status) => {
+            Err(error) => {
                 skip_value(connection, &item, &mut consumed, header.body_len).await?;
-                statuses.push(ResponseItemHeader::status(status));
+                statuses.push(ResponseItemHeader::status(error.status()));
                 continue;
             }
         };
@@ -139,7 +139,7 @@ pub(super) async fn handle_put(
                 Status::Ok
             }
             Ok(None) => Status::Ok,
-            Err(status) => status,
+            Err(error) => error.status(),
         };
         statuses.push(ResponseItemHeader::status(status));
     }
@@ -149,10 +149,10 @@ pub(super) async fn handle_put(
     // One sync per region touched covers the whole batch (the last point of each region is the furthest).
     for (index, point) in durable.iter().enumerate() {
         let last_of_region = durable[index + 1..].iter().all(|later| later.region_key() != point.region_key());
-        if last_of_region && let Err(status) = shard.sync(*point).await {
+        if last_of_region && let Err(error) = shard.sync(*point).await {
             for (item, other) in durable_items.iter().zip(&durable) {
                 if other.region_key() == point.region_key() {
-                    statuses[*item] = ResponseItemHeader::status(status);
+                    statuses[*item] = ResponseItemHeader::status(error.status());
                 }
             }
         }

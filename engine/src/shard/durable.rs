@@ -3,12 +3,12 @@
 use std::rc::Rc;
 
 use glommio::sync::Semaphore;
-use strata_proto::Status;
 
 use super::reads::record_value_offset;
 use super::usage::Use;
 use super::{Shard, object_bytes};
 use crate::backend::Backend;
+use crate::error::EngineError;
 use crate::index::{Entry, FLAG_DIRTY, FLAG_LINKED, FLAG_PINNED, FLAG_RECORD_LINKED, NONE_U32};
 use crate::log::{RegionLog, RegionState, split_location, write_partial, write_region, written_len};
 use crate::metrics::add;
@@ -71,9 +71,9 @@ impl<E: Backend> Shard<E> {
     }
 
     /// Where the record of `entry` at location `at` ends: what a sync must cover to make it durable.
-    pub(super) fn durable_point(&self, at: u64, entry: &Entry) -> Result<DurablePoint, Status> {
+    pub(super) fn durable_point(&self, at: u64, entry: &Entry) -> Result<DurablePoint, EngineError> {
         let log = self.log.borrow();
-        let Some(log) = log.as_ref() else { return Err(Status::Io) };
+        let Some(log) = log.as_ref() else { return Err(EngineError::Invalid("no NVMe tier")) };
         Ok(point_after(log, at, record_value_offset(entry) + entry.value_len as usize))
     }
 
@@ -84,7 +84,7 @@ impl<E: Backend> Shard<E> {
         key: &[u8],
         hash: u64,
         version: u32,
-    ) -> Result<DurablePoint, Status> {
+    ) -> Result<DurablePoint, EngineError> {
         let header = RecordHeader {
             region_seq: 0,
             key_hash: hash,
@@ -97,11 +97,11 @@ impl<E: Backend> Shard<E> {
         // A fresh region has room for a tombstone unless reclaim filled it with what it kept.
         for _ in 0..MAX_ROTATIONS_PER_APPEND {
             if self.poisoned.get() {
-                return Err(Status::Io);
+                return Err(EngineError::Poisoned);
             }
             let full = {
                 let mut log = self.log.borrow_mut();
-                let Some(log) = log.as_mut() else { return Err(Status::Invalid) };
+                let Some(log) = log.as_mut() else { return Err(EngineError::Invalid("no NVMe tier")) };
                 if let Some(at) = log.try_append(header, key, &[]) {
                     return Ok(point_after(log, at, header.record_len()));
                 }
@@ -109,11 +109,11 @@ impl<E: Backend> Shard<E> {
             };
             self.rotate(full).await?;
         }
-        Err(Status::NoSpace)
+        Err(EngineError::NoSpace("open region, after rotations"))
     }
 
     /// Appends the DRAM copy of entry `id` to the log (if it is still version `version` and dirty).
-    pub(super) async fn persist(self: &Rc<Self>, id: u32, hash: u64, version: u32) -> Result<u64, Status> {
+    pub(super) async fn persist(self: &Rc<Self>, id: u32, hash: u64, version: u32) -> Result<u64, EngineError> {
         // A fresh region has room for any record that passed the size check, unless reclaim filled it with
         // what it kept: a few rotations, then NO_SPACE rather than rotating for ever.
         for _ in 0..MAX_ROTATIONS_PER_APPEND {
@@ -122,16 +122,16 @@ impl<E: Backend> Shard<E> {
                 let entry = *index.get(id);
                 if entry.hash != hash || entry.version != version || entry.dram == NONE_U32 {
                     // Replaced or evicted meanwhile: nothing of this version is left to write.
-                    return Err(Status::NotFound);
+                    return Err(EngineError::NotFound);
                 }
                 if entry.flags & FLAG_DIRTY == 0 {
                     return Ok(entry.nvme);
                 }
                 if self.poisoned.get() {
-                    return Err(Status::Io);
+                    return Err(EngineError::Poisoned);
                 }
                 let mut log = self.log.borrow_mut();
-                let Some(log) = log.as_mut() else { return Err(Status::Invalid) };
+                let Some(log) = log.as_mut() else { return Err(EngineError::Invalid("no NVMe tier")) };
                 // Links survive a restart: the record carries them after the key.
                 let links = (entry.flags & FLAG_LINKED != 0)
                     .then(|| self.links.book.borrow().of(id))
@@ -149,7 +149,7 @@ impl<E: Backend> Shard<E> {
                     version,
                 };
                 if header.record_len() > log.max_record_bytes() {
-                    return Err(Status::TooLarge);
+                    return Err(EngineError::TooLarge("a record is larger than a region"));
                 }
                 let dram = self.dram.borrow();
                 let key_len = usize::from(entry.key_len);
@@ -158,7 +158,7 @@ impl<E: Backend> Shard<E> {
                 if quotas.nvme.is_some_and(|quota| usage.nvme + object_bytes(&entry) > quota) {
                     // Over the tenant's NVMe quota: the object stays in DRAM only (and is dropped when
                     // evicted from it).
-                    return Err(Status::Quota);
+                    return Err(EngineError::Quota("tenant's NVMe"));
                 }
                 let covered = match links {
                     Some(links) => std::borrow::Cow::Owned([&bytes[..key_len], &links[..]].concat()),
@@ -184,19 +184,19 @@ impl<E: Backend> Shard<E> {
             };
             self.rotate(full_region).await?;
         }
-        Err(Status::NoSpace)
+        Err(EngineError::NoSpace("open region, after rotations"))
     }
 
     /// Makes the log durable up to `point` (group commit: one write and flush covers every record appended
     /// before it).
-    pub async fn sync(self: &Rc<Self>, point: DurablePoint) -> Result<(), Status> {
-        let _permit = self.log_lock.acquire_static_permit(1).await.map_err(|_| Status::ShuttingDown)?;
+    pub async fn sync(self: &Rc<Self>, point: DurablePoint) -> Result<(), EngineError> {
+        let _permit = self.log_lock.acquire_static_permit(1).await.map_err(|_| EngineError::ShuttingDown)?;
         self.sync_held(point).await
     }
 
     /// Makes the open region durable up to what it holds now (reclaim, before it destroys the copies it
     /// moved there); the caller holds the log's lock.
-    pub(super) async fn sync_open_held(self: &Rc<Self>) -> Result<(), Status> {
+    pub(super) async fn sync_open_held(self: &Rc<Self>) -> Result<(), EngineError> {
         let point = {
             let log = self.log.borrow();
             let Some(log) = log.as_ref() else { return Ok(()) };
@@ -207,9 +207,9 @@ impl<E: Backend> Shard<E> {
     }
 
     /// [`Shard::sync`], with the log's lock already held.
-    async fn sync_held(self: &Rc<Self>, point: DurablePoint) -> Result<(), Status> {
+    async fn sync_held(self: &Rc<Self>, point: DurablePoint) -> Result<(), EngineError> {
         enum Step {
-            Done(Result<(), Status>),
+            Done(Result<(), EngineError>),
             Wait(Option<Rc<Semaphore>>),
             Write { device: usize, device_offset: u64, bytes: Vec<u8>, from: usize, used: usize, chunk_bytes: usize },
         }
@@ -217,12 +217,12 @@ impl<E: Backend> Shard<E> {
             let step = {
                 let mut guard = self.log.borrow_mut();
                 match guard.as_mut() {
-                    None => Step::Done(Err(Status::Invalid)),
+                    None => Step::Done(Err(EngineError::Invalid("no NVMe tier"))),
                     Some(log) => {
                         let block_bytes = log.block_bytes;
                         let chunk_bytes = log.chunk_bytes;
                         let region = &log.regions[point.region as usize];
-                        let settled = if self.poisoned.get() { Err(Status::Io) } else { Ok(()) };
+                        let settled = if self.poisoned.get() { Err(EngineError::Poisoned) } else { Ok(()) };
                         match region.state {
                             // Another generation: sealed and since reclaimed, so durable when it was sealed.
                             _ if region.seq != point.seq => Step::Done(settled),
@@ -231,7 +231,7 @@ impl<E: Backend> Shard<E> {
                             RegionState::Open => {
                                 let (device, device_offset) = (region.device, region.device_offset);
                                 match log.open.as_mut() {
-                                    None => Step::Done(Err(Status::Io)),
+                                    None => Step::Done(Err(EngineError::Invalid("an open region with no buffer"))),
                                     Some(open) if open.durable >= point.end => Step::Done(Ok(())),
                                     Some(open) => {
                                         let from = open.durable / block_bytes * block_bytes;
@@ -257,7 +257,7 @@ impl<E: Backend> Shard<E> {
                     add(&self.metrics.durable_syncs, 1);
                     if let Err(error) = written {
                         self.poison("a durable write", &error);
-                        return Err(Status::Io);
+                        return Err(EngineError::device(error));
                     }
                     if let Some(open) = self.log.borrow_mut().as_mut().and_then(|log| log.open.as_mut())
                         && open.id == point.region
@@ -271,13 +271,13 @@ impl<E: Backend> Shard<E> {
 
     /// Seals the open region `full` (unless another task already did) and opens the next, reclaiming as
     /// the watermarks say.
-    pub(super) async fn rotate(self: &Rc<Self>, full: Option<u32>) -> Result<(), Status> {
-        let _permit = self.log_lock.acquire_static_permit(1).await.map_err(|_| Status::ShuttingDown)?;
+    pub(super) async fn rotate(self: &Rc<Self>, full: Option<u32>) -> Result<(), EngineError> {
+        let _permit = self.log_lock.acquire_static_permit(1).await.map_err(|_| EngineError::ShuttingDown)?;
         {
             let log = self.log.borrow();
-            let Some(log) = log.as_ref() else { return Err(Status::Invalid) };
+            let Some(log) = log.as_ref() else { return Err(EngineError::Invalid("no NVMe tier")) };
             if log.closed {
-                return Err(Status::ShuttingDown);
+                return Err(EngineError::ShuttingDown);
             }
             if log.open.as_ref().map(|open| open.id) != full {
                 return Ok(());
@@ -288,7 +288,7 @@ impl<E: Backend> Shard<E> {
         loop {
             let wait = {
                 let log = self.log.borrow();
-                let Some(log) = log.as_ref() else { return Err(Status::Invalid) };
+                let Some(log) = log.as_ref() else { return Err(EngineError::Invalid("no NVMe tier")) };
                 if !log.spare.is_empty() {
                     break;
                 }
@@ -298,14 +298,14 @@ impl<E: Backend> Shard<E> {
                 Some(done) => {
                     let _ = done.acquire(1).await;
                 }
-                None => return Err(Status::Io),
+                None => return Err(EngineError::NoSpace("region buffers")),
             }
         }
         if self.log.borrow().as_ref().is_some_and(|log| log.free.is_empty()) {
             self.reclaim_oldest(false).await?;
         }
         if !self.log.borrow_mut().as_mut().is_some_and(RegionLog::open_next) {
-            return Err(Status::NoSpace);
+            return Err(EngineError::NoSpace("NVMe tier"));
         }
         for _ in 0..MAX_RECLAIMS_PER_ROTATION {
             let over = {
@@ -406,7 +406,7 @@ mod tests {
         tier.life(async |shard, _| {
             let status = put(&shard, b"big", &value(1, 200 << 10), WritePolicy::Durable, Pin::None).await;
             assert_eq!(status, Err(Status::TooLarge));
-            assert_eq!(shard.exists(b"big"), Err(Status::NotFound));
+            assert_eq!(shard.exists(b"big").map_err(|error| error.status()), Err(Status::NotFound));
         });
     }
 }

@@ -5,11 +5,10 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
 
-use strata_proto::Status;
-
 use super::reads::{DramPin, ReadData, ReadHit};
 use super::{FILL_WAIT, Shard};
 use crate::backend::{Backend, Clock};
+use crate::error::EngineError;
 use crate::metrics::add;
 use crate::segment::SegmentRange;
 
@@ -137,10 +136,10 @@ impl<E: Backend> Shard<E> {
         self: &Rc<Self>,
         fill: &Rc<Fill>,
         range: Option<(u32, u32)>,
-    ) -> Result<Option<ReadHit>, Status> {
+    ) -> Result<Option<ReadHit>, EngineError> {
         let (offset, len) = range.unwrap_or((0, fill.value_len));
         if u64::from(offset) + u64::from(len) > u64::from(fill.value_len) {
-            return Err(Status::Invalid);
+            return Err(EngineError::Invalid("a range past the value"));
         }
         // A whole value is served from the index once committed (with its crc); a range as soon as it is in.
         let need = if range.is_none() { u32::MAX } else { offset + len };
@@ -156,7 +155,7 @@ impl<E: Backend> Shard<E> {
         )
         .await;
         if !arrived {
-            return Err(Status::NotFound);
+            return Err(EngineError::NotFound);
         }
         if !fill.open.get() || fill.filled.get() < need {
             return Ok(None);
@@ -184,7 +183,11 @@ mod tests {
         tier.life(async |shard, _| {
             let waiting = Rc::clone(&shard);
             let arrives = glommio::spawn_local(async move {
-                waiting.get(b"later", None, Duration::from_secs(5)).await.map(|hit| hit.slices().concat())
+                waiting
+                    .get(b"later", None, Duration::from_secs(5))
+                    .await
+                    .map(|hit| hit.slices().concat())
+                    .map_err(|error| error.status())
             });
             futures_lite::future::yield_now().await;
             put(&shard, b"later", &value(1, 100), WritePolicy::WriteThrough, Pin::None).await.expect("put");
@@ -194,7 +197,8 @@ mod tests {
             let answer = Rc::new(std::cell::Cell::new(None));
             let answered = Rc::clone(&answer);
             glommio::spawn_local(async move {
-                answered.set(waiting.get(b"never", None, Duration::from_secs(5)).await.err());
+                answered
+                    .set(waiting.get(b"never", None, Duration::from_secs(5)).await.err().map(|error| error.status()));
             })
             .detach();
             futures_lite::future::yield_now().await;

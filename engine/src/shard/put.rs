@@ -4,7 +4,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::Duration;
 
-use strata_proto::{Links, Pin, PutOptions, Status, Tier, WritePolicy};
+use strata_proto::{Links, Pin, PutOptions, Tier, WritePolicy};
 
 use super::durable::DurablePoint;
 use super::fill::{Arrivals, Fill, FillGuard};
@@ -13,6 +13,7 @@ use super::usage::Use;
 use super::{Shard, object_bytes};
 use crate::backend::Backend;
 use crate::dram::{DramFull, DramTier};
+use crate::error::EngineError;
 use crate::index::{
     Entry, FLAG_DIRTY, FLAG_LINKED, FLAG_PINNED, FLAG_SOFT_PINNED, Index, NONE_U32, NONE_U64, index_hash,
 };
@@ -112,7 +113,7 @@ impl<E: Backend> Shard<E> {
         key: &[u8],
         value_len: u32,
         options: &mut PutOptions,
-    ) -> Result<PutReservation, Status> {
+    ) -> Result<PutReservation, EngineError> {
         options.policy = Some(options.policy.unwrap_or(self.config.write_policy));
         if let Some(status) = self.put_refusal(key, value_len, options) {
             return Err(status);
@@ -123,29 +124,29 @@ impl<E: Backend> Shard<E> {
     /// Why a put of `key` with a `value_len`-byte value and `options` (policy resolved) must be refused
     /// before a byte of it is stored: `Exists` for a put (not an upsert) of a stored key, `Quota` for a pin
     /// over the shard's pinned-bytes limit, or a durable put that cannot be made durable here.
-    pub(super) fn put_refusal(&self, key: &[u8], value_len: u32, options: &PutOptions) -> Option<Status> {
+    pub(super) fn put_refusal(&self, key: &[u8], value_len: u32, options: &PutOptions) -> Option<EngineError> {
         if self.poisoned.get() {
             // A tier that failed a write takes no more writes, and neither does the shard (fjall's rule): an
             // acknowledgement must never rest on a write that may not have happened.
-            return Some(Status::Io);
+            return Some(EngineError::Poisoned);
         }
         if !options.upsert && self.index.borrow().find(index_hash(key)).is_some() {
-            return Some(Status::Exists);
+            return Some(EngineError::Exists);
         }
         let bytes = key.len() as u64 + u64::from(value_len);
         let (usage, quotas) = self.usage_of(key);
         if options.pin != Pin::None {
             let pins = self.pins.borrow();
             if pins.bytes + bytes > pins.limit || quotas.pinned.is_some_and(|quota| usage.pinned + bytes > quota) {
-                return Some(Status::Quota);
+                return Some(EngineError::Quota("pinned"));
             }
         }
         if quotas.dram.is_some_and(|quota| bytes > quota) {
-            return Some(Status::Quota);
+            return Some(EngineError::Quota("tenant's DRAM"));
         }
         if options.policy == Some(WritePolicy::Durable) {
             if quotas.nvme.is_some_and(|quota| usage.nvme + bytes > quota) {
-                return Some(Status::Quota);
+                return Some(EngineError::Quota("tenant's NVMe"));
             }
             return self.durable_refusal(key.len(), value_len);
         }
@@ -155,11 +156,13 @@ impl<E: Backend> Shard<E> {
     /// Why a durable put of a `key_len` + `value_len` object cannot be made durable here (checked before
     /// anything is stored, so a refused durable put leaves no copy behind): no NVMe tier, a poisoned one, or
     /// an object larger than a region.
-    pub(super) fn durable_refusal(&self, key_len: usize, value_len: u32) -> Option<Status> {
+    pub(super) fn durable_refusal(&self, key_len: usize, value_len: u32) -> Option<EngineError> {
         let log = self.log.borrow();
-        let Some(log) = log.as_ref() else { return Some(Status::Invalid) };
+        let Some(log) = log.as_ref() else {
+            return Some(EngineError::Invalid("a durable put on a node with no NVMe tier"));
+        };
         if self.poisoned.get() {
-            return Some(Status::Io);
+            return Some(EngineError::Poisoned);
         }
         // Sized as if linked (links are not known here): at worst an object within 16 bytes of the bound is
         // refused.
@@ -172,12 +175,13 @@ impl<E: Backend> Shard<E> {
             flags: RECORD_LINKED,
             version: 0,
         };
-        (record.record_len() > log.max_record_bytes()).then_some(Status::TooLarge)
+        (record.record_len() > log.max_record_bytes())
+            .then_some(EngineError::TooLarge("a durable object is larger than a region"))
     }
 
     /// Reserves DRAM for an object of `len` bytes (`[key][value]`), evicting first if the tier is above
     /// its high watermark.
-    pub(super) async fn reserve_put(self: &Rc<Self>, key: &[u8], len: u64) -> Result<PutReservation, Status> {
+    pub(super) async fn reserve_put(self: &Rc<Self>, key: &[u8], len: u64) -> Result<PutReservation, EngineError> {
         // A tenant at its DRAM quota makes room among its own objects first.
         let (usage, quotas) = self.usage_of(key);
         if let Some(quota) = quotas.dram
@@ -186,7 +190,7 @@ impl<E: Backend> Shard<E> {
             let tenant = tenant_of(key, self.tenants.tenancy.is_tenanted());
             self.make_tenant_room(tenant, usage.dram + len - quota).await;
             if self.usage_of(key).0.dram + len > quota {
-                return Err(Status::Quota);
+                return Err(EngineError::Quota("tenant's DRAM"));
             }
         }
         for attempt in 0..3 {
@@ -202,11 +206,13 @@ impl<E: Backend> Shard<E> {
                         readable: None,
                     });
                 }
-                Err(DramFull::TooLarge) => return Err(Status::TooLarge),
+                Err(DramFull::TooLarge) => {
+                    return Err(EngineError::TooLarge("the object is larger than the DRAM tier"));
+                }
                 Err(DramFull::NoSpace) => {}
             }
         }
-        Err(Status::NoSpace)
+        Err(EngineError::NoSpace("DRAM tier"))
     }
 
     /// Publishes a filled reservation as the newest version of `key` and applies the write policy. A
@@ -221,7 +227,7 @@ impl<E: Backend> Shard<E> {
         value_crc: u32,
         options: PutOptions,
         links: Links<'_>,
-    ) -> Result<Option<DurablePoint>, Status> {
+    ) -> Result<Option<DurablePoint>, EngineError> {
         let policy = options.policy.unwrap_or(self.config.write_policy);
         let object_links = ObjectLinks {
             parent: links.parent.map_or(NO_LINK, link_hash),
@@ -229,13 +235,13 @@ impl<E: Backend> Shard<E> {
         };
         let hash = index_hash(key);
         if self.poisoned.get() {
-            return Err(Status::Io);
+            return Err(EngineError::Poisoned);
         }
         let (id, version, superseded_record, removal_to_sync) = {
             let mut index = self.index.borrow_mut();
             let existing = index.find(hash);
             if existing.is_some() && !options.upsert {
-                return Err(Status::Exists);
+                return Err(EngineError::Exists);
             }
             // A key removed by a cascade left a tombstone that may not be durable yet: this put is
             // acknowledged only once it is, or a crash could bring the older record back.
@@ -253,7 +259,9 @@ impl<E: Backend> Shard<E> {
             if pin_flags != 0 {
                 self.check_pin_room(&index, existing, key, new_bytes)?;
             }
-            let Some(slot) = reservation.slot.take() else { return Err(Status::Invalid) };
+            let Some(slot) = reservation.slot.take() else {
+                return Err(EngineError::Invalid("a reservation committed twice"));
+            };
             let old_hard_pin = existing.is_some_and(|id| index.get(id).flags & FLAG_PINNED != 0);
             let fresh = Entry {
                 hash,
@@ -279,7 +287,11 @@ impl<E: Backend> Shard<E> {
         add(&self.metrics.bytes_in, u64::from(value_len));
         self.update_gauges();
         if !self.has_nvme() {
-            return if policy == WritePolicy::Durable { Err(Status::Invalid) } else { Ok(None) };
+            return if policy == WritePolicy::Durable {
+                Err(EngineError::Invalid("a durable put on a node with no NVMe tier"))
+            } else {
+                Ok(None)
+            };
         }
         let point = self.write_per_policy(policy, superseded_record, key, id, hash, version).await?;
         // A durable put's own record, once synced, supersedes the removed one; any other put waits for the
@@ -297,7 +309,7 @@ impl<E: Backend> Shard<E> {
         value_crc: u32,
         mut options: PutOptions,
         links: Links<'_>,
-    ) -> Result<(), Status> {
+    ) -> Result<(), EngineError> {
         let mut reservation = self.admit_put(key, value.len() as u32, &mut options).await?;
         reservation.bytes_mut(0, key.len()).copy_from_slice(key);
         reservation.bytes_mut(key.len(), value.len()).copy_from_slice(value);
@@ -309,18 +321,24 @@ impl<E: Backend> Shard<E> {
 
     /// Refuses a pinned put (QUOTA) that would take the node's pinned bytes, or its tenant's, past their
     /// limits; the bytes of the version it replaces, if pinned, are given back first.
-    fn check_pin_room(&self, index: &Index, existing: Option<u32>, key: &[u8], new_bytes: u64) -> Result<(), Status> {
+    fn check_pin_room(
+        &self,
+        index: &Index,
+        existing: Option<u32>,
+        key: &[u8],
+        new_bytes: u64,
+    ) -> Result<(), EngineError> {
         let pins = self.pins.borrow();
         let released = existing.map_or(0, |id| {
             let entry = index.get(id);
             if is_pinned(entry) { object_bytes(entry) } else { 0 }
         });
         if pins.bytes - released.min(pins.bytes) + new_bytes > pins.limit {
-            return Err(Status::Quota);
+            return Err(EngineError::Quota("pinned"));
         }
         let (usage, quotas) = self.usage_of(key);
         if quotas.pinned.is_some_and(|quota| usage.pinned - released.min(usage.pinned) + new_bytes > quota) {
-            return Err(Status::Quota);
+            return Err(EngineError::Quota("tenant's pinned"));
         }
         Ok(())
     }
@@ -405,7 +423,7 @@ impl<E: Backend> Shard<E> {
         id: u32,
         hash: u64,
         version: u32,
-    ) -> Result<Option<DurablePoint>, Status> {
+    ) -> Result<Option<DurablePoint>, EngineError> {
         match (policy, superseded_record) {
             (WritePolicy::WriteBack, None) => Ok(None),
             (WritePolicy::WriteBack, Some(old_version)) => {
@@ -445,7 +463,7 @@ mod tests {
             // DRAM-only version was acknowledged without a tombstone; a crash then brought v1 back.
             assert_eq!(put(&shard, b"k", &value(2, 100), WritePolicy::WriteBack, Pin::None).await, Err(Status::Io));
             assert_eq!(put(&shard, b"new", &value(3, 100), WritePolicy::WriteBack, Pin::None).await, Err(Status::Io));
-            assert_eq!(shard.remove(b"k").await, Err(Status::Io));
+            assert_eq!(shard.remove(b"k").await.map_err(|error| error.status()), Err(Status::Io));
             assert_eq!(read(&shard, b"k").await, Ok(value(1, 100)), "reads go on");
         });
         tier.crash();

@@ -4,12 +4,13 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use strata_proto::{RemovalReason, Status, Tier};
+use strata_proto::{RemovalReason, Tier};
 
 use super::usage::Use;
 use super::{Shard, object_bytes};
 use crate::backend::Backend;
 use crate::dram::DramTier;
+use crate::error::EngineError;
 use crate::index::{Entry, FLAG_RECORD_LINKED, FLAG_REFERENCED, NONE_U32, NONE_U64, index_hash};
 use crate::log::{RegionState, Staged, read_range, split_location};
 use crate::metrics::add;
@@ -109,7 +110,7 @@ impl<E: Backend> Shard<E> {
         key: &[u8],
         range: Option<(u32, u32)>,
         wait: Duration,
-    ) -> Result<ReadHit, Status> {
+    ) -> Result<ReadHit, EngineError> {
         let hash = index_hash(key);
         let mut waited_for_fill = false;
         let mut waited_for_arrival = wait.is_zero();
@@ -137,9 +138,9 @@ impl<E: Backend> Shard<E> {
                             if self.wait_for_arrival(key, wait).await {
                                 continue;
                             }
-                            return Err(Status::NotFound);
+                            return Err(EngineError::NotFound);
                         }
-                        _ => return Err(Status::NotFound),
+                        _ => return Err(EngineError::NotFound),
                     }
                 }
             };
@@ -148,32 +149,38 @@ impl<E: Backend> Shard<E> {
                 None => continue,
             }
         }
-        Err(Status::NotFound)
+        Err(EngineError::NotFound)
     }
 
     /// Finds `key` in the index: a DRAM hit is pinned and returned whole; an object only on the tier says
     /// where; a range past the value is INVALID.
-    fn look_up(self: &Rc<Self>, key: &[u8], hash: u64, range: Option<(u32, u32)>, now: u32) -> Result<Lookup, Status> {
+    fn look_up(
+        self: &Rc<Self>,
+        key: &[u8],
+        hash: u64,
+        range: Option<(u32, u32)>,
+        now: u32,
+    ) -> Result<Lookup, EngineError> {
         let mut index = self.index.borrow_mut();
         let Some(id) = index.find(hash) else { return Ok(Lookup::Absent) };
         let entry = *index.get(id);
         let (offset, len) = match range {
             None => (0, entry.value_len),
             Some((offset, len)) if u64::from(offset) + u64::from(len) > u64::from(entry.value_len) => {
-                return Err(Status::Invalid);
+                return Err(EngineError::Invalid("a range past the value"));
             }
             Some(range) => range,
         };
         if entry.dram == NONE_U32 {
             if entry.nvme == NONE_U64 {
-                return Err(Status::NotFound);
+                return Err(EngineError::NotFound);
             }
             return Ok(Lookup::OnTier(OnTier { id, entry, offset, len }));
         }
         let data = {
             let dram = self.dram.borrow();
             if dram.bytes(entry.dram, 0, key.len()) != key {
-                return Err(Status::NotFound);
+                return Err(EngineError::NotFound);
             }
             dram.range(entry.dram, key.len() + offset as usize, len as usize)
         };
@@ -219,12 +226,12 @@ impl<E: Backend> Shard<E> {
         id: u32,
         entry: Entry,
         key: &[u8],
-    ) -> Result<Option<Staged>, Status> {
+    ) -> Result<Option<Staged>, EngineError> {
         let (region_id, offset) = split_location(entry.nvme);
         let record_len = record_value_offset(&entry) + entry.value_len as usize;
         let (state, seq, wait, device, device_offset, chunk_bytes) = {
             let guard = self.log.borrow();
-            let Some(log) = guard.as_ref() else { return Err(Status::NotFound) };
+            let Some(log) = guard.as_ref() else { return Err(EngineError::NotFound) };
             let region = &log.regions[region_id as usize];
             if region.state == RegionState::Open
                 && let Some(open) = log.open.as_ref()
@@ -257,14 +264,20 @@ impl<E: Backend> Shard<E> {
             Err(error) => {
                 tracing::error!(shard = self.id, %error, "NVMe-tier read failed");
                 add(&self.metrics.io_errors, 1);
-                Err(Status::Io)
+                Err(EngineError::device(error))
             }
         }
     }
 
     /// Checks a record against the key asked for and the entry; a damaged record is dropped from the index
     /// (never served) and reported as `Checksum`.
-    pub(super) fn check_record(&self, id: u32, entry: Entry, key: &[u8], staged: Staged) -> Result<Staged, Status> {
+    pub(super) fn check_record(
+        &self,
+        id: u32,
+        entry: Entry,
+        key: &[u8],
+        staged: Staged,
+    ) -> Result<Staged, EngineError> {
         let value_at = record_value_offset(&entry);
         let head = staged.copy(0, value_at);
         let stored_key = head.get(RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + key.len());
@@ -284,7 +297,7 @@ impl<E: Backend> Shard<E> {
         }
         if stored_key != Some(key) && RecordHeader::decode(&head, format_id).is_ok() {
             // Another key with the same index hash: a miss, not damage.
-            return Err(Status::NotFound);
+            return Err(EngineError::NotFound);
         }
         add(&self.metrics.checksum_failures, 1);
         let mut index = self.index.borrow_mut();
@@ -297,7 +310,8 @@ impl<E: Backend> Shard<E> {
                 self.events.borrow_mut().removed(key, RemovalReason::Checksum);
             }
         }
-        Err(Status::Checksum)
+        let (region, offset) = split_location(entry.nvme);
+        Err(EngineError::Checksum { region, offset })
     }
 
     /// Copies an NVMe hit into DRAM (L2 → L1 promotion) if there is room without waiting.
@@ -358,21 +372,21 @@ impl<E: Backend> Shard<E> {
     /// Whether `key` is stored, and the length of its value: from the index alone (the 64-bit hash), for
     /// DRAM and NVMe objects alike, so that a scheduler's batch of lookups touches no object memory. A hash
     /// collision (see `index.rs`) can make this say yes for a key a get then misses; never the reverse.
-    pub fn exists(&self, key: &[u8]) -> Result<u32, Status> {
+    pub fn exists(&self, key: &[u8]) -> Result<u32, EngineError> {
         self.exists_hashed(index_hash(key), false)
     }
 
     /// [`Shard::exists`], and a read lease on the object (its last hit is now): a prefix match's blocks
     /// are not evicted before the engine that asked loads them (`read_lease`, 5 s by default).
-    pub fn exists_leased(&self, key: &[u8]) -> Result<u32, Status> {
+    pub fn exists_leased(&self, key: &[u8]) -> Result<u32, EngineError> {
         self.exists_hashed(index_hash(key), true)
     }
 
     /// [`Shard::exists`] (with a read lease if `lease`) of the key whose index hash is `hash`: for a batch
     /// that hashed its keys already, to prefetch their lines.
-    pub fn exists_hashed(&self, hash: u64, lease: bool) -> Result<u32, Status> {
+    pub fn exists_hashed(&self, hash: u64, lease: bool) -> Result<u32, EngineError> {
         let mut index = self.index.borrow_mut();
-        let Some(id) = index.find(hash) else { return Err(Status::NotFound) };
+        let Some(id) = index.find(hash) else { return Err(EngineError::NotFound) };
         let entry = index.get_mut(id);
         if lease {
             entry.last_hit = self.now_tick();
@@ -447,7 +461,10 @@ mod tests {
                         .expect("put");
                 }
             }
-            assert_eq!(shard.get(b"k", Some((19_000, 2000)), Duration::ZERO).await.err(), Some(Status::Invalid));
+            assert_eq!(
+                shard.get(b"k", Some((19_000, 2000)), Duration::ZERO).await.err().map(|error| error.status()),
+                Some(Status::Invalid)
+            );
         });
     }
 }

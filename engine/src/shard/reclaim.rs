@@ -3,12 +3,13 @@
 use std::rc::Rc;
 
 use strata_nvme::BlockDevice;
-use strata_proto::{RemovalReason, Status};
+use strata_proto::RemovalReason;
 
 use super::pins::is_pinned;
 use super::usage::Use;
 use super::{Shard, object_bytes};
 use crate::backend::Backend;
+use crate::error::EngineError;
 use crate::index::{FLAG_DIRTY, FLAG_RECORD_LINKED, Index, NONE_U32, NONE_U64, index_hash};
 use crate::log::{RegionLog, RegionState, Staged, location, read_range, split_location};
 use crate::metrics::add;
@@ -18,11 +19,13 @@ use crate::scan::{Scanned, scan_region};
 impl<E: Backend> Shard<E> {
     /// Reclaims the oldest sealed region: reinserts its recently hit (and pinned or leased) records into the
     /// open region when `reinsert`, drops the others from the index, zeroes its header, frees it.
-    pub(super) async fn reclaim_oldest(self: &Rc<Self>, reinsert: bool) -> Result<(), Status> {
+    pub(super) async fn reclaim_oldest(self: &Rc<Self>, reinsert: bool) -> Result<(), EngineError> {
         let (id, wait) = {
             let log = self.log.borrow();
-            let Some(log) = log.as_ref() else { return Err(Status::Invalid) };
-            let Some(&id) = log.sealed.front() else { return Err(Status::NoSpace) };
+            let Some(log) = log.as_ref() else { return Err(EngineError::Invalid("no NVMe tier")) };
+            let Some(&id) = log.sealed.front() else {
+                return Err(EngineError::NoSpace("NVMe tier: nothing sealed to reclaim"));
+            };
             (id, log.regions[id as usize].sealed.clone())
         };
         if let Some(done) = wait {
@@ -30,7 +33,7 @@ impl<E: Backend> Shard<E> {
         }
         let (device, device_offset, seq, region_bytes, chunk_bytes, block_bytes) = {
             let log = self.log.borrow();
-            let Some(log) = log.as_ref() else { return Err(Status::Invalid) };
+            let Some(log) = log.as_ref() else { return Err(EngineError::Invalid("no NVMe tier")) };
             let region = &log.regions[id as usize];
             (
                 region.device,
@@ -47,7 +50,7 @@ impl<E: Backend> Shard<E> {
         let moved = {
             let mut index = self.index.borrow_mut();
             let mut log_ref = self.log.borrow_mut();
-            let Some(log) = log_ref.as_mut() else { return Err(Status::Invalid) };
+            let Some(log) = log_ref.as_mut() else { return Err(EngineError::Invalid("no NVMe tier")) };
             let format_id = log.format_id;
             let mut damaged = false;
             let mut moved = 0u64;

@@ -76,8 +76,8 @@ pub enum RecoveryError {
         source: BlockError,
     },
     /// No region was free to open, and reclaiming one failed.
-    #[error("reclaiming a region to open one: {}", .0.name())]
-    Reclaim(strata_proto::Status),
+    #[error("reclaiming a region to open one: {0}")]
+    Reclaim(crate::error::EngineError),
 }
 
 /// Times recovery reads a region before it counts it lost.

@@ -2,39 +2,40 @@
 
 use std::rc::Rc;
 
-use strata_proto::{RemovalReason, Status};
+use strata_proto::RemovalReason;
 
 use super::reads::record_value_offset;
 use super::usage::Use;
 use super::{Shard, object_bytes};
 use crate::backend::Backend;
+use crate::error::EngineError;
 use crate::index::{Entry, FLAG_DIRTY, NONE_U32, NONE_U64, index_hash};
 use crate::log::{RegionState, read_range, split_location};
 use crate::record::{RECORD_HEADER_BYTES, RecordHeader};
 
 impl<E: Backend> Shard<E> {
     /// Removes `key`; a tombstone in the log keeps it removed across a restart.
-    pub async fn remove(self: &Rc<Self>, key: &[u8]) -> Result<(), Status> {
+    pub async fn remove(self: &Rc<Self>, key: &[u8]) -> Result<(), EngineError> {
         self.remove_as(key, RemovalReason::Removed).await
     }
 
     /// Removes `key` for `reason` (a client's remove, or a cascade), with a tombstone when a record of it
     /// is on the tier. A client's removal is acknowledged only once its tombstone is durable, so that a
     /// restart cannot bring the key back; a cascade's is not waited for (nobody was told it happened).
-    pub(super) async fn remove_as(self: &Rc<Self>, key: &[u8], reason: RemovalReason) -> Result<(), Status> {
+    pub(super) async fn remove_as(self: &Rc<Self>, key: &[u8], reason: RemovalReason) -> Result<(), EngineError> {
         if reason == RemovalReason::Removed && self.poisoned.get() {
             // Its tombstone could not be made durable: a removal acknowledged now could be undone by a crash.
-            return Err(Status::Io);
+            return Err(EngineError::Poisoned);
         }
         let hash = index_hash(key);
         let entry = {
             let mut index = self.index.borrow_mut();
-            let Some(id) = index.find(hash) else { return Err(Status::NotFound) };
+            let Some(id) = index.find(hash) else { return Err(EngineError::NotFound) };
             let entry = *index.get(id);
             let mut dram = self.dram.borrow_mut();
             if entry.dram != NONE_U32 {
                 if dram.bytes(entry.dram, 0, key.len()) != key {
-                    return Err(Status::NotFound);
+                    return Err(EngineError::NotFound);
                 }
                 dram.retire(entry.dram);
                 self.account(key, Use::Dram, object_bytes(&entry), false);
@@ -212,7 +213,7 @@ mod tests {
         tier.life(async |shard, _| {
             put(&shard, b"k", &value(1, 3000), WritePolicy::Durable, Pin::None).await.expect("put");
             shard.remove(b"k").await.expect("remove");
-            assert_eq!(shard.remove(b"k").await, Err(Status::NotFound));
+            assert_eq!(shard.remove(b"k").await.map_err(|error| error.status()), Err(Status::NotFound));
         });
         tier.crash();
         tier.life(async |shard, _| assert_eq!(read(&shard, b"k").await, Err(Status::NotFound)));

@@ -16,6 +16,7 @@ use crate::dram::DramTier;
 use crate::events::Subscription;
 use crate::links::LinkCounts;
 use crate::metrics::ShardMetrics;
+use crate::node::ShardStartError;
 use crate::shard::{Cascade, RecoveryReport, Shard, ShardParts};
 use crate::tier::{FreshIds, NamespaceSlot, prepare_namespace, region_log};
 
@@ -46,7 +47,7 @@ pub struct Life {
 impl World {
     /// Starts life `life` of the node: prepares the tier (formats it the first time), builds and recovers
     /// every shard, and lets them serve. Must run on a glommio executor.
-    pub async fn start(&self, life: u64) -> Result<Life, String> {
+    pub async fn start(&self, life: u64) -> Result<Life, ShardStartError> {
         let mut pool_uuid = [0u8; 16];
         pool_uuid[..8].copy_from_slice(&self.format_id.to_le_bytes());
         pool_uuid[8..].copy_from_slice(&(!self.format_id).to_le_bytes());
@@ -55,7 +56,7 @@ impl World {
         for (index, disk) in self.disks.iter().enumerate() {
             let slot = NamespaceSlot { name: "sim", index: index as u32, count: self.disks.len() as u32 };
             let device = FaultDevice::new(disk.handle(), self.faults_for(life, u64::MAX, index));
-            tier.push(prepare_namespace(&device, slot, &self.config, fresh).await.map_err(|error| error.to_string())?);
+            tier.push(prepare_namespace(&device, slot, &self.config, fresh).await?);
         }
         let shard_count = self.config.cpus.len() as u32;
         let link_counts = Arc::new(LinkCounts::new(shard_count));
@@ -67,7 +68,7 @@ impl World {
             let devices: Vec<_> = (0..self.disks.len())
                 .map(|index| FaultDevice::new(self.disks[index].handle(), self.faults_for(life, u64::from(id), index)))
                 .collect();
-            let log = region_log(&devices, &tier, id, &self.config).map_err(|error| error.to_string())?;
+            let log = region_log(&devices, &tier, id, &self.config)?;
             let shard = Shard::new(ShardParts {
                 id,
                 shard_count,
@@ -83,7 +84,7 @@ impl World {
             // Subscribed before recovery: a region recovery reclaims to open one reports what it evicted.
             let (subscription, cursor) = Subscription::new(shard.events());
             subscriptions.push((subscription, Cell::new(cursor)));
-            reports.push(shard.recover().await.map_err(|error| error.to_string())?);
+            reports.push(shard.recover().await?);
             shards.push(shard);
         }
         let shards = Rc::new(shards);

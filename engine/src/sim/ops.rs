@@ -8,6 +8,7 @@ use strata_proto::{Links, Pin, PutOptions, Status, WritePolicy};
 
 use super::Simulated;
 use super::model::{KeyState, Version, identify, value_of};
+use crate::error::EngineError;
 use crate::shard::Shard;
 
 /// The key of key number `key`.
@@ -87,6 +88,11 @@ pub enum Outcome {
     Chain(Vec<Result<u32, Status>>),
 }
 
+/// What a client is told of `error`: the model compares statuses.
+fn status(error: EngineError) -> Status {
+    error.status()
+}
+
 /// Runs `op` on the shards of its keys (`shards`, by id), as a client that routes by the shard map does.
 pub async fn execute(shards: Rc<Vec<Rc<Shard<Simulated>>>>, op: Op) -> Outcome {
     let shard_of = |key: u32| Rc::clone(&shards[strata_proto::shard_of(&key_name(key), shards.len() as u32) as usize]);
@@ -98,20 +104,21 @@ pub async fn execute(shards: Rc<Vec<Rc<Shard<Simulated>>>>, op: Op) -> Outcome {
             let parent = parent.map(key_name);
             let links = Links { parent: parent.as_deref(), group: None };
             let crc = crc32c::crc32c(&value);
-            Outcome::Put(shard.put_value(&key_name(key), &value, crc, options, links).await)
+            Outcome::Put(shard.put_value(&key_name(key), &value, crc, options, links).await.map_err(status))
         }
-        Op::Remove { key } => Outcome::Remove(shard.remove(&key_name(key)).await),
+        Op::Remove { key } => Outcome::Remove(shard.remove(&key_name(key)).await.map_err(status)),
         Op::Get { key, range } => Outcome::Get(
             shard
                 .get(&key_name(key), range, Duration::ZERO)
                 .await
-                .map(|hit| (hit.slices().concat(), hit.data_crc, hit.object_len)),
+                .map(|hit| (hit.slices().concat(), hit.data_crc, hit.object_len))
+                .map_err(status),
         ),
-        Op::Exists { key } => Outcome::Exists(shard.exists(&key_name(key))),
+        Op::Exists { key } => Outcome::Exists(shard.exists(&key_name(key)).map_err(status)),
         Op::Chain { keys } => {
             let mut found = Vec::new();
             for key in keys {
-                let result = shard_of(key).exists_leased(&key_name(key));
+                let result = shard_of(key).exists_leased(&key_name(key)).map_err(status);
                 let miss = result.is_err();
                 found.push(result);
                 if miss {

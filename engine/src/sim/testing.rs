@@ -101,18 +101,21 @@ pub async fn put(
     pin: Pin,
 ) -> Result<(), Status> {
     let options = PutOptions { upsert: true, policy: Some(policy), pin };
-    shard.put_value(key, value, crc32c::crc32c(value), options, Links::NONE).await
+    shard.put_value(key, value, crc32c::crc32c(value), options, Links::NONE).await.map_err(|error| error.status())
 }
 
 /// Upserts `key` = `value`, a child of `parent`, durably.
 pub async fn put_child(shard: &Rc<Shard<Simulated>>, key: &[u8], value: &[u8], parent: &[u8]) -> Result<(), Status> {
     let options = PutOptions { upsert: true, policy: Some(WritePolicy::Durable), pin: Pin::None };
-    shard.put_value(key, value, crc32c::crc32c(value), options, Links::parent(parent)).await
+    shard
+        .put_value(key, value, crc32c::crc32c(value), options, Links::parent(parent))
+        .await
+        .map_err(|error| error.status())
 }
 
 /// Reads `key` whole.
 pub async fn read(shard: &Rc<Shard<Simulated>>, key: &[u8]) -> Result<Vec<u8>, Status> {
-    shard.get(key, None, Duration::ZERO).await.map(|hit| hit.slices().concat())
+    shard.get(key, None, Duration::ZERO).await.map(|hit| hit.slices().concat()).map_err(|error| error.status())
 }
 
 /// Puts `count` durable filler objects of `len` bytes (keys `filler-N` from `from`): enough of them seal
