@@ -116,11 +116,6 @@ impl DramTier {
         self.objects.len() - self.free_slots.len()
     }
 
-    /// Bytes of metadata per resident object (slot, clock entry), for the index-overhead report.
-    pub fn metadata_bytes(&self) -> usize {
-        self.objects.capacity() * size_of::<DramObject>() + self.clock.capacity() * 8 + self.free_slots.capacity() * 4
-    }
-
     /// Allocates `len` bytes for an object that is not published yet, and hands its bytes to `fill` (a
     /// range nobody else has seen); returns its slot.
     pub fn allocate_with(&mut self, len: u64, fill: impl FnOnce(&mut [u8])) -> Result<u32, DramFull> {

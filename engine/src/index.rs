@@ -113,12 +113,8 @@ impl Index {
         self.len
     }
 
-    /// Whether it is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Bytes the index takes (table, entry chunks, free list), for the per-object overhead metric.
+    #[cfg(test)]
     pub fn memory_bytes(&self) -> usize {
         self.slots.capacity() * 8
             + self.chunks.iter().map(|chunk| chunk.capacity() * size_of::<Entry>()).sum::<usize>()

@@ -237,17 +237,19 @@ impl LinkBook {
         self.list(self.first_member.get(&group), false)
     }
 
-    /// Whether any object here names a parent (so a departure anywhere may concern this shard).
-    pub fn has_children(&self) -> bool {
-        !self.first_child.is_empty()
-    }
-
     /// The groups with a member here.
     pub fn groups(&self) -> Vec<u64> {
         self.first_member.keys().copied().collect()
     }
 
+    /// Whether any object here names a parent.
+    #[cfg(test)]
+    pub fn has_children(&self) -> bool {
+        !self.first_child.is_empty()
+    }
+
     /// Whether any object here is in a group.
+    #[cfg(test)]
     pub fn has_members(&self) -> bool {
         !self.first_member.is_empty()
     }
@@ -263,6 +265,7 @@ impl LinkBook {
     }
 
     /// Bytes the book takes, for the per-object overhead metric.
+    #[cfg(test)]
     pub fn memory_bytes(&self) -> usize {
         // hashbrown: one slot and one control byte per bucket, buckets a power of two ≥ capacity × 8/7.
         let table = |capacity: usize| if capacity == 0 { 0 } else { (capacity * 8 / 7).next_power_of_two() * 17 };

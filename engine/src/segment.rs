@@ -60,11 +60,6 @@ impl Segment {
         self.len
     }
 
-    /// Whether the segment is empty (never: it is at least one hugepage).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// The pages backing it.
     pub fn pages(&self) -> PageKind {
         self.pages
@@ -129,11 +124,6 @@ impl SegmentRange {
     /// Bytes in the range.
     pub fn len(&self) -> usize {
         self.len
-    }
-
-    /// Whether the range is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// `[at, at + len)` of the range, as a shorter range (panics past its end).

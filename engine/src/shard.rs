@@ -47,12 +47,12 @@ mod usage;
 
 pub use cascade::{Cascade, CascadeKind, LinkState};
 pub use durable::DurablePoint;
-pub use fill::{Arrivals, Fill, FillGuard};
+pub use fill::{Arrivals, FillGuard};
 pub use pins::PinBook;
 pub use put::PutReservation;
-pub use reads::{DramPin, ReadData, ReadHit};
+pub use reads::{ReadData, ReadHit};
 pub use recovery::{RecoveryError, RecoveryReport};
-pub use usage::{TenantBook, TenantUsage};
+pub use usage::TenantBook;
 
 use pins::is_pinned;
 use usage::Use;
@@ -197,11 +197,6 @@ impl<E: Backend> Shard<E> {
         &self.events
     }
 
-    /// The shard's clock.
-    pub fn clock(&self) -> &E::Clock {
-        &self.clock
-    }
-
     /// Drops entry `id` (whose key is `key`, when known) from the index, from the pin book if it was
     /// pinned, and from its tenant's NVMe usage if it still had a record. Every removal goes through here
     /// so that the counts stay exact; the caller has retired (and accounted) its DRAM copy. Only a region
@@ -262,11 +257,6 @@ impl<E: Backend> Shard<E> {
     /// Objects indexed.
     pub fn object_count(&self) -> usize {
         self.index.borrow().len()
-    }
-
-    /// Bytes of the index and of the DRAM tier's per-object table.
-    pub fn metadata_bytes(&self) -> (usize, usize) {
-        (self.index.borrow().memory_bytes(), self.dram.borrow().metadata_bytes())
     }
 
     fn update_gauges(&self) {

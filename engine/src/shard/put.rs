@@ -41,11 +41,6 @@ impl PutReservation {
         self.bytes.len()
     }
 
-    /// Whether nothing is reserved.
-    pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
-    }
-
     /// `len` bytes from `at` of the object (`[key][value]`), to fill. Once the object is readable while it
     /// fills ([`PutReservation::open_for_reads`]), only bytes its readers cannot see yet are handed out:
     /// asking for any of the value's prefix that arrived is a bug, and panics.

@@ -56,11 +56,6 @@ impl ReadHit {
             ReadData::Owned(bytes) => bytes.len(),
         }
     }
-
-    /// Whether empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// Keeps bytes of a DRAM slot in place while a reader sends them: the slot is not freed or reused until

@@ -64,6 +64,7 @@ impl<E: Backend> Shard<E> {
     }
 
     /// Bytes each tenant's objects take on this shard (metrics).
+    #[cfg(test)]
     pub fn tenant_usage(&self) -> Vec<(u32, TenantUsage)> {
         self.tenants.usage.borrow().iter().map(|(&tenant, &usage)| (tenant, usage)).collect()
     }
