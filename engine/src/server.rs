@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 use glommio::net::TcpStream;
 use strata_nvme::tcp::stream::{Socket, single_stream};
 use strata_proto::{
-    FRAME_HEADER_BYTES, FrameHeader, HelloReply, HelloRequest, Opcode, ProtoError, REQUEST_ITEM_BYTES,
-    RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, Status,
+    FRAME_HEADER_BYTES, FrameHeader, HelloReply, HelloRequest, Opcode, ProtoError, RESPONSE_ITEM_BYTES,
+    ResponseItemHeader, Status, decode_request_body,
 };
 
 use crate::event_sender::EventSenders;
@@ -232,18 +232,15 @@ async fn handle_frame(
     }
     let mut body = vec![0u8; header.body_len as usize];
     connection.read_exact(&mut body).await?;
-    let items = parse_items(&body, header, &limits)?;
+    // The protocol's own decoder (the one the fuzz target drives).
+    let items = decode_request_body(&header, &body, &limits)?;
     let statuses = match header.opcode {
-        Opcode::Get | Opcode::GetRange => {
-            return get::handle_get(server, connection, header, &body, &items, scope).await;
-        }
-        Opcode::Subscribe => {
-            return subscribe::handle_subscribe(server, connection, header, &body, &items, scope).await;
-        }
-        Opcode::Exists => lookup::exists(server, &body, &items, scope, false).await,
-        Opcode::PrefixMatch => lookup::exists(server, &body, &items, scope, true).await,
-        Opcode::RemoveMatching => lookup::remove_all_matching(server, &body, &items, scope).await,
-        _ => lookup::remove(server, &body, &items, scope).await,
+        Opcode::Get | Opcode::GetRange => return get::handle_get(server, connection, header, &items, scope).await,
+        Opcode::Subscribe => return subscribe::handle_subscribe(server, connection, header, &items, scope).await,
+        Opcode::Exists => lookup::exists(server, &items, scope, false).await,
+        Opcode::PrefixMatch => lookup::exists(server, &items, scope, true).await,
+        Opcode::RemoveMatching => lookup::remove_all_matching(server, &items, scope).await,
+        _ => lookup::remove(server, &items, scope).await,
     };
     reply_statuses(connection, header, &statuses).await
 }
@@ -275,30 +272,6 @@ fn count(statuses: impl Iterator<Item = Status>) -> (u64, u64) {
     statuses.fold((0, 0), |(errors, misses), status| {
         (errors + u64::from(is_error(status)), misses + u64::from(status == Status::NotFound))
     })
-}
-
-/// Splits a read-side body into (item header, key offset, key length).
-fn parse_items(
-    body: &[u8],
-    header: FrameHeader,
-    limits: &strata_proto::Limits,
-) -> Result<Vec<(RequestItemHeader, usize, usize)>, ConnectionError> {
-    let mut items = Vec::with_capacity(header.count as usize);
-    let mut at = 0usize;
-    for _ in 0..header.count {
-        let item = RequestItemHeader::decode(&body[at.min(body.len())..], header.opcode, limits)?;
-        let key_at = at + REQUEST_ITEM_BYTES;
-        let key_len = usize::from(item.key_len);
-        if key_at + key_len > body.len() {
-            return Err(ProtoError::BodyMismatch { items: (key_at + key_len) as u64, body: body.len() as u64 }.into());
-        }
-        items.push((item, key_at, key_len));
-        at = key_at + key_len;
-    }
-    if at != body.len() {
-        return Err(ProtoError::BodyMismatch { items: at as u64, body: body.len() as u64 }.into());
-    }
-    Ok(items)
 }
 
 async fn handle_hello(

@@ -32,7 +32,7 @@
 //! `perf`, about as much as the event log itself. The sequence stays absolute, not a delta, so an event
 //! decodes on its own and a frame is any run of the log.
 
-use crate::frame::ProtoError;
+use crate::codes::ProtoError;
 
 /// The fewest bytes an event takes (a LAGGED event with one-byte varints).
 pub const MIN_EVENT_BYTES: usize = 6;

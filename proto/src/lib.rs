@@ -10,23 +10,32 @@
 //! [`ProtoError`] for anything malformed or over a [`Limits`] bound. The node and the client stream the
 //! values themselves (straight into a DRAM segment or a caller's buffer), so the decoders work item by item
 //! and never need a whole frame in memory; [`decode_request_frame`] composes them for the fuzzer and tests.
+//!
+//! Modules build on each other in one direction: `codes` (opcodes, statuses, errors) → `limits` (sizes
+//! and bounds) → `frame` (the frame header) and `items` (item headers, HELLO, links, parts) → `request`
+//! (item heads, bodies and frames).
 #![deny(missing_docs, unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+mod codes;
 mod events;
 mod frame;
 mod hash;
 mod items;
+mod limits;
+mod request;
 
+pub use codes::{Opcode, PROTOCOL_VERSION, ProtoError, Status};
 pub use events::{Event, EventRef, Keys, KeysIter, MAX_EVENT_KEYS, MIN_EVENT_BYTES, OpenEvent, RemovalReason, Tier};
-pub use frame::{
-    FRAME_HEADER_BYTES, FrameHeader, MAGIC, Opcode, PROTOCOL_VERSION, ProtoError, RequestFrame, RequestItem, Status,
-    decode_request_frame,
-};
+pub use frame::{FRAME_HEADER_BYTES, FrameHeader, MAGIC};
 pub use hash::{fnv1a_64, shard_of};
 pub use items::{
-    HELLO_REPLY_BYTES, HelloReply, HelloRequest, ITEM_LINKS, ITEM_MATCH_ALL, ITEM_PIN_HARD, ITEM_PIN_SOFT,
-    ITEM_PROGRESSIVE, ITEM_UPSERT, ITEM_WAIT, LINKS_HEADER_BYTES, Limits, Links, MAX_ITEM_WAIT_MS, PART_HEADER_BYTES,
-    Pin, PutOptions, REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, WritePolicy,
-    decode_part_header, encode_part_header,
+    HelloReply, HelloRequest, ITEM_LINKS, ITEM_MATCH_ALL, ITEM_PIN_HARD, ITEM_PIN_SOFT, ITEM_PROGRESSIVE, ITEM_UPSERT,
+    ITEM_WAIT, LINKS_HEADER_BYTES, Links, MAX_ITEM_WAIT_MS, PART_HEADER_BYTES, Pin, PutOptions, RequestItemHeader,
+    ResponseItemHeader, WritePolicy, decode_part_header, encode_part_header,
+};
+pub use limits::{HELLO_REPLY_BYTES, Limits, MAX_TOKEN_BYTES, REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES};
+pub use request::{
+    ItemHead, RequestFrame, RequestItem, decode_item_head, decode_request_body, decode_request_frame,
+    max_item_head_bytes,
 };

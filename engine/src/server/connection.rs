@@ -6,7 +6,9 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use strata_nvme::tcp::stream::Socket;
+use strata_proto::{Limits, Opcode, ProtoError, REQUEST_ITEM_BYTES, RequestItemHeader, decode_item_head};
 
+use super::ConnectionError;
 use super::watch::{ConnectionWatch, on_socket};
 use crate::peer_limits::{ConnectionSlot, PeerBudget};
 
@@ -14,6 +16,16 @@ use crate::peer_limits::{ConnectionSlot, PeerBudget};
 pub(super) const INPUT_BUFFER_BYTES: usize = 64 << 10;
 /// A large value is received (and checksummed) in pieces of at most this many bytes.
 const CRC_PIECE_BYTES: usize = 256 << 10;
+
+/// An item's head read off the socket, owned: its header, its key and the names its links block gives.
+pub(super) struct OwnedHead {
+    pub(super) header: RequestItemHeader,
+    pub(super) key: Vec<u8>,
+    pub(super) parent: Option<Vec<u8>>,
+    pub(super) group: Option<Vec<u8>>,
+    /// Bytes it took.
+    pub(super) len: usize,
+}
 
 /// A client connection.
 pub(super) struct Connection {
@@ -103,6 +115,43 @@ impl Connection {
             at += read;
         }
         Ok(crc)
+    }
+
+    /// Reads the head of the next `opcode` item (header, key, links block), which must lie within the
+    /// `body_left` bytes left of the frame's body, and decodes it with the protocol's own decoder as its
+    /// bytes arrive. `Ok(None)`: the body ends before the head does.
+    pub(super) async fn read_item_head(
+        &mut self,
+        opcode: Opcode,
+        limits: &Limits,
+        body_left: u64,
+    ) -> Result<Option<OwnedHead>, ConnectionError> {
+        let mut want = REQUEST_ITEM_BYTES;
+        loop {
+            if (want as u64) <= body_left && !self.fill(want).await? {
+                return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
+            }
+            let window_len = (self.buffered() as u64).min(body_left) as usize;
+            let window = &self.input[self.start..self.start + window_len];
+            if let Some(head) = decode_item_head(window, opcode, limits)? {
+                let owned = OwnedHead {
+                    header: head.header,
+                    key: head.key.to_vec(),
+                    parent: head.links.parent.map(<[u8]>::to_vec),
+                    group: head.links.group.map(<[u8]>::to_vec),
+                    len: head.len,
+                };
+                self.start += head.len;
+                return Ok(Some(owned));
+            }
+            if window_len as u64 == body_left {
+                return Ok(None);
+            }
+            if window_len >= INPUT_BUFFER_BYTES {
+                return Err(ProtoError::Field("an item head longer than the node's input buffer").into());
+            }
+            want = window_len + 1;
+        }
     }
 
     pub(super) async fn skip(&mut self, mut len: u64) -> io::Result<()> {

@@ -6,7 +6,7 @@ use std::io;
 use std::pin::Pin;
 use std::time::Duration;
 
-use strata_proto::{FrameHeader, Opcode, RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, Status};
+use strata_proto::{FrameHeader, Opcode, RESPONSE_ITEM_BYTES, RequestItem, ResponseItemHeader, Status};
 
 use super::connection::Connection;
 use super::watch::on_socket;
@@ -60,20 +60,18 @@ async fn join_in_order<'a, T>(mut futures: Vec<Pin<Box<dyn Future<Output = T> + 
     outputs.into_iter().flatten().collect()
 }
 
-pub(super) async fn handle_get(
+pub(super) async fn handle_get<'a>(
     server: &ShardServer,
     connection: &mut Connection,
     header: FrameHeader,
-    body: &[u8],
-    items: &[(RequestItemHeader, usize, usize)],
+    items: &'a [RequestItem<'a>],
     scope: &Scope,
 ) -> Result<(u64, u64), ConnectionError> {
-    let read = |(item, key_at, key_len): &(RequestItemHeader, usize, usize)| {
-        let user_key = &body[*key_at..*key_at + *key_len];
-        let range = (header.opcode == Opcode::GetRange).then_some((item.offset, item.value_len));
-        read_item(server, scope, user_key, range, item.wait())
+    let read = |item: &'a RequestItem<'a>| {
+        let range = (header.opcode == Opcode::GetRange).then_some((item.header.offset, item.header.value_len));
+        read_item(server, scope, item.key, range, item.header.wait())
     };
-    let results: Vec<Result<ReadHit, Status>> = if items.iter().any(|(item, ..)| !item.wait().is_zero()) {
+    let results: Vec<Result<ReadHit, Status>> = if items.iter().any(|item| !item.header.wait().is_zero()) {
         // Items that may wait for their keys wait together: a batch of layers of several requests whose
         // prefills are still sending takes as long as the slowest, not the sum.
         join_in_order(items.iter().map(|item| Box::pin(read(item)) as Pin<Box<dyn Future<Output = _> + '_>>).collect())
@@ -82,7 +80,7 @@ pub(super) async fn handle_get(
         // The lines each read will touch, asked for in stages up to three items ahead, for keys of this
         // shard: a batch of small reads is otherwise a chain of misses.
         let shard = &server.shard;
-        let hashes = local_hashes(server, scope, body_keys(body, items));
+        let hashes = local_hashes(server, scope, items.iter().map(|item| item.key));
         let stages = [Prefetch::DramBytes, Prefetch::DramSlot, Prefetch::Entry, Prefetch::IndexSlot];
         let mut results = Vec::with_capacity(items.len());
         for (at, item) in items.iter().enumerate() {
@@ -136,14 +134,6 @@ pub(super) async fn handle_get(
     connection.output.clear();
     written?;
     Ok(count(results.iter().map(|result| result.as_ref().map_or_else(|status| *status, |_| Status::Ok))))
-}
-
-/// The keys of a read-side body's items, as the client sent them.
-pub(super) fn body_keys<'a>(
-    body: &'a [u8],
-    items: &'a [(RequestItemHeader, usize, usize)],
-) -> impl Iterator<Item = &'a [u8]> + 'a {
-    items.iter().map(|(_, key_at, key_len)| &body[*key_at..*key_at + *key_len])
 }
 
 /// Each key's index hash as this shard stores it, or `None` for a key another shard owns (forwarded).

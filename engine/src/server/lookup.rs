@@ -2,10 +2,10 @@
 
 use std::collections::HashSet;
 
-use strata_proto::{RequestItemHeader, ResponseItemHeader, Status};
+use strata_proto::{RequestItem, ResponseItemHeader, Status};
 
 use super::ShardServer;
-use super::get::{body_keys, local_hashes, prefetch_stages};
+use super::get::{local_hashes, prefetch_stages};
 use crate::forward::ForwardOp;
 use crate::shard::Prefetch;
 use crate::tenants::Scope;
@@ -17,8 +17,7 @@ use crate::tenants::Scope;
 /// blocks it finds are held for a read lease, so that the load that follows finds them still there.
 pub(super) async fn exists(
     server: &ShardServer,
-    body: &[u8],
-    items: &[(RequestItemHeader, usize, usize)],
+    items: &[RequestItem<'_>],
     scope: &Scope,
     prefix: bool,
 ) -> Vec<ResponseItemHeader> {
@@ -27,11 +26,12 @@ pub(super) async fn exists(
     let mut statuses = Vec::with_capacity(items.len());
     // Each key of this shard hashed once, and its index lines asked for one and two items ahead: a
     // 1,000-key chain is otherwise a chain of misses.
-    let hashes = local_hashes(server, scope, body_keys(body, items));
-    for (at, (item, key_at, key_len)) in items.iter().enumerate() {
+    let hashes = local_hashes(server, scope, items.iter().map(|item| item.key));
+    for (at, item) in items.iter().enumerate() {
         prefetch_stages(shard, &hashes, at + 1, &[Prefetch::Entry, Prefetch::IndexSlot]);
-        let user_key = &body[*key_at..*key_at + *key_len];
-        if prefix && !broken_chains.is_empty() && broken_chains.contains(&item.offset) {
+        let user_key = item.key;
+        let chain = item.header.offset;
+        if prefix && !broken_chains.is_empty() && broken_chains.contains(&chain) {
             statuses.push(ResponseItemHeader::status(Status::NotFound));
             continue;
         }
@@ -45,7 +45,7 @@ pub(super) async fn exists(
             }
         };
         if prefix && found.is_err() {
-            broken_chains.insert(item.offset);
+            broken_chains.insert(chain);
         }
         statuses.push(match found {
             Ok(len) => ResponseItemHeader { status: Status::Ok, data_len: 0, data_crc: 0, object_len: len },
@@ -56,14 +56,9 @@ pub(super) async fn exists(
 }
 
 /// The statuses of a REMOVE frame's items.
-pub(super) async fn remove(
-    server: &ShardServer,
-    body: &[u8],
-    items: &[(RequestItemHeader, usize, usize)],
-    scope: &Scope,
-) -> Vec<ResponseItemHeader> {
+pub(super) async fn remove(server: &ShardServer, items: &[RequestItem<'_>], scope: &Scope) -> Vec<ResponseItemHeader> {
     let mut statuses = Vec::with_capacity(items.len());
-    for user_key in body_keys(body, items) {
+    for user_key in items.iter().map(|item| item.key) {
         let key = scope.scoped(user_key);
         let status = match server.other_owner(user_key) {
             None => server.shard.remove(&key).await.err().map_or(Status::Ok, |error| error.status()),
@@ -77,14 +72,12 @@ pub(super) async fn remove(
 /// The statuses of a REMOVE_MATCHING frame's items (each a pattern, removed on this shard).
 pub(super) async fn remove_all_matching(
     server: &ShardServer,
-    body: &[u8],
-    items: &[(RequestItemHeader, usize, usize)],
+    items: &[RequestItem<'_>],
     scope: &Scope,
 ) -> Vec<ResponseItemHeader> {
     let mut statuses = Vec::with_capacity(items.len());
-    for (item, key_at, key_len) in items {
-        let pattern = &body[*key_at..*key_at + *key_len];
-        statuses.push(remove_matching(server, item.flags, pattern, scope).await);
+    for item in items {
+        statuses.push(remove_matching(server, item.header.flags, item.key, scope).await);
     }
     statuses
 }

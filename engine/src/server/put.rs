@@ -5,8 +5,8 @@
 use std::collections::VecDeque;
 
 use strata_proto::{
-    FrameHeader, LINKS_HEADER_BYTES, Links, Opcode, PART_HEADER_BYTES, ProtoError, PutOptions, REQUEST_ITEM_BYTES,
-    RequestItemHeader, ResponseItemHeader, Status, decode_part_header,
+    FrameHeader, Links, Opcode, PART_HEADER_BYTES, ProtoError, PutOptions, RequestItemHeader, ResponseItemHeader,
+    Status, decode_item_head, decode_part_header,
 };
 
 use super::connection::Connection;
@@ -29,45 +29,24 @@ pub(super) async fn handle_put(
     let mut consumed = 0u64;
     let mut durable: Vec<DurablePoint> = Vec::new();
     let mut durable_items: Vec<usize> = Vec::new();
-    let mut item_bytes = [0u8; REQUEST_ITEM_BYTES];
     let mut ahead = VecDeque::with_capacity(3);
     for _ in 0..header.count {
         prefetch_next_puts(shard, connection, scope, &limits, &mut ahead);
-        if consumed + REQUEST_ITEM_BYTES as u64 > header.body_len {
-            return Err(ProtoError::BodyMismatch {
-                items: consumed + REQUEST_ITEM_BYTES as u64,
-                body: header.body_len,
-            }
-            .into());
-        }
-        connection.read_exact(&mut item_bytes).await?;
-        let item = RequestItemHeader::decode(&item_bytes, Opcode::Put, &limits)?;
-        let key_len = usize::from(item.key_len);
-        consumed += (REQUEST_ITEM_BYTES + key_len) as u64 + u64::from(item.value_len);
+        let body_left = header.body_len - consumed;
+        let Some(head) = connection.read_item_head(Opcode::Put, &limits, body_left).await? else {
+            return Err(ProtoError::BodyMismatch { items: header.body_len + 1, body: header.body_len }.into());
+        };
+        let item = head.header;
+        consumed += head.len as u64 + u64::from(item.value_len);
         if consumed > header.body_len {
             return Err(ProtoError::BodyMismatch { items: consumed, body: header.body_len }.into());
         }
-        let mut user_key = vec![0u8; key_len];
-        connection.read_exact(&mut user_key).await?;
-        let owner = server.other_owner(&user_key);
-        let key = scope.scoped_owned(user_key);
+        let owner = server.other_owner(&head.key);
+        let key = scope.scoped_owned(head.key);
         let key_len = key.len();
-        // A links block: the parent and the group, scoped like keys so that tenants never link across.
-        let (parent, group) = if item.has_links() {
-            let mut head = [0u8; LINKS_HEADER_BYTES];
-            connection.read_exact(&mut head).await?;
-            let (parent_len, group_len) = Links::decode_header(&head, &limits)?;
-            consumed += (LINKS_HEADER_BYTES + parent_len + group_len) as u64;
-            if consumed > header.body_len {
-                return Err(ProtoError::BodyMismatch { items: consumed, body: header.body_len }.into());
-            }
-            let mut names = vec![0u8; parent_len + group_len];
-            connection.read_exact(&mut names).await?;
-            let scoped = |name: &[u8]| (!name.is_empty()).then(|| scope.scoped(name).into_owned());
-            (scoped(&names[..parent_len]), scoped(&names[parent_len..]))
-        } else {
-            (None, None)
-        };
+        // The parent and the group are scoped like keys, so that tenants never link across.
+        let (parent, group) =
+            (head.parent.map(|name| scope.scoped_owned(name)), head.group.map(|name| scope.scoped_owned(name)));
         let links = Links { parent: parent.as_deref(), group: group.as_deref() };
         if u64::from(item.value_len) > limits.max_value_bytes {
             skip_value(connection, &item, &mut consumed, header.body_len).await?;
@@ -207,15 +186,14 @@ fn prefetch_next_puts(
     ahead.pop_front();
 }
 
-/// The key and the length of the put item at the front of `bytes`, if its header and key are there and it
-/// is a plain one (no links block, not progressive).
+/// The key and the length of the put item at the front of `bytes`, if its head is there (decoded by the
+/// protocol's decoder) and its length is known from it (not progressive).
 fn buffered_put_item<'a>(bytes: &'a [u8], limits: &strata_proto::Limits) -> Option<(&'a [u8], usize)> {
-    let item = RequestItemHeader::decode(bytes.get(..REQUEST_ITEM_BYTES)?, Opcode::Put, limits).ok()?;
-    if item.has_links() || item.is_progressive() {
+    let head = decode_item_head(bytes, Opcode::Put, limits).ok()??;
+    if head.header.is_progressive() {
         return None;
     }
-    let key = bytes.get(REQUEST_ITEM_BYTES..REQUEST_ITEM_BYTES + usize::from(item.key_len))?;
-    Some((key, REQUEST_ITEM_BYTES + key.len() + item.value_len as usize))
+    Some((head.key, head.len + head.header.value_len as usize))
 }
 
 /// Skips a refused put item's value: its bytes, or a progressive put's parts.
@@ -310,7 +288,7 @@ async fn receive_parts(
 
 #[cfg(test)]
 mod tests {
-    use strata_proto::{ITEM_LINKS, ITEM_PROGRESSIVE, Limits};
+    use strata_proto::{ITEM_LINKS, ITEM_PROGRESSIVE, Limits, REQUEST_ITEM_BYTES};
 
     use super::*;
 

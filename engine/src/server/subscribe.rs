@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use strata_proto::{FRAME_HEADER_BYTES, FrameHeader, Opcode, RequestItemHeader, Status};
+use strata_proto::{FRAME_HEADER_BYTES, FrameHeader, Opcode, RequestItem, Status};
 
 use super::connection::Connection;
 use super::watch::on_socket;
@@ -25,16 +25,14 @@ pub(super) async fn handle_subscribe(
     server: &ShardServer,
     connection: &mut Connection,
     header: FrameHeader,
-    body: &[u8],
-    items: &[(RequestItemHeader, usize, usize)],
+    items: &[RequestItem<'_>],
     scope: &Scope,
 ) -> Result<(u64, u64), ConnectionError> {
-    let [(item, key_at, key_len)] = items else {
+    let [item] = items else {
         return Err(ConnectionError::Protocol(Status::Invalid, "SUBSCRIBE takes one item".into()));
     };
     // A tenant sees only its own keys' events, with its prefix taken off again.
-    let user_prefix: &[u8] =
-        if item.flags & strata_proto::ITEM_MATCH_ALL == 0 { &body[*key_at..*key_at + *key_len] } else { &[] };
+    let user_prefix: &[u8] = if item.header.flags & strata_proto::ITEM_MATCH_ALL == 0 { item.key } else { &[] };
     let full_prefix = scope.scoped(user_prefix);
     let prefix = (!full_prefix.is_empty()).then_some(&full_prefix[..]);
     let strip = scope.prefix().len();
