@@ -28,6 +28,8 @@ pub struct EngineConfig {
     pub region_bytes: u64,
     /// Region buffers per shard (one fills while the others are written).
     pub region_buffers: usize,
+    /// NVMe-tier reads one shard keeps in flight at most (its queue depth on the device).
+    pub nvme_queue_depth: usize,
     /// Default write policy.
     pub write_policy: WritePolicy,
     /// Evict when a tier is fuller than this share of its capacity...
@@ -83,6 +85,7 @@ impl Default for EngineConfig {
             format: false,
             region_bytes: 16 << 20,
             region_buffers: 3,
+            nvme_queue_depth: 32,
             write_policy: WritePolicy::WriteThrough,
             high_watermark: 0.95,
             low_watermark: 0.90,
@@ -131,6 +134,9 @@ pub enum ConfigError {
     /// Fewer than two region buffers per shard.
     #[error("at least 2 region buffers per shard are needed (one fills while one is written)")]
     RegionBuffers,
+    /// No NVMe-tier read may be in flight.
+    #[error("the NVMe queue depth must be at least 1")]
+    QueueDepth,
     /// Too little DRAM per shard.
     #[error("{dram_bytes} bytes of DRAM give each of {shards} shards under 4 MiB")]
     DramPerShard {
@@ -214,6 +220,9 @@ impl EngineConfig {
         crate::tenants::Tenancy::new(&self.tenants, self.cpus.len() as u32)?;
         if self.region_buffers < 2 {
             return Err(ConfigError::RegionBuffers);
+        }
+        if self.nvme_queue_depth == 0 {
+            return Err(ConfigError::QueueDepth);
         }
         if self.dram_bytes / (self.cpus.len() as u64) < 4 << 20 {
             return Err(ConfigError::DramPerShard { dram_bytes: self.dram_bytes, shards: self.cpus.len() });

@@ -82,6 +82,8 @@ pub struct ShardMetrics {
     pub nvme_region_bytes: AtomicU64,
     /// NVMe hits.
     pub nvme_hits: AtomicU64,
+    /// The most NVMe-tier reads the shard had in flight at once (gauge).
+    pub nvme_reads_in_flight_peak: AtomicU64,
     /// Objects promoted from NVMe to DRAM.
     pub promotions: AtomicU64,
     /// Regions reclaimed.
@@ -340,6 +342,12 @@ pub fn render(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
     }
     let _ =
         writeln!(out, "# TYPE strata_nvme_poisoned gauge\nstrata_nvme_poisoned {}", sum(|s| &s.nvme_poisoned).min(1));
+    let peak = shards.iter().map(|shard| get(&shard.nvme_reads_in_flight_peak)).max().unwrap_or(0);
+    let _ = writeln!(
+        out,
+        "# HELP strata_nvme_reads_in_flight_peak The most NVMe-tier reads one shard had in flight at once.\n\
+         # TYPE strata_nvme_reads_in_flight_peak gauge\nstrata_nvme_reads_in_flight_peak {peak}"
+    );
     let mut per_tenant: std::collections::BTreeMap<String, TenantGauge> = std::collections::BTreeMap::new();
     for shard in shards {
         let published = shard.tenants.lock().map(|gauges| gauges.clone()).unwrap_or_default();

@@ -80,6 +80,8 @@ pub struct Shard<E: Backend = Production> {
     log: RefCell<Option<RegionLog>>,
     devices: Rc<Vec<E::Device>>,
     log_lock: Rc<Semaphore>,
+    /// One permit per NVMe-tier read in flight (`EngineConfig::nvme_queue_depth`).
+    read_slots: Rc<Semaphore>,
     poisoned: Cell<bool>,
     /// Tombstones of keys that left the index (cascades) not known durable yet, by key hash.
     unsynced_tombstones: RefCell<std::collections::HashMap<u64, DurablePoint>>,
@@ -157,6 +159,7 @@ impl<E: Backend> Shard<E> {
         let ShardParts { id, shard_count, base_port, config, dram, devices, log, clock, metrics, link_counts } = parts;
         set(&metrics.dram_capacity_bytes, dram.capacity_bytes());
         let pin_limit = (dram.capacity_bytes() as f64 * config.max_pinned_share) as u64;
+        let queue_depth = config.nvme_queue_depth.max(1) as u64;
         let events = Rc::new(RefCell::new(EventLog::new(config.event_log_bytes)));
         // Validated by `EngineConfig::validate`; an error here leaves the node open, which validate forbids.
         let tenancy = Tenancy::new(&config.tenants, shard_count).unwrap_or_default();
@@ -176,6 +179,7 @@ impl<E: Backend> Shard<E> {
             log: RefCell::new(log),
             devices: Rc::new(devices),
             log_lock: Rc::new(Semaphore::new(1)),
+            read_slots: Rc::new(Semaphore::new(queue_depth)),
             poisoned: Cell::new(false),
             unsynced_tombstones: RefCell::new(std::collections::HashMap::new()),
             pins: RefCell::new(PinBook { limit: pin_limit, ..PinBook::default() }),

@@ -107,6 +107,10 @@ pub struct NodeSettings {
     /// Promote an NVMe hit to DRAM when the object was hit within this window before (0s: never). [default: 60s]
     #[arg(long)]
     pub promote_window: Option<String>,
+    /// NVMe-tier reads a shard keeps in flight at most (its queue depth on the device): a batch of gets
+    /// reads its items from the tier together, up to this many at once. [default: 32]
+    #[arg(long)]
+    pub nvme_queue_depth: Option<usize>,
     /// Busy-poll client sockets (non-blocking system calls) instead of the reactor: lower latency per
     /// frame; a shard's core never sleeps while a client is connected.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
@@ -170,6 +174,7 @@ impl NodeSettings {
             spin_before_park,
             busy_poll,
             promote_window,
+            nvme_queue_depth,
             stall_timeout,
             frame_grace,
             min_transfer_rate,
@@ -287,6 +292,9 @@ impl NodeSettings {
         config.busy_poll = self.busy_poll.unwrap_or(false);
         if let Some(window) = &self.promote_window {
             config.promote_window = parse_duration(window)?;
+        }
+        if let Some(depth) = self.nvme_queue_depth {
+            config.nvme_queue_depth = depth;
         }
         if let Some(timeout) = &self.stall_timeout {
             config.stall_timeout = parse_duration(timeout)?;

@@ -77,17 +77,17 @@ pub(super) async fn handle_get<'a>(
         join_in_order(items.iter().map(|item| Box::pin(read(item)) as Pin<Box<dyn Future<Output = _> + '_>>).collect())
             .await
     } else {
-        // The lines each read will touch, asked for in stages up to three items ahead, for keys of this
-        // shard: a batch of small reads is otherwise a chain of misses.
-        let shard = &server.shard;
-        let hashes = local_hashes(server, scope, items.iter().map(|item| item.key));
-        let stages = [Prefetch::DramBytes, Prefetch::DramSlot, Prefetch::Entry, Prefetch::IndexSlot];
-        let mut results = Vec::with_capacity(items.len());
-        for (at, item) in items.iter().enumerate() {
-            prefetch_stages(shard, &hashes, at, &stages);
-            results.push(read(item).await);
+        // What DRAM answers is answered at once, item by item; the rest (reads from the NVMe tier, items
+        // another shard owns) then run together, the device reads bounded by the shard's queue depth.
+        let mut results = answer_from_dram(server, scope, header.opcode, items);
+        let pending: Vec<usize> = (0..items.len()).filter(|&at| results[at].is_none()).collect();
+        if !pending.is_empty() {
+            let reads = pending.iter().map(|&at| Box::pin(read(&items[at])) as Pin<Box<dyn Future<Output = _> + '_>>);
+            for (at, result) in pending.iter().zip(join_in_order(reads.collect()).await) {
+                results[*at] = Some(result);
+            }
         }
-        results
+        results.into_iter().map(|result| result.unwrap_or(Err(Status::NotFound))).collect()
     };
     let body_len: u64 = results
         .iter()
@@ -134,6 +134,30 @@ pub(super) async fn handle_get<'a>(
     connection.output.clear();
     written?;
     Ok(count(results.iter().map(|result| result.as_ref().map_or_else(|status| *status, |_| Status::Ok))))
+}
+
+/// The items of a batch that DRAM answers (a hit, a miss, a bad range), each checked in order with the
+/// lines it will touch asked for in stages up to three items ahead (a batch of small reads is otherwise a
+/// chain of misses); `None` for an item that needs a device read or another shard.
+fn answer_from_dram(
+    server: &ShardServer,
+    scope: &Scope,
+    opcode: Opcode,
+    items: &[RequestItem<'_>],
+) -> Vec<Option<Result<ReadHit, Status>>> {
+    let shard = &server.shard;
+    let hashes = local_hashes(server, scope, items.iter().map(|item| item.key));
+    let stages = [Prefetch::DramBytes, Prefetch::DramSlot, Prefetch::Entry, Prefetch::IndexSlot];
+    let mut results = Vec::with_capacity(items.len());
+    for (at, item) in items.iter().enumerate() {
+        prefetch_stages(shard, &hashes, at, &stages);
+        let range = (opcode == Opcode::GetRange).then_some((item.header.offset, item.header.value_len));
+        let answer = hashes[at]
+            .and_then(|hash| shard.get_now(&scope.scoped(item.key), hash, range))
+            .map(|result| result.map_err(|error| error.status()));
+        results.push(answer);
+    }
+    results
 }
 
 /// Each key's index hash as this shard stores it, or `None` for a key another shard owns (forwarded).

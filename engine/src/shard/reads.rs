@@ -147,6 +147,23 @@ impl<E: Backend> Shard<E> {
         Err(EngineError::NotFound)
     }
 
+    /// Answers a read of `key` (index hash `hash`) that needs no device read and no waiting: a DRAM hit,
+    /// a miss (no progressive put of it under way), a bad range; `None` for a read that must await (its
+    /// record is on the tier, or its bytes are still arriving).
+    pub fn get_now(
+        self: &Rc<Self>,
+        key: &[u8],
+        hash: u64,
+        range: Option<(u32, u32)>,
+    ) -> Option<Result<ReadHit, EngineError>> {
+        match self.look_up(key, hash, range, self.now_tick()) {
+            Ok(Lookup::InDram(hit)) => Some(Ok(hit)),
+            Ok(Lookup::Absent) if !self.arrivals.filling.borrow().contains_key(key) => Some(Err(EngineError::NotFound)),
+            Ok(_) => None,
+            Err(error) => Some(Err(error)),
+        }
+    }
+
     /// Finds `key` in the index: a DRAM hit is pinned and returned whole; an object only on the tier says
     /// where; a range past the value is INVALID.
     fn look_up(
@@ -242,7 +259,13 @@ impl<E: Backend> Shard<E> {
         {
             let _ = done.acquire(1).await;
         }
-        let read = read_range(&self.devices, device, device_offset, offset as usize, record_len, chunk_bytes).await;
+        let read = {
+            // Bounded by the shard's queue depth: a batch's reads go to the device together, up to it.
+            let _slot = self.read_slots.acquire_static_permit(1).await.map_err(|_| EngineError::ShuttingDown)?;
+            let in_flight = self.config.nvme_queue_depth as u64 - self.read_slots.available();
+            self.metrics.nvme_reads_in_flight_peak.fetch_max(in_flight, std::sync::atomic::Ordering::Relaxed);
+            read_range(&self.devices, device, device_offset, offset as usize, record_len, chunk_bytes).await
+        };
         let still_there = {
             let log = self.log.borrow();
             let index = self.index.borrow();
