@@ -196,12 +196,25 @@ fn cpu_ns_in_stat(path: &str) -> u64 {
 /// Renders every shard's metrics in Prometheus text format.
 pub fn render(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
     let mut out = String::new();
-    let sum = |field: fn(&ShardMetrics) -> &AtomicU64| shards.iter().map(|shard| get(field(shard))).sum::<u64>();
     let _ = writeln!(out, "# HELP strata_process_cpu_seconds_total CPU time of the node process (user + system).");
     let _ = writeln!(out, "# TYPE strata_process_cpu_seconds_total counter");
     let _ = writeln!(out, "strata_process_cpu_seconds_total {:.6}", process_cpu_ns() as f64 / 1e9);
     let _ = writeln!(out, "# TYPE strata_shards gauge\nstrata_shards {}", shards.len());
 
+    render_ops(&mut out, shards);
+    render_tiers(&mut out, shards);
+    render_counters(&mut out, shards);
+    render_tenants(&mut out, shards);
+    out
+}
+
+/// A counter summed over the shards.
+fn sum_of(shards: &[std::sync::Arc<ShardMetrics>], field: Field) -> u64 {
+    shards.iter().map(|shard| get(field(shard))).sum()
+}
+
+/// Per operation: items, frames, errors, misses, and the latency histogram.
+fn render_ops(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
     let _ = writeln!(out, "# HELP strata_op_items_total Items (keys) handled, per operation.");
     let _ = writeln!(out, "# TYPE strata_op_items_total counter");
     for opcode in Opcode::ALL {
@@ -247,7 +260,11 @@ pub fn render(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
         let _ = writeln!(out, "strata_op_latency_seconds_sum{{op=\"{}\"}} {:.9}", opcode.name(), sum_ns as f64 / 1e9);
         let _ = writeln!(out, "strata_op_latency_seconds_count{{op=\"{}\"}} {cumulative}", opcode.name());
     }
+}
 
+/// Per tier: objects, bytes, capacity, hits, evictions.
+fn render_tiers(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
+    let sum = |field: Field| sum_of(shards, field);
     let tiers: [(&str, &str, &str, Field); 6] = [
         ("strata_tier_objects", "gauge", "dram", |s| &s.dram_objects),
         ("strata_tier_bytes", "gauge", "dram", |s| &s.dram_bytes),
@@ -267,7 +284,11 @@ pub fn render(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
     let _ = writeln!(out, "strata_tier_bytes{{tier=\"nvme\"}} {}", sum(|s| &s.nvme_regions_used) * region_bytes);
     let _ = writeln!(out, "strata_tier_capacity_bytes{{tier=\"nvme\"}} {}", sum(|s| &s.nvme_regions) * region_bytes);
     let _ = writeln!(out, "strata_tier_evictions_total{{tier=\"nvme\"}} {}", sum(|s| &s.nvme_evictions));
+}
 
+/// The node-wide counters and gauges.
+fn render_counters(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
+    let sum = |field: Field| sum_of(shards, field);
     let counters: [(&str, &str, Field); 30] = [
         ("strata_misses_total", "Lookups that found no object.", |s| &s.ops[Opcode::Get as usize - 1].misses),
         ("strata_promotions_total", "Objects promoted from NVMe to DRAM.", |s| &s.promotions),
@@ -348,6 +369,10 @@ pub fn render(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
         "# HELP strata_nvme_reads_in_flight_peak The most NVMe-tier reads one shard had in flight at once.\n\
          # TYPE strata_nvme_reads_in_flight_peak gauge\nstrata_nvme_reads_in_flight_peak {peak}"
     );
+}
+
+/// Per tenant: bytes per tier.
+fn render_tenants(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
     let mut per_tenant: std::collections::BTreeMap<String, TenantGauge> = std::collections::BTreeMap::new();
     for shard in shards {
         let published = shard.tenants.lock().map(|gauges| gauges.clone()).unwrap_or_default();
@@ -373,7 +398,6 @@ pub fn render(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
             }
         }
     }
-    out
 }
 
 /// Serves `/metrics` and `/healthz` on `listener` until `stop` is set (checked between requests and every

@@ -399,30 +399,78 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
     let listeners = bind_listeners(&config)?;
     let listen = listeners[0].local_addr().map_err(|source| NodeError::Listen { addr: config.listen, source })?;
     let listener_fds: Vec<RawFd> = listeners.iter().map(AsRawFd::as_raw_fd).collect();
-    let stop = Arc::new(AtomicBool::new(false));
     let metrics: Vec<Arc<ShardMetrics>> = (0..shard_count).map(|_| Arc::new(ShardMetrics::default())).collect();
-    let dram_per_shard = config.dram_bytes / u64::from(shard_count);
-    let (ready_sender, ready_receiver) = mpsc::channel::<(u32, Result<ShardStarted, ShardStartError>)>();
     // Read here, on the thread that started the node, before any executor pins itself: the CPUs the
     // operator let the process use.
     let event_senders = Arc::new(crate::event_sender::EventSenders::new(&config.event_cpus, &config.cpus));
     let tenant_ids = config.tenants.iter().map(|tenant| crate::tenants::tenant_id(&tenant.name));
-    let peer_budget = crate::peer_limits::PeerBudget::new(&config.peers, config.dram_bytes, tenant_ids);
     let shared = ShardShared {
+        peer_budget: crate::peer_limits::PeerBudget::new(&config.peers, config.dram_bytes, tenant_ids),
+        dram_per_shard: config.dram_bytes / u64::from(shard_count),
         config: Arc::new(config),
         tier: Arc::new(tier),
         handles: Arc::new(handles),
-        names: Arc::new(names.clone()),
+        names: Arc::new(names),
         event_senders: Arc::clone(&event_senders),
-        peer_budget,
-        stop: Arc::clone(&stop),
+        stop: Arc::new(AtomicBool::new(false)),
         base_port: listen.port(),
-        dram_per_shard,
         shard_count,
     };
+    let (executors, started) = spawn_shards(&shared, listeners, &metrics)?;
+    let (recovery, regions_per_shard, pages, mut failure) = started;
+    let metrics_listener = match shared.config.metrics {
+        Some(addr) if failure.is_none() => match std::net::TcpListener::bind(addr) {
+            Ok(listener) => Some((listener.local_addr().unwrap_or(addr), listener)),
+            Err(source) => {
+                failure = Some(NodeError::Listen { addr, source });
+                None
+            }
+        },
+        _ => None,
+    };
+    let config = &shared.config;
+    let mut node = Node {
+        summary: NodeSummary {
+            listen,
+            cpus: config.cpus.clone(),
+            dram_bytes_per_shard: shared.dram_per_shard,
+            pages,
+            namespaces: shared.names.iter().cloned().zip(shared.tier.iter().map(|(_, capacity)| *capacity)).collect(),
+            regions_per_shard,
+            region_bytes: config.region_bytes,
+            recovery,
+            metrics: metrics_listener.as_ref().map(|(addr, _)| *addr),
+            tenants: config.tenants.iter().map(|tenant| tenant.name.clone()).collect(),
+            event_cpus: event_senders.cpus().to_vec(),
+        },
+        stop: Arc::clone(&shared.stop),
+        listener_fds,
+        shards: executors,
+        event_senders,
+        metrics_thread: None,
+        metrics: metrics.clone(),
+    };
+    if let Some(error) = failure {
+        drop(node);
+        return Err(error);
+    }
+    if let Some((_, listener)) = metrics_listener {
+        let stop = Arc::clone(&shared.stop);
+        node.metrics_thread = Some(std::thread::spawn(move || crate::metrics::serve_http(listener, metrics, stop)));
+    }
+    Ok(node)
+}
+
+/// Starts one executor per shard, each on its listener, and waits for every shard's start-up report.
+fn spawn_shards(
+    shared: &ShardShared,
+    listeners: Vec<std::net::TcpListener>,
+    metrics: &[Arc<ShardMetrics>],
+) -> Result<(Vec<glommio::ExecutorJoinHandle<()>>, ShardsStarted), NodeError> {
+    let (ready_sender, ready_receiver) = mpsc::channel::<(u32, Result<ShardStarted, ShardStartError>)>();
+    let link_counts = Arc::new(crate::links::LinkCounts::new(shared.shard_count));
+    let mut meshes = crate::forward::mesh(shared.shard_count, &link_counts).into_iter();
     let mut executors = Vec::new();
-    let link_counts = Arc::new(crate::links::LinkCounts::new(shard_count));
-    let mut meshes = crate::forward::mesh(shard_count, &link_counts).into_iter();
     for (shard, listener) in listeners.into_iter().enumerate() {
         let start = ShardStart {
             shard: shard as u32,
@@ -434,55 +482,17 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
         match spawn_shard(start, listener) {
             Ok(handle) => executors.push(handle),
             Err(error) => {
-                stop.store(true, Ordering::SeqCst);
+                shared.stop.store(true, Ordering::SeqCst);
                 return Err(error);
             }
         }
     }
     drop(ready_sender);
-    let config = shared.config;
-    let (recovery, regions_per_shard, pages, mut failure) = wait_for_shards(&ready_receiver, shard_count);
-    let metrics_listener = match config.metrics {
-        Some(addr) if failure.is_none() => match std::net::TcpListener::bind(addr) {
-            Ok(listener) => Some((listener.local_addr().unwrap_or(addr), listener)),
-            Err(source) => {
-                failure = Some(NodeError::Listen { addr, source });
-                None
-            }
-        },
-        _ => None,
-    };
-    let mut node = Node {
-        summary: NodeSummary {
-            listen,
-            cpus: config.cpus.clone(),
-            dram_bytes_per_shard: dram_per_shard,
-            pages,
-            namespaces: names.iter().cloned().zip(shared.tier.iter().map(|(_, capacity)| *capacity)).collect(),
-            regions_per_shard,
-            region_bytes: config.region_bytes,
-            recovery,
-            metrics: metrics_listener.as_ref().map(|(addr, _)| *addr),
-            tenants: config.tenants.iter().map(|tenant| tenant.name.clone()).collect(),
-            event_cpus: event_senders.cpus().to_vec(),
-        },
-        stop: Arc::clone(&stop),
-        listener_fds,
-        shards: executors,
-        event_senders: Arc::clone(&event_senders),
-        metrics_thread: None,
-        metrics: metrics.clone(),
-    };
-    if let Some(error) = failure {
-        drop(node);
-        return Err(error);
-    }
-    if let Some((_, listener)) = metrics_listener {
-        let stop = Arc::clone(&stop);
-        node.metrics_thread = Some(std::thread::spawn(move || crate::metrics::serve_http(listener, metrics, stop)));
-    }
-    Ok(node)
+    Ok((executors, wait_for_shards(&ready_receiver, shared.shard_count)))
 }
+
+/// Every shard's recovery, regions per shard and pages, and the first failure if one did not start.
+type ShardsStarted = (Vec<RecoveryReport>, Vec<usize>, PageKind, Option<NodeError>);
 
 /// Reads (or formats) the NVMe tier's headers on an executor of its own, before the shards start.
 fn open_tier(
@@ -643,7 +653,7 @@ async fn accept_until_stopped(server: &Rc<ShardServer>, shared: &ShardShared, li
 fn wait_for_shards(
     ready: &mpsc::Receiver<(u32, Result<ShardStarted, ShardStartError>)>,
     shard_count: u32,
-) -> (Vec<RecoveryReport>, Vec<usize>, PageKind, Option<NodeError>) {
+) -> ShardsStarted {
     let mut recovery = vec![RecoveryReport::default(); shard_count as usize];
     let mut regions_per_shard = vec![0; shard_count as usize];
     let mut pages = PageKind::Normal;

@@ -3,13 +3,14 @@
 //! (`Shard::admit_put`, `Shard::commit_put`), then one sync per region for the batch's durable items.
 
 use std::collections::VecDeque;
+use std::rc::Rc;
 
 use strata_proto::{
     FrameHeader, Links, Opcode, PART_HEADER_BYTES, ProtoError, PutOptions, RequestItemHeader, ResponseItemHeader,
     Status, decode_item_head, decode_part_header,
 };
 
-use super::connection::Connection;
+use super::connection::{Connection, OwnedHead};
 use super::{ConnectionError, ShardServer};
 use crate::forward::ForwardOp;
 use crate::metrics::add;
@@ -26,117 +27,172 @@ pub(super) async fn handle_put(
     let shard = &server.shard;
     let limits = shard.config.limits;
     let mut statuses = Vec::with_capacity(header.count as usize);
-    let mut consumed = 0u64;
-    let mut durable: Vec<DurablePoint> = Vec::new();
-    let mut durable_items: Vec<usize> = Vec::new();
+    let mut body = BodyCursor { consumed: 0, len: header.body_len };
+    let mut durable: Vec<(usize, DurablePoint)> = Vec::new();
     let mut ahead = VecDeque::with_capacity(3);
     for _ in 0..header.count {
         prefetch_next_puts(shard, connection, scope, &limits, &mut ahead);
-        let body_left = header.body_len - consumed;
-        let Some(head) = connection.read_item_head(Opcode::Put, &limits, body_left).await? else {
-            return Err(ProtoError::BodyMismatch { items: header.body_len + 1, body: header.body_len }.into());
+        let Some(head) = connection.read_item_head(Opcode::Put, &limits, body.left()).await? else {
+            return Err(ProtoError::BodyMismatch { items: body.len + 1, body: body.len }.into());
         };
-        let item = head.header;
-        consumed += head.len as u64 + u64::from(item.value_len);
-        if consumed > header.body_len {
-            return Err(ProtoError::BodyMismatch { items: consumed, body: header.body_len }.into());
+        body.take(head.len as u64 + u64::from(head.header.value_len))?;
+        match put_item(server, connection, scope, head, &mut body).await? {
+            Stored::Durable(point) => {
+                durable.push((statuses.len(), point));
+                statuses.push(ResponseItemHeader::status(Status::Ok));
+            }
+            Stored::Answered(status) => statuses.push(ResponseItemHeader::status(status)),
         }
-        let owner = server.other_owner(&head.key);
-        let key = scope.scoped_owned(head.key);
-        let key_len = key.len();
-        // The parent and the group are scoped like keys, so that tenants never link across.
-        let (parent, group) =
-            (head.parent.map(|name| scope.scoped_owned(name)), head.group.map(|name| scope.scoped_owned(name)));
-        let links = Links { parent: parent.as_deref(), group: group.as_deref() };
-        if u64::from(item.value_len) > limits.max_value_bytes {
-            skip_value(connection, &item, &mut consumed, header.body_len).await?;
-            statuses.push(ResponseItemHeader::status(Status::TooLarge));
-            continue;
+    }
+    if body.consumed != body.len {
+        return Err(ProtoError::BodyMismatch { items: body.consumed, body: body.len }.into());
+    }
+    sync_batch(shard, &durable, &mut statuses).await;
+    Ok(statuses)
+}
+
+/// How far a put frame's body was consumed: every byte read is counted, and none past the body's length.
+struct BodyCursor {
+    consumed: u64,
+    len: u64,
+}
+
+impl BodyCursor {
+    fn left(&self) -> u64 {
+        self.len - self.consumed
+    }
+
+    /// Counts `bytes` more of the body; an item that runs past it breaks the protocol.
+    fn take(&mut self, bytes: u64) -> Result<(), ConnectionError> {
+        self.consumed += bytes;
+        if self.consumed > self.len {
+            return Err(ProtoError::BodyMismatch { items: self.consumed, body: self.len }.into());
         }
-        let mut options = PutOptions::decode(&item);
-        let Ok(claim) = claim_arriving_value(shard, connection, scope, &item, key_len) else {
-            add(&shard.metrics.partial_frame_refusals, 1);
-            skip_value(connection, &item, &mut consumed, header.body_len).await?;
-            statuses.push(ResponseItemHeader::status(Status::Quota));
-            continue;
-        };
-        if let Some(owner) = owner {
-            let mut value = vec![0u8; item.value_len as usize];
-            let received = if item.is_progressive() {
-                let into = Destination::Buffer(&mut value);
-                receive_parts(connection, into, None, &mut consumed, header.body_len).await?
-            } else {
-                let crc = connection.read_exact_crc(&mut value).await?;
-                (crc == item.value_crc).then_some(crc)
-            };
+        Ok(())
+    }
+}
+
+/// What became of one put item.
+enum Stored {
+    /// Committed; acknowledged once the log is durable up to this point.
+    Durable(DurablePoint),
+    /// Answered now.
+    Answered(Status),
+}
+
+/// Receives and stores one put item whose head was read: here through the shard's put pipeline, or at the
+/// key's owner. Its value is consumed from the stream whatever happens to it.
+async fn put_item(
+    server: &ShardServer,
+    connection: &mut Connection,
+    scope: &Scope,
+    head: OwnedHead,
+    body: &mut BodyCursor,
+) -> Result<Stored, ConnectionError> {
+    let shard = &server.shard;
+    let item = head.header;
+    if u64::from(item.value_len) > shard.config.limits.max_value_bytes {
+        skip_value(connection, &item, body).await?;
+        return Ok(Stored::Answered(Status::TooLarge));
+    }
+    let owner = server.other_owner(&head.key);
+    let key = scope.scoped_owned(head.key);
+    // The parent and the group are scoped like keys, so that tenants never link across.
+    let parent = head.parent.map(|name| scope.scoped_owned(name));
+    let group = head.group.map(|name| scope.scoped_owned(name));
+    let Ok(claim) = claim_arriving_value(shard, connection, scope, &item, key.len()) else {
+        add(&shard.metrics.partial_frame_refusals, 1);
+        skip_value(connection, &item, body).await?;
+        return Ok(Stored::Answered(Status::Quota));
+    };
+    let stored = match owner {
+        Some(owner) => {
+            let arrived = receive_value(connection, &item, body).await?;
             drop(claim);
-            let status = if let Some(value_crc) = received {
-                let op = ForwardOp::Put { value, value_crc, options, parent, group };
-                server.forward(owner, &key, op).await.status
-            } else {
-                Status::TransferChecksum
-            };
-            statuses.push(ResponseItemHeader::status(status));
-            continue;
+            let Some((value, value_crc)) = arrived else { return Ok(Stored::Answered(Status::TransferChecksum)) };
+            let op = ForwardOp::Put { value, value_crc, options: PutOptions::decode(&item), parent, group };
+            Stored::Answered(server.forward(owner, &key, op).await.status)
         }
-        let total = key_len as u64 + u64::from(item.value_len);
-        let mut reservation = match shard.admit_put(&key, item.value_len, &mut options).await {
-            Ok(reservation) => reservation,
-            Err(error) => {
-                skip_value(connection, &item, &mut consumed, header.body_len).await?;
-                statuses.push(ResponseItemHeader::status(error.status()));
-                continue;
-            }
-        };
-        debug_assert_eq!(reservation.len() as u64, total);
-        reservation.bytes_mut(0, key_len).copy_from_slice(&key);
-        // A progressive put is readable (GET_RANGE) as its parts arrive, until it commits; `_fill` ends that
-        // when dropped, after the commit.
-        let (value_crc, _fill) = if item.is_progressive() {
-            let fill = reservation.open_for_reads(&key, item.value_len);
-            let into = Destination::Reservation(&mut reservation, key_len);
-            match receive_parts(connection, into, fill.as_ref(), &mut consumed, header.body_len).await? {
-                Some(crc) => (crc, fill),
-                None => {
-                    statuses.push(ResponseItemHeader::status(Status::TransferChecksum));
-                    continue;
-                }
-            }
-        } else {
-            let value = reservation.bytes_mut(key_len, item.value_len as usize);
-            if connection.read_exact_crc(value).await? != item.value_crc {
-                statuses.push(ResponseItemHeader::status(Status::TransferChecksum));
-                continue;
-            }
-            (item.value_crc, None)
-        };
-        drop(claim);
-        let status = match shard.commit_put(&key, reservation, item.value_len, value_crc, options, links).await {
-            Ok(Some(point)) => {
-                durable.push(point);
-                durable_items.push(statuses.len());
-                Status::Ok
-            }
-            Ok(None) => Status::Ok,
-            Err(error) => error.status(),
-        };
-        statuses.push(ResponseItemHeader::status(status));
-    }
-    if consumed != header.body_len {
-        return Err(ProtoError::BodyMismatch { items: consumed, body: header.body_len }.into());
-    }
-    // One sync per region touched covers the whole batch (the last point of each region is the furthest).
-    for (index, point) in durable.iter().enumerate() {
-        let last_of_region = durable[index + 1..].iter().all(|later| later.region_key() != point.region_key());
+        None => {
+            let links = Links { parent: parent.as_deref(), group: group.as_deref() };
+            put_here(shard, connection, &key, item, links, body).await?
+        }
+    };
+    Ok(stored)
+}
+
+/// Receives a value to forward into a buffer of its own; `None` if it failed its crc.
+async fn receive_value(
+    connection: &mut Connection,
+    item: &RequestItemHeader,
+    body: &mut BodyCursor,
+) -> Result<Option<(Vec<u8>, u32)>, ConnectionError> {
+    let mut value = vec![0u8; item.value_len as usize];
+    let crc = if item.is_progressive() {
+        receive_parts(connection, Destination::Buffer(&mut value), None, body).await?
+    } else {
+        let crc = connection.read_exact_crc(&mut value).await?;
+        (crc == item.value_crc).then_some(crc)
+    };
+    Ok(crc.map(|crc| (value, crc)))
+}
+
+/// Stores a put item of this shard: admitted, its value read from the socket straight into its DRAM
+/// reservation (readable as it arrives if progressive), then committed.
+async fn put_here(
+    shard: &Rc<Shard>,
+    connection: &mut Connection,
+    key: &[u8],
+    item: RequestItemHeader,
+    links: Links<'_>,
+    body: &mut BodyCursor,
+) -> Result<Stored, ConnectionError> {
+    let mut options = PutOptions::decode(&item);
+    let mut reservation = match shard.admit_put(key, item.value_len, &mut options).await {
+        Ok(reservation) => reservation,
+        Err(error) => {
+            skip_value(connection, &item, body).await?;
+            return Ok(Stored::Answered(error.status()));
+        }
+    };
+    let key_len = key.len();
+    reservation.bytes_mut(0, key_len).copy_from_slice(key);
+    // A progressive put is readable (GET_RANGE) as its parts arrive, until it commits; `_fill` ends that
+    // when dropped, after the commit.
+    let (value_crc, _fill) = if item.is_progressive() {
+        let fill = reservation.open_for_reads(key, item.value_len);
+        let into = Destination::Reservation(&mut reservation, key_len);
+        match receive_parts(connection, into, fill.as_ref(), body).await? {
+            Some(crc) => (crc, fill),
+            None => return Ok(Stored::Answered(Status::TransferChecksum)),
+        }
+    } else {
+        let value = reservation.bytes_mut(key_len, item.value_len as usize);
+        if connection.read_exact_crc(value).await? != item.value_crc {
+            return Ok(Stored::Answered(Status::TransferChecksum));
+        }
+        (item.value_crc, None)
+    };
+    Ok(match shard.commit_put(key, reservation, item.value_len, value_crc, options, links).await {
+        Ok(Some(point)) => Stored::Durable(point),
+        Ok(None) => Stored::Answered(Status::Ok),
+        Err(error) => Stored::Answered(error.status()),
+    })
+}
+
+/// Makes a batch's durable items durable: one sync per region covers all of its items (the last point of
+/// each region is the furthest); a failed sync fails every item of its region.
+async fn sync_batch(shard: &Rc<Shard>, durable: &[(usize, DurablePoint)], statuses: &mut [ResponseItemHeader]) {
+    for (index, (_, point)) in durable.iter().enumerate() {
+        let last_of_region = durable[index + 1..].iter().all(|(_, later)| later.region_key() != point.region_key());
         if last_of_region && let Err(error) = shard.sync(*point).await {
-            for (item, other) in durable_items.iter().zip(&durable) {
+            for (item, other) in durable {
                 if other.region_key() == point.region_key() {
                     statuses[*item] = ResponseItemHeader::status(error.status());
                 }
             }
         }
     }
-    Ok(statuses)
 }
 
 /// Claims the bytes of a put item's key and value against the partial-frame caps while they arrive:
@@ -200,8 +256,7 @@ fn buffered_put_item<'a>(bytes: &'a [u8], limits: &strata_proto::Limits) -> Opti
 async fn skip_value(
     connection: &mut Connection,
     item: &RequestItemHeader,
-    consumed: &mut u64,
-    body_len: u64,
+    body: &mut BodyCursor,
 ) -> Result<(), ConnectionError> {
     if !item.is_progressive() {
         connection.skip(u64::from(item.value_len)).await?;
@@ -209,7 +264,7 @@ async fn skip_value(
     }
     let mut left = u64::from(item.value_len);
     while left > 0 {
-        let (len, _) = read_part_header(connection, left, consumed, body_len).await?;
+        let (len, _) = read_part_header(connection, left, body).await?;
         connection.skip(u64::from(len)).await?;
         left -= u64::from(len);
     }
@@ -220,16 +275,12 @@ async fn skip_value(
 async fn read_part_header(
     connection: &mut Connection,
     left: u64,
-    consumed: &mut u64,
-    body_len: u64,
+    body: &mut BodyCursor,
 ) -> Result<(u32, u32), ConnectionError> {
     let mut head = [0u8; PART_HEADER_BYTES];
     connection.read_exact(&mut head).await?;
     let (len, crc) = decode_part_header(&head, left)?;
-    *consumed += PART_HEADER_BYTES as u64;
-    if *consumed > body_len {
-        return Err(ProtoError::BodyMismatch { items: *consumed, body: body_len }.into());
-    }
+    body.take(PART_HEADER_BYTES as u64)?;
     Ok((len, crc))
 }
 
@@ -264,15 +315,14 @@ async fn receive_parts(
     connection: &mut Connection,
     mut value: Destination<'_>,
     fill: Option<&FillGuard>,
-    consumed: &mut u64,
-    body_len: u64,
+    body: &mut BodyCursor,
 ) -> Result<Option<u32>, ConnectionError> {
     let mut at = 0usize;
     let mut crc = 0u32;
     let mut intact = true;
     let value_len = value.len();
     while at < value_len {
-        let (len, part_crc) = read_part_header(connection, (value_len - at) as u64, consumed, body_len).await?;
+        let (len, part_crc) = read_part_header(connection, (value_len - at) as u64, body).await?;
         let received = connection.read_exact_crc(value.part(at, len as usize)).await?;
         at += len as usize;
         intact &= received == part_crc;
