@@ -50,7 +50,7 @@ pub enum Scanned {
 /// The items of the region held in `staged` (the whole region), generation `seq`, of the tier whose
 /// format id is `format_id`, in order. The records end at the end mark (zero bytes written after the
 /// last record) or at the region's end.
-pub fn scan_region(staged: &Staged, seq: u64, format_id: u64) -> impl Iterator<Item = Scanned> + '_ {
+pub(crate) fn scan_region(staged: &Staged, seq: u64, format_id: u64) -> impl Iterator<Item = Scanned> + '_ {
     let region_bytes = staged.len();
     let mut at = REGION_HEADER_BYTES;
     let mut done = false;
@@ -87,6 +87,12 @@ pub fn scan_region(staged: &Staged, seq: u64, format_id: u64) -> impl Iterator<I
             }
         }
     })
+}
+
+/// [`scan_region`] over a region's bytes in memory (the fuzz target's entry).
+pub fn scan_bytes(bytes: &[u8], seq: u64, format_id: u64) -> Vec<Scanned> {
+    let staged = Staged::from_vec(bytes.to_vec());
+    scan_region(&staged, seq, format_id).collect()
 }
 
 /// The intact fixed header (and the crc its key and links must have) of a generation-`seq` record at
