@@ -324,11 +324,6 @@ impl Staged {
         self.len
     }
 
-    /// Whether empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// The slices covering `[offset, offset + len)` of the record, in order.
     pub fn slices(&self, offset: usize, len: usize) -> Vec<&[u8]> {
         let mut out = Vec::new();
