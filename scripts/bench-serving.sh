@@ -2,6 +2,7 @@
 # Issue 6's benchmark rows, each side by side with its reference in the same run: strata-node pinned to CPU 1
 # (busy-polling), the clients (strata-bench kv, the Python package, iperf3's client) pinned to CPU 0.
 #   RUNTIME=5 REPS=3 DIR=target/bench-serving ROWS=python,mooncake,prefix,events,links,overlap scripts/bench-serving.sh
+# NODE=path/to/strata-node runs another build of the node against this tree's clients (to compare builds).
 # The mooncake row installs PyPI's mooncake-transfer-engine-non-cuda in target/mooncake-venv and runs its
 # master and a segment-holding store on CPU 1 (MC_TCP_BIND_ADDRESS=127.0.0.1), its client on CPU 0.
 # Rows: Python batch_get_into (32 keys, registered buffers) against the Rust client at 4 KiB and against
@@ -29,6 +30,7 @@ rm -rf target/wheels
 target/pyenv/bin/maturin build -q --release -m client/python/Cargo.toml -o target/wheels
 target/pyenv/bin/pip install -q --disable-pip-version-check --force-reinstall --no-deps target/wheels/strata-*.whl
 BENCH=target/release/strata-bench
+NODE=${NODE:-target/release/strata-node}
 PY=target/pyenv/bin/python
 mkdir -p "$DIR"
 
@@ -40,7 +42,7 @@ stop_node() {
 trap 'stop_node; pkill -f "iperf3 -s -p 5298" 2>/dev/null || true' EXIT
 start_node() { # extra flags... (NODE_CPUS: the CPUs the node may use; its one shard is on CPU 1)
   stop_node
-  taskset -c "${NODE_CPUS:-1}" target/release/strata-node --listen "127.0.0.1:$PORT" --cores 1 --cpus 1 --metrics "$METRICS" \
+  taskset -c "${NODE_CPUS:-1}" "$NODE" --listen "127.0.0.1:$PORT" --cores 1 --cpus 1 --metrics "$METRICS" \
     --dram-only "$@" > "$DIR/node.log" 2>&1 &
   node_pid=$!
   for _ in $(seq 600); do grep -q ready "$DIR/node.log" 2>/dev/null && return; sleep 0.1; done

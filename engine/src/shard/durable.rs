@@ -107,7 +107,7 @@ impl<E: Backend> Shard<E> {
                 }
                 log.open.as_ref().map(|open| open.id)
             };
-            self.rotate(full).await?;
+            self.rotate_boxed(full).await?;
         }
         Err(EngineError::NoSpace("open region, after rotations"))
     }
@@ -182,7 +182,7 @@ impl<E: Backend> Shard<E> {
                     None => log.open.as_ref().map(|open| open.id),
                 }
             };
-            self.rotate(full_region).await?;
+            self.rotate_boxed(full_region).await?;
         }
         Err(EngineError::NoSpace("open region, after rotations"))
     }
@@ -267,6 +267,14 @@ impl<E: Backend> Shard<E> {
                 }
             }
         }
+    }
+
+    /// [`Shard::rotate`] with its future on the heap. A rotation may reclaim, sync and write, and its future
+    /// holds all of that state; every append awaits a possible rotation, and every put and eviction awaits
+    /// an append, so inline it would make each of their futures larger by as much and be copied at every
+    /// call. Rotations come once per region, appends once per record.
+    async fn rotate_boxed(self: &Rc<Self>, full: Option<u32>) -> Result<(), EngineError> {
+        Box::pin(self.rotate(full)).await
     }
 
     /// Seals the open region `full` (unless another task already did) and opens the next, reclaiming as
