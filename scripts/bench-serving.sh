@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 6's benchmark rows, each side by side with its reference in the same run: strata-node pinned to CPU 1
+# The serving-engine benchmark rows, each side by side with its reference in the same run: strata-node pinned to CPU 1
 # (busy-polling), the clients (strata-bench kv, the Python package, iperf3's client) pinned to CPU 0.
 #   RUNTIME=5 REPS=3 DIR=target/bench-serving ROWS=python,mooncake,prefix,events,links,overlap scripts/bench-serving.sh
 # NODE=path/to/strata-node runs another build of the node against this tree's clients (to compare builds).
