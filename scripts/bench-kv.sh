@@ -3,7 +3,10 @@
 # CPU 1, strata-bench kv (and iperf3's client) pinned to CPU 0; fio reads the node's file from CPU 1, where
 # the node reads it (and where this VM delivers the disk's interrupts), while the node idles between rows.
 # Installs iperf3 and fio if missing.
-#   RUNTIME=5 REPS=3 DIR=target/bench-kv SECTIONS="stalls dram nvme" NODE_POLL=1 SPIN=200us scripts/bench-kv.sh
+#   RUNTIME=5 REPS=3 DIR=target/bench-kv SECTIONS="stalls dram nvme depth" NODE_POLL=1 SPIN=200us scripts/bench-kv.sh
+# The depth section (NVMe-tier gets of 4 KiB and 64 KiB at 1, 8 and 32 in flight, fio at the same depth on
+# the same file beside each) runs the node on its reactor and the client without spinning (DEPTH_POLL=1 to
+# poll), so that the node's CPU per get is its own work, comparable with fio's CPU per I/O.
 # NODE_EXTRA="--spin-before-park 1s" adds flags to the node's command line (here: glommio spins for
 # completions before it parks, instead of the node polling its sockets; pair it with NODE_POLL=0).
 # NODE_POLL=0 runs the node without --busy-poll (and SPIN=0 stops the client spinning): on a VM whose host
@@ -20,7 +23,7 @@ PORT=${PORT:-7650}
 METRICS=${METRICS:-127.0.0.1:9650}
 SPIN=${SPIN:-200us}
 NODE_POLL=${NODE_POLL:-1}
-SECTIONS=${SECTIONS:-"stalls dram nvme"}
+SECTIONS=${SECTIONS:-"stalls dram nvme depth"}
 wants() { [[ " $SECTIONS " == *" $1 "* ]]; }
 for tool in iperf3 fio; do
   command -v "$tool" >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$tool"; }
@@ -52,6 +55,7 @@ kv() { # strata-bench kv flags...; prints the JSON report. The client busy-polls
   # connection: several spinning threads on the bench's one core would take turns by the scheduler's slices.
   local spin=(--spin "$SPIN")
   [[ " $* " == *" --connections 1 "* || " $* " != *" --connections "* ]] || spin=()
+  [ "$SPIN" = 0 ] && spin=()
   taskset -c 0 "$BENCH" kv --server "127.0.0.1:$PORT" --metrics "$METRICS" "${spin[@]}" --runtime "$RUNTIME" \
     --output-format=json "$@"
 }
@@ -109,7 +113,7 @@ row "64 KiB get, 1 connection, at half of peak" "p99 <= 300 us" --op get --value
   --rate "$(echo "$peak" | awk '{print $1/2}')"
 fi
 
-wants nvme || exit 0
+if wants nvme; then
 echo "== NVMe rows (64 MiB of DRAM, 2 GiB working set, no promotion: every get is an NVMe read)"
 start_node --dram 64MiB --write-policy write-through --promote-window 0s
 taskset -c 0 "$BENCH" kv --server "127.0.0.1:$PORT" --metrics off --op put --value-size 64k --keys 32768 \
@@ -139,3 +143,39 @@ for qd in 1 4; do
     "$(echo "$k $f $d" | awk '{print $1/($2*$3/($2+$3))}')"
 done
 curl -s "http://$METRICS/metrics" | grep -E '^strata_tier_hits_total' || true
+fi
+
+wants depth || exit 0
+# fio's CPU per I/O: (user + system) over the job's runtime, per I/O, in ns.
+fio_cpu() { python3 -c "import json,sys; j=json.load(sys.stdin)['jobs'][0]; r=j['read']; print(r['iops'], (j['usr_cpu']+j['sys_cpu'])/100*j['job_runtime']*1e6/max(r['total_ios'],1))"; }
+depth_rows() { # value size, keys, record span in MiB
+  local size=$1 keys=$2 span=$3
+  echo "== NVMe-tier gets of $size by depth: $keys keys (~$span MiB, >= 10x the 64 MiB of DRAM), no promotion"
+  NODE_POLL=${DEPTH_POLL:-0} start_node --dram 64MiB --write-policy write-through --promote-window 0s
+  taskset -c 0 "$BENCH" kv --server "127.0.0.1:$PORT" --metrics off --op put --value-size "$size" --keys "$keys" \
+    --batch 32 --connections 2 --no-preload --once --runtime 600 >/dev/null
+  local shape
+  for shape in 1x1 8x1 32x1 1x32; do
+    local connections=${shape%x*} batch=${shape#*x} fio_iops=() fio_ns=() kv_rate=() kv_ns=()
+    local depth=$((connections * batch))
+    for _ in $(seq "$REPS"); do
+      local fio_out; fio_out=$(taskset -c 1 fio --name=r --filename="$DIR/ns0.img" --rw=randread --bs="$size" \
+        --iodepth="$depth" --direct=1 --ioengine=io_uring --size="${span}m" --offset=1m --runtime="$RUNTIME" \
+        --time_based --output-format=json | fio_cpu)
+      fio_iops+=("${fio_out% *}"); fio_ns+=("${fio_out#* }")
+      local json; json=$(SPIN=0 kv --op get --value-size "$size" --keys "$keys" --connections "$connections" \
+        --batch "$batch" --no-preload)
+      [ "$(echo "$json" | field "['errors'] + r['mismatches']")" = 0 ] || { echo "errors: $json" >&2; exit 1; }
+      kv_rate+=("$(echo "$json" | field "['ops_per_sec']")"); kv_ns+=("$(echo "$json" | field "['server_cpu_ns_per_op']")")
+    done
+    local f k fn kn
+    f=$(printf '%s\n' "${fio_iops[@]}" | median); k=$(printf '%s\n' "${kv_rate[@]}" | median)
+    fn=$(printf '%s\n' "${fio_ns[@]}" | median); kn=$(printf '%s\n' "${kv_ns[@]}" | median)
+    printf '%-30s strata %8.0f gets/s  fio QD%-2d %8.0f IOPS  = %.2f x fio   CPU/get: node %6.0f ns  fio %6.0f ns = %.2f x\n' \
+      "$size, $connections conn x batch $batch" "$k" "$depth" "$f" "$(echo "$k $f" | awk '{print $1/$2}')" "$kn" "$fn" \
+      "$(echo "$kn $fn" | awk '{print $1/$2}')"
+  done
+  curl -s "http://$METRICS/metrics" | grep -E '^strata_(tier_hits_total|nvme_reads_in_flight_peak)' || true
+}
+depth_rows 4k 204800 900
+depth_rows 64k 16384 1100

@@ -86,6 +86,10 @@ pub struct ShardMetrics {
     pub nvme_reads_in_flight_peak: AtomicU64,
     /// Objects promoted from NVMe to DRAM.
     pub promotions: AtomicU64,
+    /// NVMe hits due for promotion that found no DRAM room within a few clock steps.
+    pub promotions_skipped: AtomicU64,
+    /// DRAM clock positions visited by eviction.
+    pub dram_clock_steps: AtomicU64,
     /// Regions reclaimed.
     pub reclaims: AtomicU64,
     /// Records reinserted at reclaim.
@@ -289,9 +293,13 @@ fn render_tiers(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
 /// The node-wide counters and gauges.
 fn render_counters(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
     let sum = |field: Field| sum_of(shards, field);
-    let counters: [(&str, &str, Field); 30] = [
+    let counters: [(&str, &str, Field); 32] = [
         ("strata_misses_total", "Lookups that found no object.", |s| &s.ops[Opcode::Get as usize - 1].misses),
         ("strata_promotions_total", "Objects promoted from NVMe to DRAM.", |s| &s.promotions),
+        ("strata_promotions_skipped_total", "NVMe hits due for promotion that found no DRAM room at once.", |s| {
+            &s.promotions_skipped
+        }),
+        ("strata_dram_clock_steps_total", "DRAM clock positions visited by eviction.", |s| &s.dram_clock_steps),
         ("strata_dram_writebacks_total", "Objects written to NVMe when evicted from DRAM.", |s| &s.dram_writebacks),
         ("strata_region_reclaims_total", "NVMe regions reclaimed.", |s| &s.reclaims),
         ("strata_reinsertions_total", "Records reinserted when their region was reclaimed.", |s| &s.reinsertions),

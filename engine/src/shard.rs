@@ -82,6 +82,8 @@ pub struct Shard<E: Backend = Production> {
     log_lock: Rc<Semaphore>,
     /// One permit per NVMe-tier read in flight (`EngineConfig::nvme_queue_depth`).
     read_slots: Rc<Semaphore>,
+    /// No promotion is tried before this tick: the last one found no DRAM room within its clock steps.
+    promotions_paused_until: Cell<u32>,
     poisoned: Cell<bool>,
     /// Tombstones of keys that left the index (cascades) not known durable yet, by key hash.
     unsynced_tombstones: RefCell<std::collections::HashMap<u64, DurablePoint>>,
@@ -180,6 +182,7 @@ impl<E: Backend> Shard<E> {
             devices: Rc::new(devices),
             log_lock: Rc::new(Semaphore::new(1)),
             read_slots: Rc::new(Semaphore::new(queue_depth)),
+            promotions_paused_until: Cell::new(0),
             poisoned: Cell::new(false),
             unsynced_tombstones: RefCell::new(std::collections::HashMap::new()),
             pins: RefCell::new(PinBook { limit: pin_limit, ..PinBook::default() }),

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use strata_proto::{RemovalReason, Tier};
 
+use super::eviction::{PROMOTION_CLOCK_STEPS, Sweep};
 use super::usage::Use;
 use super::{Shard, object_bytes};
 use crate::backend::Backend;
@@ -332,10 +333,19 @@ impl<E: Backend> Shard<E> {
         Err(EngineError::Checksum { region, offset })
     }
 
-    /// Copies an NVMe hit into DRAM (L2 → L1 promotion) if there is room without waiting.
+    /// Copies an NVMe hit into DRAM (L2 → L1 promotion) if there is room after a few clock steps, with no
+    /// I/O and no wait: the reply is served from the read buffer either way, and never waits behind a
+    /// sweep of DRAM (a small DRAM tier full of leased objects made every tier hit sweep it whole). After a
+    /// promotion finds no room, none is tried for the rest of the tick: the next hits would find none too.
     pub(super) async fn promote(self: &Rc<Self>, id: u32, entry: Entry, key: &[u8], staged: &Staged) {
         let len = key.len() as u64 + u64::from(entry.value_len);
-        self.make_dram_room(len, false).await;
+        let now = self.now_tick();
+        if now < self.promotions_paused_until.get() {
+            add(&self.metrics.promotions_skipped, 1);
+            return;
+        }
+        let sweep = Sweep { only_tenant: None, max_steps: Some(PROMOTION_CLOCK_STEPS), write_dirty: false };
+        self.make_dram_room_within(len, false, sweep).await;
         let mut index = self.index.borrow_mut();
         let mut dram = self.dram.borrow_mut();
         let current = *index.get(id);
@@ -350,7 +360,11 @@ impl<E: Backend> Shard<E> {
                 at += part.len();
             }
         });
-        let Ok(slot) = copied else { return };
+        let Ok(slot) = copied else {
+            self.promotions_paused_until.set(now + 1);
+            add(&self.metrics.promotions_skipped, 1);
+            return;
+        };
         dram.publish(slot, id);
         index.get_mut(id).dram = slot;
         self.account(key, Use::Dram, len, true);
