@@ -148,6 +148,7 @@ fi
 wants depth || exit 0
 # fio's CPU per I/O: (user + system) over the job's runtime, per I/O, in ns.
 fio_cpu() { python3 -c "import json,sys; j=json.load(sys.stdin)['jobs'][0]; r=j['read']; print(r['iops'], (j['usr_cpu']+j['sys_cpu'])/100*j['job_runtime']*1e6/max(r['total_ios'],1))"; }
+fio_iops_sum() { python3 -c "import json,sys; print(sum(j['read']['iops'] for j in json.load(sys.stdin)['jobs']))"; }
 depth_rows() { # value size, keys, record span in MiB
   local size=$1 keys=$2 span=$3
   echo "== NVMe-tier gets of $size by depth: $keys keys (~$span MiB, >= 10x the 64 MiB of DRAM), no promotion"
@@ -156,13 +157,22 @@ depth_rows() { # value size, keys, record span in MiB
     --batch 32 --connections 2 --no-preload --once --runtime 600 >/dev/null
   local shape
   for shape in 1x1 8x1 32x1 1x32; do
-    local connections=${shape%x*} batch=${shape#*x} fio_iops=() fio_ns=() kv_rate=() kv_ns=()
+    local connections=${shape%x*} batch=${shape#*x} fio_iops=() fio_ns=() kv_rate=() kv_ns=() fio_pattern=()
     local depth=$((connections * batch))
     for _ in $(seq "$REPS"); do
       local fio_out; fio_out=$(taskset -c 1 fio --name=r --filename="$DIR/ns0.img" --rw=randread --bs="$size" \
         --iodepth="$depth" --direct=1 --ioengine=io_uring --size="${span}m" --offset=1m --runtime="$RUNTIME" \
         --time_based --output-format=json | fio_cpu)
       fio_iops+=("${fio_out% *}"); fio_ns+=("${fio_out#* }")
+      # The clients' own pattern, without the network: each of `connections` jobs submits `batch` reads at
+      # once and waits for all of them. This disk completes requests in rounds, so a closed loop of
+      # batches gets less from it than fio's steady queue: the bound of the row on this machine.
+      if [ "$batch" -gt 1 ]; then
+        fio_pattern+=("$(taskset -c 1 fio --name=r --filename="$DIR/ns0.img" --rw=randread --bs="$size" \
+          --numjobs="$connections" --iodepth="$batch" --iodepth_batch_submit="$batch" \
+          --iodepth_batch_complete_min="$batch" --direct=1 --ioengine=io_uring --size="${span}m" --offset=1m \
+          --runtime="$RUNTIME" --time_based --output-format=json | fio_iops_sum)")
+      fi
       local json; json=$(SPIN=0 kv --op get --value-size "$size" --keys "$keys" --connections "$connections" \
         --batch "$batch" --no-preload)
       [ "$(echo "$json" | field "['errors'] + r['mismatches']")" = 0 ] || { echo "errors: $json" >&2; exit 1; }
@@ -174,6 +184,12 @@ depth_rows() { # value size, keys, record span in MiB
     printf '%-30s strata %8.0f gets/s  fio QD%-2d %8.0f IOPS  = %.2f x fio   CPU/get: node %6.0f ns  fio %6.0f ns = %.2f x\n' \
       "$size, $connections conn x batch $batch" "$k" "$depth" "$f" "$(echo "$k $f" | awk '{print $1/$2}')" "$kn" "$fn" \
       "$(echo "$kn $fn" | awk '{print $1/$2}')"
+    if [ "$batch" -gt 1 ]; then
+      local pattern; pattern=$(printf '%s\n' "${fio_pattern[@]}" | median)
+      printf '  %-28s fio %8.0f IOPS = %.2f x fio QD%d; strata at %.2f x this bound\n' \
+        "fio in batches of $batch x $connections" "$pattern" "$(echo "$pattern $f" | awk '{print $1/$2}')" "$depth" \
+        "$(echo "$k $pattern" | awk '{print $1/$2}')"
+    fi
   done
   curl -s "http://$METRICS/metrics" | grep -E '^strata_(tier_hits_total|nvme_reads_in_flight_peak)' || true
 }
