@@ -9,6 +9,7 @@
 mod buffers;
 mod codes;
 mod events;
+mod pool;
 mod progressive;
 mod store;
 

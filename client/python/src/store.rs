@@ -5,10 +5,10 @@
 //! a negative code; batch forms return one such integer per key. A Python exception is raised only for a
 //! call Python itself could not make (a key that is neither `str` nor `bytes`, a non-contiguous buffer).
 //!
-//! One `StrataStore` holds one client behind a mutex: calls from several Python threads run one at a time
-//! on it, each with the GIL released; open one store per thread for parallel I/O.
+//! Calls from several Python threads run at once, each with the GIL released, each on a connection of its
+//! own from the store's pool (`pool.rs`): no lock is held across a round trip.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use pyo3::buffer::PyUntypedBuffer;
@@ -20,12 +20,13 @@ use strata_client::{BlockPut, Client, ClientError, ClientOptions, Links, Pin, Pu
 use crate::buffers::{Registry, disjoint, object_bytes};
 use crate::codes;
 use crate::events::EventSubscription;
+use crate::pool::ClientPool;
 use crate::progressive::{ProgressivePut, State};
 
 /// A connection to a Strata node with Mooncake's store methods.
-#[pyclass(module = "strata._strata")]
+#[pyclass(module = "strata._strata", subclass)]
 pub struct StrataStore {
-    client: Mutex<Option<Client>>,
+    clients: ClientPool,
     registry: Arc<Registry>,
 }
 
@@ -125,10 +126,7 @@ fn put_blocks(
 impl StrataStore {
     /// Runs `work` on the client with the GIL released; `None` before `setup` or after `close`.
     fn with_client<T: Send>(&self, py: Python<'_>, work: impl FnOnce(&mut Client) -> T + Send) -> Option<T> {
-        py.detach(|| {
-            let mut client = self.client.lock().unwrap_or_else(|poison| poison.into_inner());
-            client.as_mut().map(work)
-        })
+        py.detach(|| self.clients.run(work))
     }
 
     /// Per-key ranges to fill, or `None` if one is not registered or two overlap.
@@ -165,7 +163,7 @@ fn per_key_units(results: Option<Vec<Result<(), ClientError>>>, count: usize) ->
 impl StrataStore {
     #[new]
     fn new() -> Self {
-        Self { client: Mutex::new(None), registry: Arc::new(Registry::default()) }
+        Self { clients: ClientPool::default(), registry: Arc::new(Registry::default()) }
     }
 
     /// Connects to a node: `address` is `"host:port"` (any shard's port) or a list of them, tried in
@@ -200,28 +198,15 @@ impl StrataStore {
                 }
             }
         }
-        let connected = py.detach(|| {
-            let mut last = ClientError::Connection("no address given".into());
-            for address in &addresses {
-                match Client::connect(address.as_str(), client_options.clone()) {
-                    Ok(client) => return Ok(client),
-                    Err(error) => last = error,
-                }
-            }
-            Err(last)
-        });
-        Ok(match connected {
-            Ok(client) => {
-                *self.client.lock().unwrap_or_else(|poison| poison.into_inner()) = Some(client);
-                codes::OK
-            }
+        Ok(match py.detach(|| self.clients.setup(addresses, client_options)) {
+            Ok(()) => codes::OK,
             Err(error) => codes::of(&error),
         })
     }
 
     /// Closes the connections; returns 0.
     fn close(&self, py: Python<'_>) -> i64 {
-        py.detach(|| self.client.lock().unwrap_or_else(|poison| poison.into_inner()).take());
+        py.detach(|| self.clients.close());
         codes::OK
     }
 
@@ -558,6 +543,14 @@ impl StrataStore {
         let key = key_of(key)?;
         let size = self.with_client(py, |client| client.get_size(&key).map(|size| size as usize));
         Ok(size.map_or(codes::INVALID_PARAMS, |size| codes::of_len(&size)))
+    }
+
+    /// Removes each of `keys`, in one round trip per shard; a code per key (0 or negative).
+    fn batch_remove(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+        let objects = key_objects(keys)?;
+        let keys = key_slices(&objects)?;
+        let key_refs = &keys;
+        Ok(per_key_units(self.with_client(py, |client| client.batch_remove(key_refs)), keys.len()))
     }
 
     /// Removes `key`; returns 0 or a negative code.

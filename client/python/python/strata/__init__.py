@@ -1,12 +1,13 @@
 """Strata: the Python client of a Strata KV-cache node.
 
 ``StrataStore`` has the method names, arguments and integer return codes of Mooncake's
-``MooncakeDistributedStore`` for what Strata supports, so an engine that uses Mooncake switches by changing
-its import and its ``setup`` call::
+``MooncakeDistributedStore``, and accepts every form of Mooncake's ``setup`` (``strata/store.py``), so an
+engine that uses Mooncake switches by changing its import alone::
 
-    from strata import StrataStore, ReplicateConfig      # was: from mooncake.store import ...
-    store = StrataStore()
-    store.setup("127.0.0.1:7600")                         # a node address, or a list of them
+    from strata import StrataStore as MooncakeDistributedStore, ReplicateConfig
+    store = MooncakeDistributedStore()
+    store.setup("localhost", "", 512 << 20, 128 << 20, "tcp", "", "127.0.0.1:7600")  # the node's address
+    store.setup("127.0.0.1:7600")                         # Strata's own form: an address, or a list
 
 Puts return 0 or a negative code; reads into buffers return the bytes read or a negative code; ``get``
 returns empty bytes on failure; ``is_exist`` returns 1, 0 or a negative code. The codes are Mooncake's
@@ -31,11 +32,12 @@ from ._strata import (  # noqa: F401  (re-exported)
     UNAVAILABLE_IN_CURRENT_STATUS,
     EventSubscription,
     ProgressivePut,
-    StrataStore,
 )
+from .store import BufferHandle, StrataStore  # noqa: F401  (re-exported)
 
 __all__ = [
     "StrataStore",
+    "BufferHandle",
     "EventSubscription",
     "ProgressivePut",
     "ReplicateConfig",
@@ -63,7 +65,8 @@ class ReplicateConfig:
     default, 10 minutes). ``with_hard_pin`` (Strata): never evicted, removed only by ``remove``; survives a
     restart. ``upsert`` (Strata): replace a stored version instead of answering ``OBJECT_ALREADY_EXISTS``.
     ``write_policy`` (Strata): ``"write-through"``, ``"write-back"`` or ``"durable"`` (None: the node's).
-    ``replica_num`` and ``preferred_segment`` are accepted for compatibility; a node keeps one copy.
+    ``replica_num``, ``preferred_segment``, ``preferred_segments`` and ``prefer_alloc_in_same_node`` are
+    accepted for compatibility; a node keeps one copy.
     """
 
     def __init__(
@@ -75,10 +78,14 @@ class ReplicateConfig:
         soft_pin_ttl_seconds=0,
         upsert=False,
         write_policy=None,
+        preferred_segments=None,
+        prefer_alloc_in_same_node=False,
     ):
         self.replica_num = replica_num
         self.with_soft_pin = with_soft_pin
         self.preferred_segment = preferred_segment
+        self.preferred_segments = list(preferred_segments or [])
+        self.prefer_alloc_in_same_node = prefer_alloc_in_same_node
         self.with_hard_pin = with_hard_pin
         self.soft_pin_ttl_seconds = soft_pin_ttl_seconds
         self.upsert = upsert

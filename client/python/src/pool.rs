@@ -1,0 +1,119 @@
+//! The store's clients: one per call in flight, so that calls from several Python threads run at once.
+//!
+//! Serving engines call one store from several threads (vLLM's worker has a send and a receive thread,
+//! SGLang thread pools): a call takes an idle client, or connects a new one, and runs with no lock held;
+//! the lock covers only taking and returning a client. Idle clients are kept up to `MAX_IDLE`, so a burst
+//! of threads does not leave a connection per thread behind it forever.
+
+use std::sync::{Condvar, Mutex};
+use std::time::Instant;
+
+use strata_client::{Client, ClientError, ClientOptions};
+
+/// Idle clients kept for reuse; more are closed when returned.
+const MAX_IDLE: usize = 16;
+
+/// Where and how to connect, set by `setup`.
+#[derive(Clone)]
+struct Target {
+    addresses: Vec<String>,
+    options: ClientOptions,
+}
+
+#[derive(Default)]
+struct State {
+    target: Option<Target>,
+    idle: Vec<Client>,
+    /// Bumped by every `setup` and `close`: a client taken before is not returned to the pool after.
+    generation: u64,
+}
+
+/// Clients of one store.
+#[derive(Default)]
+pub struct ClientPool {
+    state: Mutex<State>,
+    /// Signalled when a client is returned.
+    returned: Condvar,
+}
+
+/// Connects to the first of `addresses` that answers.
+fn connect_any(addresses: &[String], options: &ClientOptions) -> Result<Client, ClientError> {
+    let mut last = ClientError::Connection("no address given".into());
+    for address in addresses {
+        match Client::connect(address.as_str(), options.clone()) {
+            Ok(client) => return Ok(client),
+            Err(error) => last = error,
+        }
+    }
+    Err(last)
+}
+
+impl ClientPool {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Connects to the first of `addresses` that answers and makes it the pool's target; the clients of
+    /// an earlier target are closed.
+    pub fn setup(&self, addresses: Vec<String>, options: ClientOptions) -> Result<(), ClientError> {
+        let client = connect_any(&addresses, &options)?;
+        let mut state = self.state();
+        state.generation += 1;
+        state.target = Some(Target { addresses, options });
+        state.idle = vec![client];
+        self.returned.notify_all();
+        Ok(())
+    }
+
+    /// Closes every idle client and forgets the target; calls in flight finish on their own client.
+    pub fn close(&self) {
+        let idle = {
+            let mut state = self.state();
+            state.generation += 1;
+            state.target = None;
+            std::mem::take(&mut state.idle)
+        };
+        self.returned.notify_all();
+        drop(idle);
+    }
+
+    /// Runs `work` on a client of its own: `None` before `setup` or after `close`. When no new connection
+    /// can be made (the node refuses more), the call waits for another call's client, up to the client
+    /// timeout; `None` if none comes back.
+    pub fn run<T>(&self, work: impl FnOnce(&mut Client) -> T) -> Option<T> {
+        let (taken, target, generation) = {
+            let mut state = self.state();
+            let target = state.target.clone()?;
+            (state.idle.pop(), target, state.generation)
+        };
+        let mut client = match taken {
+            Some(client) => client,
+            None => match connect_any(&target.addresses, &target.options) {
+                Ok(client) => client,
+                Err(_) => self.wait_for_idle(generation, Instant::now() + target.options.timeout)?,
+            },
+        };
+        let result = work(&mut client);
+        let mut state = self.state();
+        if state.generation == generation && state.idle.len() < MAX_IDLE {
+            state.idle.push(client);
+            self.returned.notify_one();
+        }
+        Some(result)
+    }
+
+    /// An idle client of `generation`, waiting for one until `deadline`.
+    fn wait_for_idle(&self, generation: u64, deadline: Instant) -> Option<Client> {
+        let mut state = self.state();
+        loop {
+            if state.generation != generation {
+                return None;
+            }
+            if let Some(client) = state.idle.pop() {
+                return Some(client);
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            state = self.returned.wait_timeout(state, left).unwrap_or_else(|poison| poison.into_inner()).0;
+        }
+    }
+}
