@@ -268,6 +268,19 @@ pub type KeyRange<'a> = (&'a [u8], u32, u32);
 struct ItemReply {
     data_len: u32,
     object_len: u32,
+    /// The reply's `data crc` field: the value's crc32c, or (LOCATE) the tiers that hold the object.
+    data_crc: u32,
+}
+
+/// Where a key is stored on its node (LOCATE).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Location {
+    /// The value's length.
+    pub len: u32,
+    /// A copy is in the node's DRAM.
+    pub in_dram: bool,
+    /// A record is on the node's NVMe tier.
+    pub on_nvme: bool,
 }
 
 /// A client of one node. Not `Sync`: use one per thread (connections are cheap), or wrap it.
@@ -718,6 +731,20 @@ impl Client {
             .collect()
     }
 
+    /// Where each key is stored: its value's length and the tiers that hold it; a result per key.
+    pub fn batch_locate(&mut self, keys: &[&[u8]]) -> Vec<Result<Location, ClientError>> {
+        self.run(Opcode::Locate, &key_items(keys), PutOptions::default(), Sink::None)
+            .into_iter()
+            .map(|result| {
+                result.map(|reply| Location {
+                    len: reply.object_len,
+                    in_dram: reply.data_crc & strata_proto::LOCATED_IN_DRAM != 0,
+                    on_nvme: reply.data_crc & strata_proto::LOCATED_ON_NVME != 0,
+                })
+            })
+            .collect()
+    }
+
     /// Removes every stored key that `pattern` (a regular expression, Rust `regex` syntax) matches
     /// anywhere; returns how many were removed. Sent to every shard (each scans its own objects: an
     /// administrative operation, linear in the node's objects).
@@ -982,7 +1009,7 @@ impl Client {
             };
             results[index] = match received {
                 Some(crc) if verify && crc != item.data_crc => Err(ClientError::Checksum),
-                _ => Ok(ItemReply { data_len: item.data_len, object_len: item.object_len }),
+                _ => Ok(ItemReply { data_len: item.data_len, object_len: item.object_len, data_crc: item.data_crc }),
             };
         }
         if body_read != header.body_len {

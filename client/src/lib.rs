@@ -23,7 +23,7 @@ mod error;
 mod events;
 
 pub use crate::async_client::{AsyncClient, AsyncProgressivePut, OwnedBlock};
-pub use crate::client::{BlockPut, Client, ClientOptions, KeyRange, ProgressivePut};
+pub use crate::client::{BlockPut, Client, ClientOptions, KeyRange, Location, ProgressivePut};
 pub use crate::error::ClientError;
 pub use crate::events::{EventBatch, EventStream, ShardEvent};
 pub use strata_proto::{Event, EventRef, Links, Pin, PutOptions, RemovalReason, Tier, WritePolicy};

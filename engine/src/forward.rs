@@ -47,6 +47,8 @@ pub enum ForwardOp {
         /// Grant a read lease.
         lease: bool,
     },
+    /// Where is it stored.
+    Locate,
     /// Remove it.
     Remove,
 }
@@ -282,6 +284,10 @@ async fn serve(shard: &Rc<Shard>, request: Forward) -> ForwardReply {
         },
         ForwardOp::Exists { lease } => match if lease { shard.exists_leased(key) } else { shard.exists(key) } {
             Ok(len) => reply.object_len = len,
+            Err(error) => reply.status = error.status(),
+        },
+        ForwardOp::Locate => match shard.locate(key) {
+            Ok((len, tiers)) => (reply.object_len, reply.data_crc) = (len, tiers),
             Err(error) => reply.status = error.status(),
         },
         ForwardOp::Remove => {

@@ -238,6 +238,7 @@ async fn handle_frame(
         Opcode::Get | Opcode::GetRange => return get::handle_get(server, connection, header, &items, scope).await,
         Opcode::Subscribe => return subscribe::handle_subscribe(server, connection, header, &items, scope).await,
         Opcode::Exists => lookup::exists(server, &items, scope, false).await,
+        Opcode::Locate => lookup::locate(server, &items, scope).await,
         Opcode::PrefixMatch => lookup::exists(server, &items, scope, true).await,
         Opcode::RemoveMatching => lookup::remove_all_matching(server, &items, scope).await,
         _ => lookup::remove(server, &items, scope).await,

@@ -33,7 +33,15 @@ pub enum Opcode {
     /// (every key, with `ITEM_MATCH_ALL`): the node sends frames of this opcode, `count` events each (see
     /// `events.rs`; `count` 0 is a heartbeat), until the connection closes.
     Subscribe = 9,
+    /// Where each key is stored: the reply's `object len` is the value's length and its `data crc` names
+    /// the tiers that hold the object ([`LOCATED_IN_DRAM`], [`LOCATED_ON_NVME`]); no value is sent.
+    Locate = 10,
 }
+
+/// In a LOCATE reply's `data crc`: the object has a copy in DRAM.
+pub const LOCATED_IN_DRAM: u32 = 1;
+/// In a LOCATE reply's `data crc`: the object has a record on the NVMe tier.
+pub const LOCATED_ON_NVME: u32 = 2;
 
 impl Opcode {
     /// Decodes an opcode byte.
@@ -48,6 +56,7 @@ impl Opcode {
             7 => Opcode::PrefixMatch,
             8 => Opcode::RemoveMatching,
             9 => Opcode::Subscribe,
+            10 => Opcode::Locate,
             _ => return None,
         })
     }
@@ -64,11 +73,12 @@ impl Opcode {
             Opcode::PrefixMatch => "prefix_match",
             Opcode::RemoveMatching => "remove_matching",
             Opcode::Subscribe => "subscribe",
+            Opcode::Locate => "locate",
         }
     }
 
     /// Every opcode, in wire order.
-    pub const ALL: [Opcode; 9] = [
+    pub const ALL: [Opcode; 10] = [
         Opcode::Hello,
         Opcode::Put,
         Opcode::Get,
@@ -78,6 +88,7 @@ impl Opcode {
         Opcode::PrefixMatch,
         Opcode::RemoveMatching,
         Opcode::Subscribe,
+        Opcode::Locate,
     ];
 }
 

@@ -25,7 +25,7 @@ mod items;
 mod limits;
 mod request;
 
-pub use codes::{Opcode, PROTOCOL_VERSION, ProtoError, Status};
+pub use codes::{LOCATED_IN_DRAM, LOCATED_ON_NVME, Opcode, PROTOCOL_VERSION, ProtoError, Status};
 pub use events::{Event, EventRef, Keys, KeysIter, MAX_EVENT_KEYS, MIN_EVENT_BYTES, OpenEvent, RemovalReason, Tier};
 pub use frame::{FRAME_HEADER_BYTES, FrameHeader, MAGIC};
 pub use hash::{fnv1a_64, shard_of};

@@ -11,6 +11,31 @@ use strata_proto::{FRAME_HEADER_BYTES, FrameHeader, Opcode, RequestItemHeader, R
 
 /// Sends one frame of `opcode` with `items` (key, value) on `stream` and returns the reply's items with their
 /// data.
+/// A LOCATE frame of `keys`: each item's status, value length and tiers.
+fn locate(stream: &mut TcpStream, keys: &[(&[u8], &[u8])]) -> Vec<(Status, u32, u32)> {
+    let mut body = Vec::new();
+    for (key, _) in keys {
+        RequestItemHeader { key_len: key.len() as u16, ..Default::default() }.encode_into(&mut body);
+        body.extend_from_slice(key);
+    }
+    let mut frame = FrameHeader::request(Opcode::Locate, 2, keys.len() as u32, body.len() as u64).encode().to_vec();
+    frame.extend_from_slice(&body);
+    stream.write_all(&frame).expect("send");
+    let mut header = [0u8; FRAME_HEADER_BYTES];
+    stream.read_exact(&mut header).expect("reply");
+    let header = FrameHeader::decode(&header).expect("header");
+    assert_eq!((header.status, header.count as usize), (Status::Ok, keys.len()));
+    (0..header.count)
+        .map(|_| {
+            let mut item = [0u8; 16];
+            stream.read_exact(&mut item).expect("item");
+            let item = ResponseItemHeader::decode(&item).expect("item");
+            assert_eq!(item.data_len, 0, "LOCATE sends no value");
+            (item.status, item.object_len, item.data_crc)
+        })
+        .collect()
+}
+
 fn call(stream: &mut TcpStream, opcode: Opcode, items: &[(&[u8], &[u8])]) -> Vec<(Status, Vec<u8>)> {
     let mut body = Vec::new();
     for (key, value) in items {
@@ -69,7 +94,12 @@ fn every_operation_is_forwarded_to_the_owner() {
         assert_eq!(&aware.get(key).expect("owner has it"), key);
     }
     assert!(call(&mut stream, Opcode::Exists, &gets).iter().all(|(status, _)| *status == Status::Ok));
+    // LOCATE, forwarded too: each value's length, in DRAM (the node has no tier).
+    for ((status, len, tiers), key) in locate(&mut stream, &gets).into_iter().zip(&keys) {
+        assert_eq!((status, len as usize, tiers), (Status::Ok, key.len(), strata_proto::LOCATED_IN_DRAM));
+    }
     assert!(call(&mut stream, Opcode::Remove, &gets).iter().all(|(status, _)| *status == Status::Ok));
+    assert!(locate(&mut stream, &gets).iter().all(|(status, _, _)| *status == Status::NotFound));
     assert!(call(&mut stream, Opcode::Exists, &gets).iter().all(|(status, _)| *status == Status::NotFound));
     node.shutdown().expect("shutdown");
 }

@@ -18,6 +18,8 @@ const MAX_IDLE: usize = 16;
 struct Target {
     addresses: Vec<String>,
     options: ClientOptions,
+    /// The address that answered `setup`.
+    answered: String,
 }
 
 #[derive(Default)]
@@ -36,12 +38,12 @@ pub struct ClientPool {
     returned: Condvar,
 }
 
-/// Connects to the first of `addresses` that answers.
-fn connect_any(addresses: &[String], options: &ClientOptions) -> Result<Client, ClientError> {
+/// Connects to the first of `addresses` that answers; the client and that address.
+fn connect_any(addresses: &[String], options: &ClientOptions) -> Result<(Client, String), ClientError> {
     let mut last = ClientError::Connection("no address given".into());
     for address in addresses {
         match Client::connect(address.as_str(), options.clone()) {
-            Ok(client) => return Ok(client),
+            Ok(client) => return Ok((client, address.clone())),
             Err(error) => last = error,
         }
     }
@@ -56,10 +58,10 @@ impl ClientPool {
     /// Connects to the first of `addresses` that answers and makes it the pool's target; the clients of
     /// an earlier target are closed.
     pub fn setup(&self, addresses: Vec<String>, options: ClientOptions) -> Result<(), ClientError> {
-        let client = connect_any(&addresses, &options)?;
+        let (client, answered) = connect_any(&addresses, &options)?;
         let mut state = self.state();
         state.generation += 1;
-        state.target = Some(Target { addresses, options });
+        state.target = Some(Target { addresses, options, answered });
         state.idle = vec![client];
         self.returned.notify_all();
         Ok(())
@@ -77,6 +79,11 @@ impl ClientPool {
         drop(idle);
     }
 
+    /// The node address that answered `setup`; `None` before it or after `close`.
+    pub fn node_address(&self) -> Option<String> {
+        self.state().target.as_ref().map(|target| target.answered.clone())
+    }
+
     /// Runs `work` on a client of its own: `None` before `setup` or after `close`. When no new connection
     /// can be made (the node refuses more), the call waits for another call's client, up to the client
     /// timeout; `None` if none comes back.
@@ -89,7 +96,7 @@ impl ClientPool {
         let mut client = match taken {
             Some(client) => client,
             None => match connect_any(&target.addresses, &target.options) {
-                Ok(client) => client,
+                Ok((client, _)) => client,
                 Err(_) => self.wait_for_idle(generation, Instant::now() + target.options.timeout)?,
             },
         };

@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use pyo3::IntoPyObjectExt;
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyConnectionError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -543,6 +544,33 @@ impl StrataStore {
         let key = key_of(key)?;
         let size = self.with_client(py, |client| client.get_size(&key).map(|size| size as usize));
         Ok(size.map_or(codes::INVALID_PARAMS, |size| codes::of_len(&size)))
+    }
+
+    /// Where each of `keys` is stored, in one round trip per shard: `(size, in_dram, on_nvme)` per key, or
+    /// a negative code.
+    fn batch_locate<'py>(&self, py: Python<'py>, keys: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let objects = key_objects(keys)?;
+        let keys = key_slices(&objects)?;
+        let key_refs = &keys;
+        let located = self.with_client(py, |client| client.batch_locate(key_refs));
+        let Some(located) = located else {
+            return failed(keys.len(), codes::INVALID_PARAMS)
+                .into_iter()
+                .map(|code| code.into_bound_py_any(py))
+                .collect();
+        };
+        located
+            .into_iter()
+            .map(|result| match result {
+                Ok(location) => (location.len, location.in_dram, location.on_nvme).into_bound_py_any(py),
+                Err(error) => codes::of(&error).into_bound_py_any(py),
+            })
+            .collect()
+    }
+
+    /// The node address that answered `setup` (`"host:port"`), or None before it.
+    fn node_address(&self) -> Option<String> {
+        self.clients.node_address()
     }
 
     /// Removes each of `keys`, in one round trip per shard; a code per key (0 or negative).

@@ -176,3 +176,32 @@ def test_a_waiting_read_in_one_thread_does_not_hold_a_put_in_another(store):
     assert put_took < 1.0, f"the put waited {put_took:.2f} s behind the other thread's read"
     assert store.unregister_buffer(address) == 0
     del buffer
+
+
+def test_replica_descriptors_say_where_each_key_is(tmp_path):
+    from conftest import Node
+
+    small = Node(tmp_path, cores=1, dram="4MiB")
+    try:
+        store = MooncakeDistributedStore()
+        assert store.setup("localhost", "", 0, 0, "tcp", "", ["127.0.0.1:1", small.address]) == 0
+        assert store.node_address() == small.address
+        config = ReplicateConfig(write_policy="write-through")
+        first = unique("first")
+        assert store.put(first, b"a" * 65536, config) == 0
+        replicas = store.get_replica_desc(first)
+        tiers = sorted(replica.tier for replica in replicas)
+        assert tiers == ["dram", "nvme"], replicas
+        memory = next(replica for replica in replicas if replica.is_memory_replica())
+        assert memory.get_memory_descriptor().buffer_descriptor.size == 65536
+        assert memory.node == small.address and memory.status == "COMPLETE"
+        # Enough later puts push the first out of 4 MiB of DRAM: only its tier record is left.
+        for _ in range(128):
+            assert store.put(unique("filler"), b"f" * 65536, config) == 0
+        described = store.batch_get_replica_desc([first, unique("missing")])
+        assert [replica.tier for replica in described[first]] == ["nvme"]
+        assert described[first][0].get_disk_descriptor().object_size == 65536
+        assert list(described.values())[1] == []
+        store.close()
+    finally:
+        small.stop()

@@ -1,4 +1,5 @@
-//! EXISTS, PREFIX_MATCH, REMOVE and REMOVE_MATCHING frames: answered per item, here or at the key's owner.
+//! EXISTS, PREFIX_MATCH, LOCATE, REMOVE and REMOVE_MATCHING frames: answered per item, here or at the key's
+//! owner.
 
 use std::collections::HashSet;
 
@@ -53,6 +54,28 @@ pub(super) async fn exists(
         });
     }
     statuses
+}
+
+/// The answers of a LOCATE frame's items: each value's length and the tiers that hold it.
+pub(super) async fn locate(server: &ShardServer, items: &[RequestItem<'_>], scope: &Scope) -> Vec<ResponseItemHeader> {
+    let mut answers = Vec::with_capacity(items.len());
+    for user_key in items.iter().map(|item| item.key) {
+        let key = scope.scoped(user_key);
+        let found = match server.other_owner(user_key) {
+            None => server.shard.locate(&key).map_err(|error| error.status()),
+            Some(owner) => {
+                let reply = server.forward(owner, &key, ForwardOp::Locate).await;
+                if reply.status == Status::Ok { Ok((reply.object_len, reply.data_crc)) } else { Err(reply.status) }
+            }
+        };
+        answers.push(match found {
+            Ok((len, tiers)) => {
+                ResponseItemHeader { status: Status::Ok, data_len: 0, data_crc: tiers, object_len: len }
+            }
+            Err(status) => ResponseItemHeader::status(status),
+        });
+    }
+    answers
 }
 
 /// The statuses of a REMOVE frame's items.

@@ -416,6 +416,22 @@ impl<E: Backend> Shard<E> {
 
     /// [`Shard::exists`] (with a read lease if `lease`) of the key whose index hash is `hash`: for a batch
     /// that hashed its keys already, to prefetch their lines.
+    /// Where `key` is stored: its value's length and the tiers that hold it (`LOCATED_IN_DRAM`,
+    /// `LOCATED_ON_NVME`), from the index alone (the 64-bit hash, as [`Shard::exists`]).
+    pub fn locate(&self, key: &[u8]) -> Result<(u32, u32), EngineError> {
+        let index = self.index.borrow();
+        let Some(id) = index.find(index_hash(key)) else { return Err(EngineError::NotFound) };
+        let entry = index.get(id);
+        let mut tiers = 0;
+        if entry.dram != NONE_U32 {
+            tiers |= strata_proto::LOCATED_IN_DRAM;
+        }
+        if entry.nvme != NONE_U64 {
+            tiers |= strata_proto::LOCATED_ON_NVME;
+        }
+        Ok((entry.value_len, tiers))
+    }
+
     pub fn exists_hashed(&self, hash: u64, lease: bool) -> Result<u32, EngineError> {
         let mut index = self.index.borrow_mut();
         let Some(id) = index.find(hash) else { return Err(EngineError::NotFound) };

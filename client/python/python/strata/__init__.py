@@ -33,11 +33,12 @@ from ._strata import (  # noqa: F401  (re-exported)
     EventSubscription,
     ProgressivePut,
 )
-from .store import BufferHandle, StrataStore  # noqa: F401  (re-exported)
+from .store import BufferHandle, ReplicaDescriptor, StrataStore  # noqa: F401  (re-exported)
 
 __all__ = [
     "StrataStore",
     "BufferHandle",
+    "ReplicaDescriptor",
     "EventSubscription",
     "ProgressivePut",
     "ReplicateConfig",

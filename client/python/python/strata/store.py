@@ -84,6 +84,44 @@ class BufferHandle(bytearray):
         return len(self)
 
 
+class ReplicaDescriptor:
+    """Where a key's value is, in Mooncake's descriptor shape: one per tier that holds it on its node.
+
+    ``node`` is the node's address, ``tier`` ``"dram"`` or ``"nvme"``, ``size`` the value's length and
+    ``status`` ``"COMPLETE"``. A DRAM copy is a memory replica, an NVMe record a disk replica (its
+    descriptor's ``file_path`` names the node and tier, not a file of this machine)."""
+
+    def __init__(self, node, tier, size):
+        self.node = node
+        self.tier = tier
+        self.size = size
+        self.status = "COMPLETE"
+
+    def is_memory_replica(self):
+        return self.tier == "dram"
+
+    def is_disk_replica(self):
+        return self.tier == "nvme"
+
+    def get_memory_descriptor(self):
+        if not self.is_memory_replica():
+            raise ValueError("not a memory replica")
+        return _Descriptor(buffer_descriptor=_Descriptor(segment_name=self.node, size=self.size))
+
+    def get_disk_descriptor(self):
+        if not self.is_disk_replica():
+            raise ValueError("not a disk replica")
+        return _Descriptor(file_path=f"{self.node}/nvme", object_size=self.size)
+
+    def __repr__(self):
+        return f"ReplicaDescriptor(node={self.node!r}, tier={self.tier!r}, size={self.size})"
+
+
+class _Descriptor:
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
 class StrataStore(_NativeStore):
     """A connection to a Strata node with Mooncake's store methods (see the module doc)."""
 
@@ -130,6 +168,28 @@ class StrataStore(_NativeStore):
         """0 if the node answers, else a negative code."""
         answer = self.is_exist(b"\0strata-health-check")
         return OK if answer >= 0 else answer
+
+    def batch_get_replica_desc(self, keys):
+        """Where each key is: ``{key: [ReplicaDescriptor, ...]}``, one descriptor per tier that holds it on
+        the node (an empty list for a key not stored, or one that could not be looked up)."""
+        keys = list(keys)
+        node = self.node_address() or ""
+        located = self.batch_locate(keys)
+        descriptors = {}
+        for key, where in zip(keys, located):
+            replicas = []
+            if isinstance(where, tuple):
+                size, in_dram, on_nvme = where
+                if in_dram:
+                    replicas.append(ReplicaDescriptor(node, "dram", size))
+                if on_nvme:
+                    replicas.append(ReplicaDescriptor(node, "nvme", size))
+            descriptors[key] = replicas
+        return descriptors
+
+    def get_replica_desc(self, key):
+        """``batch_get_replica_desc`` for one key: its list of descriptors."""
+        return self.batch_get_replica_desc([key])[key]
 
     # ---- removal --------------------------------------------------------------------------------------
 
