@@ -194,6 +194,7 @@ def test_replica_descriptors_say_where_each_key_is(tmp_path):
         assert tiers == ["dram", "nvme"], replicas
         memory = next(replica for replica in replicas if replica.is_memory_replica())
         assert memory.get_memory_descriptor().buffer_descriptor.size == 65536
+        assert memory.get_memory_descriptor().buffer_descriptors[0].transport_endpoint_ == small.address
         assert memory.node == small.address and memory.status == "COMPLETE"
         # Enough later puts push the first out of 4 MiB of DRAM: only its tier record is left.
         for _ in range(128):

@@ -106,7 +106,9 @@ class ReplicaDescriptor:
     def get_memory_descriptor(self):
         if not self.is_memory_replica():
             raise ValueError("not a memory replica")
-        return _Descriptor(buffer_descriptor=_Descriptor(segment_name=self.node, size=self.size))
+        # Mooncake's releases spell the buffer list both ways; its fields carry a trailing underscore.
+        buffer = _Descriptor(segment_name=self.node, transport_endpoint_=self.node, size=self.size, size_=self.size)
+        return _Descriptor(buffer_descriptor=buffer, buffer_descriptors=[buffer])
 
     def get_disk_descriptor(self):
         if not self.is_disk_replica():
