@@ -16,7 +16,6 @@ const MAX_IDLE: usize = 16;
 /// Where and how to connect, set by `setup`.
 #[derive(Clone)]
 struct Target {
-    addresses: Vec<String>,
     options: ClientOptions,
     /// The address that answered `setup`.
     answered: String,
@@ -61,7 +60,7 @@ impl ClientPool {
         let (client, answered) = connect_any(&addresses, &options)?;
         let mut state = self.state();
         state.generation += 1;
-        state.target = Some(Target { addresses, options, answered });
+        state.target = Some(Target { options, answered });
         state.idle = vec![client];
         self.returned.notify_all();
         Ok(())
@@ -95,7 +94,9 @@ impl ClientPool {
         };
         let mut client = match taken {
             Some(client) => client,
-            None => match connect_any(&target.addresses, &target.options) {
+            // The node that answered `setup`, not the first of its list that answers now: a node listed
+            // as a fallback holds other data, and a store's calls must all reach the same node.
+            None => match connect_any(std::slice::from_ref(&target.answered), &target.options) {
                 Ok((client, _)) => client,
                 Err(_) => self.wait_for_idle(generation, Instant::now() + target.options.timeout)?,
             },
