@@ -45,18 +45,20 @@ def free_port_pair():
 class Node:
     """A running strata-node: its address, its process and its data directory."""
 
-    def __init__(self, tmp_path, cores=2, dram="64MiB", extra=()):
+    def __init__(self, tmp_path, cores=2, dram="64MiB", extra=(), port=None):
+        """``port``: listen there (one attempt) instead of on a free pair of ports."""
         self.data = tmp_path
         self.cores = cores
         self.dram = dram
         self.extra = list(extra)
+        self.port = port
         self.process = None
         self.address = None
         self.start()
 
     def start(self):
-        for _attempt in range(5):
-            port = free_port_pair()
+        for _attempt in range(1 if self.port else 5):
+            port = self.port or free_port_pair()
             command = [
                 node_binary(),
                 "--listen", f"127.0.0.1:{port}",

@@ -212,31 +212,21 @@ def test_every_connection_of_a_store_reaches_the_node_that_answered_setup(tmp_pa
     """A store set up with a list of nodes uses the one that answered. A connection it opens later, for a
     second call in flight, must not go to an earlier node of the list that has come up since: that node
     holds other data."""
-    import subprocess
-
-    from conftest import Node, node_binary
+    from conftest import Node
 
     for name in ("first", "second", "late"):
         (tmp_path / name).mkdir()
     first = Node(tmp_path / "first", cores=1, dram="16MiB")
-    first_address = first.address
+    first_port = int(first.address.rsplit(":", 1)[1])
     first.stop()
     second = Node(tmp_path / "second", cores=1, dram="16MiB")
     late = None
     try:
         store = MooncakeDistributedStore()
-        assert store.setup("localhost", "", 0, 0, "tcp", "", [first_address, second.address]) == 0
+        assert store.setup("localhost", "", 0, 0, "tcp", "", [first.address, second.address]) == 0
         assert store.node_address() == second.address
         # A node comes up where the first was.
-        late = subprocess.Popen(
-            [node_binary(), "--listen", first_address, "--cores", "1", "--dram", "16MiB", "--dram-only",
-             "--metrics", "off", "--hugepages=false"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-        for line in late.stdout:
-            if "ready" in line:
-                break
-        threading.Thread(target=late.stdout.read, daemon=True).start()
+        late = Node(tmp_path / "late", cores=1, dram="16MiB", port=first_port)
         # One call holds the store's connection while another opens a second one.
         buffer, address = registered(store, 4096)
         waiting = threading.Thread(target=lambda: store.get_into(unique("never"), address, 4096, wait=1.0))
@@ -253,6 +243,5 @@ def test_every_connection_of_a_store_reaches_the_node_that_answered_setup(tmp_pa
         del buffer
     finally:
         if late is not None:
-            late.terminate()
-            late.wait(30)
+            late.stop()
         second.stop()
