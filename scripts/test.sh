@@ -41,3 +41,10 @@ target/pyenv/bin/maturin build -q --release -m client/python/Cargo.toml -o targe
 target/pyenv/bin/pip install -q --disable-pip-version-check --force-reinstall --no-deps target/wheels/strata-*.whl
 cargo build -q --bin strata-node
 STRATA_NODE="$PWD/target/debug/strata-node" target/pyenv/bin/python -m pytest -q client/python/tests
+
+# The serving engines (vLLM, SGLang, LMCache: client/python/engines.txt) in their own venv under target/,
+# reused while their pins are unchanged, and the engine tests run against the same node binary.
+scripts/engines-venv.sh
+target/engines/bin/pip install -q --disable-pip-version-check --force-reinstall --no-deps target/wheels/strata-*.whl
+STRATA_NODE="$PWD/target/debug/strata-node" target/engines/bin/python -m pytest -q -p no:cacheprovider \
+    -W ignore::DeprecationWarning client/python/engine_tests

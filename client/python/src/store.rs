@@ -299,6 +299,40 @@ impl StrataStore {
         }))
     }
 
+    /// Stores each key's value as the concatenation of its parts (bytes or any C-contiguous buffers, sent
+    /// as they are, never joined into a copy) in one round trip per shard: a code per key. With
+    /// `config.upsert`, a stored version is replaced.
+    #[pyo3(signature = (keys, all_parts, config = None))]
+    fn batch_put_parts(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        all_parts: &Bound<'_, PyAny>,
+        config: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<i64>> {
+        let options = put_options(config, false)?;
+        let objects = key_objects(keys)?;
+        let key_refs = key_slices(&objects)?;
+        let buffers: Vec<Vec<PyUntypedBuffer>> = all_parts
+            .try_iter()?
+            .map(|parts| parts?.try_iter()?.map(|part| PyUntypedBuffer::get(&part?)).collect())
+            .collect::<PyResult<_>>()?;
+        if buffers.len() != key_refs.len() {
+            return Ok(failed(key_refs.len(), codes::INVALID_PARAMS));
+        }
+        let Some(parts) = buffers
+            .iter()
+            .map(|parts| parts.iter().map(object_bytes).collect::<Option<Vec<&[u8]>>>())
+            .collect::<Option<Vec<_>>>()
+        else {
+            return Err(PyValueError::new_err("every part must be a C-contiguous buffer"));
+        };
+        let unlinked = vec![None; key_refs.len()];
+        let keys = &key_refs;
+        let results = self.with_client(py, |client| put_blocks(client, keys, &parts, &unlinked, &unlinked, options));
+        Ok(per_key_units(results, keys.len()))
+    }
+
     /// Reads `key`'s value into the registered buffer at `buffer_ptr` (`size` bytes); returns the bytes
     /// read or a negative code. `wait` (seconds): a key not stored yet is waited for that long (a put of
     /// it committing), then OBJECT_NOT_FOUND.

@@ -8,7 +8,7 @@ EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "serving_en
 
 
 def test_the_serving_engine_example_loads_what_it_stored(tmp_path):
-    from conftest import Node
+    from node_process import Node
 
     fresh = Node(tmp_path, cores=2, dram="32MiB")
     try:

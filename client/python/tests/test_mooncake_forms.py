@@ -8,6 +8,7 @@ import time
 import uuid
 
 import numpy as np
+import pytest
 
 import strata
 from strata import ReplicateConfig
@@ -34,6 +35,8 @@ def test_every_setup_form_the_engines_use_connects(node):
     forms = [
         # vLLM and SGLang: Mooncake's positional form.
         (("localhost", "http://127.0.0.1:8080/metadata", 512 << 20, 128 << 20, "tcp", "", node.address), {}),
+        # SGLang's: an eighth, the transfer engine to share (None).
+        (("localhost", "P2PHANDSHAKE", 1 << 30, 0, "tcp", "", node.address, None), {}),
         # The same by keyword, with Mooncake's other spellings and a tenant id.
         (
             (),
@@ -73,11 +76,11 @@ def test_a_setup_that_names_no_node_is_invalid_params():
     assert store.setup({"local_hostname": "localhost"}) == strata.INVALID_PARAMS
     assert store.get_hostname() == "localhost"
     try:
-        store.setup("a", "b", 1, 2, "tcp", "", "127.0.0.1:1", "one too many")
+        store.setup("a", "b", 1, 2, "tcp", "", "127.0.0.1:1", None, "one too many")
     except TypeError:
         pass
     else:
-        raise AssertionError("eight positional arguments are refused")
+        raise AssertionError("nine positional arguments are refused (Mooncake's eighth is the engine)")
 
 
 def test_removal_forms_take_force(store):
@@ -90,6 +93,20 @@ def test_removal_forms_take_force(store):
     assert store.remove_by_regex(f"^{keys[3]}$", force=True) == 1
     assert store.remove_all(force=True) >= 0
     assert store.is_exist(keys[3]) == 0
+
+
+def test_batch_put_parts_stores_each_key_from_its_parts_with_a_code_per_key(store):
+    keys = [unique("batch-parts") for _ in range(3)]
+    layer = np.arange(16, dtype=np.uint8)
+    parts = [[b"head:", memoryview(b"body")], [layer, layer[::-1].copy()], [bytearray(b"one part")]]
+    assert store.batch_put_parts(keys, parts) == [0, 0, 0]
+    assert store.get_batch(keys) == [b"head:body", layer.tobytes() + layer[::-1].tobytes(), b"one part"]
+    assert store.batch_put_parts(keys[:1], [[b"again"]]) == [strata.OBJECT_ALREADY_EXISTS]
+    assert store.batch_put_parts(keys[:1], [[b"replaced"]], ReplicateConfig(upsert=True)) == [0]
+    assert store.get(keys[0]) == b"replaced"
+    assert store.batch_put_parts(keys, [[b"too few values"]]) == [strata.INVALID_PARAMS] * 3
+    with pytest.raises(ValueError):
+        store.batch_put_parts(keys[:1], [[layer[::2]]])  # not contiguous: refused, never sent
 
 
 def test_parts_and_upserts_replace_as_mooncake_says(store):
@@ -179,7 +196,7 @@ def test_a_waiting_read_in_one_thread_does_not_hold_a_put_in_another(store):
 
 
 def test_replica_descriptors_say_where_each_key_is(tmp_path):
-    from conftest import Node
+    from node_process import Node
 
     small = Node(tmp_path, cores=1, dram="4MiB")
     try:
@@ -212,7 +229,7 @@ def test_every_connection_of_a_store_reaches_the_node_that_answered_setup(tmp_pa
     """A store set up with a list of nodes uses the one that answered. A connection it opens later, for a
     second call in flight, must not go to an earlier node of the list that has come up since: that node
     holds other data."""
-    from conftest import Node
+    from node_process import Node
 
     for name in ("first", "second", "late"):
         (tmp_path / name).mkdir()

@@ -54,7 +54,7 @@ def test_calls_before_setup_or_after_close_fail_with_invalid_params(node):
 
 
 def test_a_wrong_token_is_refused_as_an_illegal_client(tmp_path):
-    from conftest import Node
+    from node_process import Node
 
     guarded = Node(tmp_path, cores=1, dram="16MiB", extra=["--token", "s3cret"])
     try:
@@ -265,7 +265,7 @@ def test_pins_are_accepted_and_bounded(store):
 
 
 def test_calls_release_the_gil_while_they_wait(tmp_path):
-    from conftest import Node
+    from node_process import Node
 
     paused = Node(tmp_path, cores=1, dram="16MiB")
     try:
@@ -293,7 +293,7 @@ def test_calls_release_the_gil_while_they_wait(tmp_path):
 
 
 def test_remove_by_regex_and_remove_all_count_what_they_removed(tmp_path):
-    from conftest import Node
+    from node_process import Node
 
     own = Node(tmp_path, cores=2, dram="16MiB")
     try:

@@ -5,14 +5,15 @@ Engines call Mooncake's store in several forms; each is accepted here, so that r
 ``from strata import StrataStore as MooncakeDistributedStore`` is the only change an engine needs:
 
 - ``setup(local_hostname, metadata_server, global_segment_size, local_buffer_size, protocol, device_name,
-  master_server_address)``, positional or by keyword (``rdma_devices`` and ``master_server_addr`` too), with
-  ``tenant_id=``; ``setup(config_dict)`` with the same keys (LMCache); ``setup_dummy(mem_pool_size,
+  master_server_address, engine)``, positional or by keyword (``rdma_devices`` and ``master_server_addr``
+  too), with ``tenant_id=``; ``setup(config_dict)`` with the same keys (LMCache); ``setup_dummy(mem_pool_size,
   local_buffer_size, server_address)`` (SGLang); and Strata's own ``setup("host:port" or a list, **options)``.
   ``master_server_address`` (or ``server_address``) names the Strata node: ``"host:port"``, a list of them,
   or a comma-separated string, tried in order. The segment and buffer sizes, the protocol and the devices
-  are accepted and unused: the node owns its memory, and transfers go over TCP. ``tenant_id``, when not
-  empty, is the tenant's token (the node's ``--tenant`` list). ``metadata_server`` is not used by a
-  single node.
+  are accepted and unused: the node owns its memory, and transfers go over TCP. ``engine`` (a Mooncake
+  ``TransferEngine`` to share, which SGLang passes eighth, usually None) is accepted and unused: Strata has
+  its own transport. ``tenant_id``, when not empty, is the tenant's token (the node's ``--tenant`` list).
+  ``metadata_server`` is not used by a single node.
 - ``remove(key, force=)``, ``remove_all(force=)``, ``remove_by_regex(pattern, force=)``,
   ``batch_remove(keys, force=)``: ``force`` is accepted; a node has no lease that blocks a removal.
 """
@@ -31,6 +32,7 @@ _MOONCAKE_SETUP = (
     "protocol",
     "device_name",
     "master_server_address",
+    "engine",
 )
 _ALIASES = {"rdma_devices": "device_name", "master_server_addr": "master_server_address"}
 _STRATA_OPTIONS = ("token", "timeout_seconds", "verify_checksums", "spin_microseconds")
@@ -218,12 +220,12 @@ class StrataStore(_NativeStore):
     # ---- upserts and parts ----------------------------------------------------------------------------
 
     def put_parts(self, key, *parts, config=None):
-        """Stores the concatenation of ``parts`` (bytes-like) as one value."""
-        return self.put(key, b"".join(bytes(part) for part in parts), config)
+        """Stores the concatenation of ``parts`` (bytes-like) as one value, sent part by part (no join)."""
+        return self.batch_put_parts([key], [parts], config)[0]
 
     def upsert_parts(self, key, *parts, config=None):
         """``put_parts``, replacing a stored version."""
-        return self.upsert(key, b"".join(bytes(part) for part in parts), config)
+        return self.batch_put_parts([key], [parts], _upserting(config))[0]
 
     def upsert_batch(self, keys, values, config=None):
         """``put_batch``, replacing stored versions; one code for the call."""
