@@ -307,10 +307,11 @@ fn queues_on_two_cores_share_one_controller_and_the_host_reconnects() {
             on_executor(move || async move {
                 let device = NvmfDevice::connect(&address, &options, 2).await.unwrap();
                 assert_eq!(device.controller().unwrap().io_queues, 2);
-                handle_out.send(device.io_queue_handle()).unwrap();
                 let mut buffer = device.alloc_buffer(4096);
                 buffer.as_mut_slice().fill(9);
                 device.write(buffer, 4096).await.1.unwrap();
+                // Only once the write is acknowledged may the second queue read it back.
+                handle_out.send(device.io_queue_handle()).unwrap();
                 // The target goes away and comes back empty on the same port; the next I/O reconnects.
                 stopped_in.recv().unwrap();
                 while restarted_in.try_recv().is_err() {
