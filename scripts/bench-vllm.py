@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""The vLLM connector's two benchmark rows, side by side with their references in the same run.
+
+1. Worker-side load: 64 blocks of 64 KiB per layer across 8 layers, through ``strata.vllm.StrataConnector``
+   (``start_load_kv`` then ``wait_for_layer_load`` per layer) into registered CPU KV caches, against the same
+   bytes fetched with raw ``StrataStore.batch_get_into_multi_buffers``, one layer batch after another.
+   Rounds alternate between the two; each round's figure is its median over REPS loads.
+2. Scheduler lookup: ``get_num_new_matched_tokens`` on a request of a 1,000-block chain that is stored,
+   p50 and p99 over LOOKUPS calls.
+
+Run in the engines' venv, against a release node it starts on loopback:
+    cargo build --release --bin strata-node && scripts/engines-venv.sh
+    target/engines/bin/python scripts/bench-vllm.py [ROUNDS] [REPS] [LOOKUPS]
+Prints one JSON object.
+"""
+
+import json
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "client" / "python" / "tests"))
+sys.path.insert(0, str(REPO / "client" / "python" / "engine_tests"))
+
+import torch  # noqa: E402
+from node_process import Node  # noqa: E402
+from strata import StrataStore  # noqa: E402
+from strata.vllm import StrataConnector, StrataConnectorMetadata  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+
+import test_vllm  # noqa: E402  (its tiny-model vLLM config)
+
+LAYERS, BLOCKS_LOADED, POOL_BLOCKS = 8, 64, 128
+TOKENS, KV_HEADS, HEAD_DIM = 16, 8, 128  # K and V rows of 32 KiB each: 64 KiB per block and layer
+
+
+def configure_for_the_benchmark():
+    test_vllm.LAYERS[:] = [f"model.layers.{at}.self_attn.attn" for at in range(LAYERS)]
+    test_vllm.BLOCK, test_vllm.BLOCKS = TOKENS, POOL_BLOCKS
+    test_vllm.KV_HEADS, test_vllm.HEAD_DIM = KV_HEADS, HEAD_DIM
+
+
+def tiny_model(directory):
+    config = dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=KV_HEADS * HEAD_DIM * 2,
+        intermediate_size=256, num_attention_heads=KV_HEADS * 2, num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM, num_hidden_layers=LAYERS, vocab_size=1000, max_position_embeddings=32768,
+        rms_norm_eps=1e-5, torch_dtype="float16",
+    )
+    (pathlib.Path(directory) / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def worker(config):
+    connector = StrataConnector(config, KVConnectorRole.WORKER, test_vllm.kv_cache_config())
+    kv = {
+        name: torch.randn(2, POOL_BLOCKS, TOKENS, KV_HEADS, HEAD_DIM, dtype=torch.float16)
+        for name in test_vllm.LAYERS
+    }
+    connector.register_kv_caches(kv)
+    return connector, kv
+
+
+def stored_blocks(config):
+    """Saves BLOCKS_LOADED blocks of every layer through a first worker; the transfer a second one loads."""
+    from strata.vllm import BlockTransfer
+
+    saver, kv = worker(config)
+    transfer = BlockTransfer("bench", [uuid.uuid4().hex for _ in range(BLOCKS_LOADED)], list(range(BLOCKS_LOADED)))
+    saver.bind_connector_metadata(StrataConnectorMetadata(saves=[transfer]))
+    for name in test_vllm.LAYERS:
+        saver.save_kv_layer(name, kv[name], None)
+    saver.wait_for_save()
+    saver.shutdown()
+    return BlockTransfer("bench", transfer.hashes, list(range(BLOCKS_LOADED, 2 * BLOCKS_LOADED)))
+
+
+def connector_load(loader, metadata):
+    started = time.perf_counter()
+    loader.bind_connector_metadata(metadata)
+    loader.start_load_kv(None)
+    for name in test_vllm.LAYERS:
+        loader.wait_for_layer_load(name)
+    loader.clear_connector_metadata()
+    elapsed = time.perf_counter() - started
+    assert not loader.get_block_ids_with_load_errors()
+    return elapsed
+
+
+def raw_load(store, loader, transfer):
+    per_layer = []
+    for name in test_vllm.LAYERS:
+        pointers, sizes = loader.worker._block_parts(name, transfer.block_ids)
+        keys = [loader.key(block_hash, name) for block_hash in transfer.hashes]
+        per_layer.append((keys, pointers, sizes))
+    started = time.perf_counter()
+    for keys, pointers, sizes in per_layer:
+        codes = store.batch_get_into_multi_buffers(keys, pointers, sizes)
+        assert all(code == sum(parts) for code, parts in zip(codes, sizes))
+    return time.perf_counter() - started
+
+
+def load_rows(config, rounds, reps):
+    transfer = stored_blocks(config)
+    loader, kv = worker(config)
+    metadata = StrataConnectorMetadata(loads=[transfer])
+    store = StrataStore()
+    assert store.setup(config.kv_transfer_config.kv_connector_extra_config["address"]) == 0
+    # The raw reads go into the loader's KV caches, registered with this second store too.
+    store_registered = [
+        store.register_buffer(tensor.data_ptr(), tensor.numel() * tensor.element_size()) for tensor in kv.values()
+    ]
+    assert all(code == 0 for code in store_registered)
+    gib = LAYERS * BLOCKS_LOADED * 64 * 1024 / 2**30
+    connector_rounds, raw_rounds = [], []
+    for _ in range(rounds):
+        connector_rounds.append(gib / statistics.median(connector_load(loader, metadata) for _ in range(reps)))
+        raw_rounds.append(gib / statistics.median(raw_load(store, loader, transfer) for _ in range(reps)))
+    loader.shutdown()
+    store.close()
+    return {
+        "load_connector_gib_s": statistics.median(connector_rounds),
+        "load_raw_gib_s": statistics.median(raw_rounds),
+        "load_ratio": statistics.median(c / r for c, r in zip(connector_rounds, raw_rounds)),
+        "load_rounds": [[round(c, 3), round(r, 3)] for c, r in zip(connector_rounds, raw_rounds)],
+    }
+
+
+def lookup_row(config, lookups):
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    chain = 1000
+    request = Request(
+        "lookup",
+        prompt_token_ids=torch.randint(0, 1000, (chain * TOKENS + 1,)).tolist(),
+        sampling_params=SamplingParams(max_tokens=1),
+        pooling_params=None,
+        block_hasher=get_request_block_hasher(TOKENS, sha256),
+    )
+    scheduler = StrataConnector(config, KVConnectorRole.SCHEDULER, test_vllm.kv_cache_config())
+    marker = test_vllm.LAYERS[-1]
+    keys = [scheduler.key(block_hash.hex(), marker, rank=0) for block_hash in request.block_hashes]
+    assert len(keys) == chain
+    assert all(code == 0 for code in scheduler.store.batch_put_parts(keys, [[b"x"]] * chain))
+    timings = []
+    for _ in range(lookups):
+        started = time.perf_counter()
+        matched, _ = scheduler.get_num_new_matched_tokens(request, 0)
+        timings.append(time.perf_counter() - started)
+        assert matched == chain * TOKENS
+    timings.sort()
+    scheduler.shutdown()
+    return {
+        "lookup_1000_blocks_p50_us": timings[len(timings) // 2] * 1e6,
+        "lookup_1000_blocks_p99_us": timings[int(len(timings) * 0.99)] * 1e6,
+    }
+
+
+def main():
+    defaults = [5, 20, 500]
+    given = [int(arg) for arg in sys.argv[1:4]]
+    rounds, reps, lookups = given + defaults[len(given) :]
+    configure_for_the_benchmark()
+    with tempfile.TemporaryDirectory() as scratch:
+        node = Node(pathlib.Path(scratch), cores=1, dram="2GiB")
+        try:
+            model = tiny_model(tempfile.mkdtemp(dir=scratch))
+            config = test_vllm.vllm_config(model, node.address, f"bench-{uuid.uuid4().hex}/")
+            result = {**load_rows(config, rounds, reps), **lookup_row(config, lookups)}
+        finally:
+            node.stop()
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
