@@ -6,11 +6,12 @@
    bytes fetched with raw ``StrataStore.batch_get_into_multi_buffers``, one layer batch after another.
    Rounds alternate between the two; each round's figure is its median over REPS loads.
 2. Scheduler lookup: ``get_num_new_matched_tokens`` on a request of a 1,000-block chain that is stored,
-   p50 and p99 over LOOKUPS calls.
+   p50 and p99 over LOOKUPS requests, each timed at its first lookup.
 
-Run in the engines' venv, against a release node it starts on loopback:
+Run in the engines' venv, against a release node it starts on loopback, as the serving rows run: the node
+on one shard busy-polling on CPU 1, this process on CPU 0:
     cargo build --release --bin strata-node && scripts/engines-venv.sh
-    target/engines/bin/python scripts/bench-vllm.py [ROUNDS] [REPS] [LOOKUPS]
+    STRATA_NODE=target/release/strata-node target/engines/bin/python scripts/bench-vllm.py [ROUNDS] [REPS] [LOOKUPS]
 Prints one JSON object.
 """
 
@@ -72,7 +73,7 @@ def stored_blocks(config):
     from strata.vllm import BlockTransfer
 
     saver, kv = worker(config)
-    transfer = BlockTransfer("bench", [uuid.uuid4().hex for _ in range(BLOCKS_LOADED)], list(range(BLOCKS_LOADED)))
+    transfer = BlockTransfer("bench", [os.urandom(32) for _ in range(BLOCKS_LOADED)], list(range(BLOCKS_LOADED)))
     saver.bind_connector_metadata(StrataConnectorMetadata(saves=[transfer]))
     for name in test_vllm.LAYERS:
         saver.save_kv_layer(name, kv[name], None)
@@ -97,7 +98,7 @@ def raw_load(store, loader, transfer):
     per_layer = []
     for name in test_vllm.LAYERS:
         pointers, sizes = loader.worker._block_parts(name, transfer.block_ids)
-        keys = [loader.key(block_hash, name) for block_hash in transfer.hashes]
+        keys = loader.keys(transfer.hashes, name)
         per_layer.append((keys, pointers, sizes))
     started = time.perf_counter()
     for keys, pointers, sizes in per_layer:
@@ -133,6 +134,8 @@ def load_rows(config, rounds, reps):
 
 
 def lookup_row(config, lookups):
+    """Each timed call is a request's first lookup: LOOKUPS requests of distinct 1,000-block prompts, all
+    stored (marker keys only: the lookup reads nothing else)."""
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -140,27 +143,33 @@ def lookup_row(config, lookups):
 
     init_none_hash(sha256)
     chain = 1000
-    request = Request(
-        "lookup",
-        prompt_token_ids=torch.randint(0, 1000, (chain * TOKENS + 1,)).tolist(),
-        sampling_params=SamplingParams(max_tokens=1),
-        pooling_params=None,
-        block_hasher=get_request_block_hasher(TOKENS, sha256),
-    )
+    hasher = get_request_block_hasher(TOKENS, sha256)
     scheduler = StrataConnector(config, KVConnectorRole.SCHEDULER, test_vllm.kv_cache_config())
-    marker = test_vllm.LAYERS[-1]
-    keys = [scheduler.key(block_hash.hex(), marker, rank=0) for block_hash in request.block_hashes]
-    assert len(keys) == chain
-    assert all(code == 0 for code in scheduler.store.batch_put_parts(keys, [[b"x"]] * chain))
+    requests, chains = [], []
+    for at in range(lookups):
+        prompt = torch.randint(0, 1000, (chain * TOKENS + 1,)).tolist()
+        request = Request(f"lookup-{at}", prompt, SamplingParams(max_tokens=1), None, block_hasher=hasher)
+        keys = scheduler.keys(request.block_hashes, test_vllm.LAYERS[-1], rank=0)
+        assert len(keys) == chain
+        assert all(code == 0 for code in scheduler.store.batch_put_parts(keys, [[b"x"]] * chain))
+        requests.append(request)
+        chains.append(keys)
+    raw = []
+    for keys in chains:  # the reference: the same prefix match, its keys already built
+        started = time.perf_counter()
+        assert scheduler.store.prefix_match(keys) == chain
+        raw.append(time.perf_counter() - started)
     timings = []
-    for _ in range(lookups):
+    for request in requests:
         started = time.perf_counter()
         matched, _ = scheduler.get_num_new_matched_tokens(request, 0)
         timings.append(time.perf_counter() - started)
         assert matched == chain * TOKENS
     timings.sort()
+    raw.sort()
     scheduler.shutdown()
     return {
+        "lookup_raw_prefix_match_p50_us": raw[len(raw) // 2] * 1e6,
         "lookup_1000_blocks_p50_us": timings[len(timings) // 2] * 1e6,
         "lookup_1000_blocks_p99_us": timings[int(len(timings) * 0.99)] * 1e6,
     }
@@ -172,7 +181,8 @@ def main():
     rounds, reps, lookups = given + defaults[len(given) :]
     configure_for_the_benchmark()
     with tempfile.TemporaryDirectory() as scratch:
-        node = Node(pathlib.Path(scratch), cores=1, dram="2GiB")
+        os.sched_setaffinity(0, {0})
+        node = Node(pathlib.Path(scratch), cores=1, dram="2GiB", extra=["--cpus", "1", "--busy-poll"])
         try:
             model = tiny_model(tempfile.mkdtemp(dir=scratch))
             config = test_vllm.vllm_config(model, node.address, f"bench-{uuid.uuid4().hex}/")

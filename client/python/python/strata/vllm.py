@@ -11,8 +11,8 @@ tenant's token), ``key_prefix`` (a namespace of the operator's own).
 **Objects.** One object per (block, layer): the block's rows of that layer's KV cache tensor (its K and V
 rows as two parts of one put, or one part for MLA), written from and read into the registered KV cache
 tensors with no staging copy. A block's layers share a group, so the node evicts them together. Keys are
-``{key_prefix}{model}/tp{size}.{rank}/{block hash}/{layer name}``: ranks and models never share a key, and a
-layer name is unique across pipeline stages.
+``{key_prefix}{model}/tp{size}.{rank}/{block hash}/{layer name}`` in bytes, the block hash as vLLM computed
+it: ranks and models never share a key, and a layer name is unique across pipeline stages.
 
 **Scheduler side.** ``get_num_new_matched_tokens`` is one prefix match of the request's block-hash chain
 (one round trip per shard), over the keys of TP rank 0's last layer: layers are saved in order, so a block
@@ -24,7 +24,8 @@ vLLM needs a token to compute. ``build_connector_meta`` carries the blocks to lo
 **Worker side.** ``save_kv_layer`` queues the layer's put (one batch for every block of the step) to a
 saver thread, so the forward pass goes on while the layer is sent; ``wait_for_save`` waits for the queue.
 Each layer's object is readable once its put returned: a reader can start before the last layer lands.
-``start_load_kv`` starts a loader thread that reads layer after layer (one batch per layer);
+``start_load_kv`` hands the step's loads to a loader thread that reads layer after layer (one batch per
+layer);
 ``wait_for_layer_load`` waits for its layer only, so layer i is used while later layers are in flight.
 A block whose read fails (evicted, removed, or short) is reported by ``get_block_ids_with_load_errors``
 from the node's per-key statuses, so vLLM recomputes those blocks and only those.
@@ -59,7 +60,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class BlockTransfer:
-    """Blocks of one request to move: their hashes (hex) and their block ids in vLLM's KV cache."""
+    """Blocks of one request to move: their hashes (vLLM's, bytes) and their block ids in vLLM's KV cache."""
 
     request_id: str
     hashes: list
@@ -107,7 +108,7 @@ class StrataConnector(KVConnectorBase_V1):
         self.block_size = vllm_config.cache_config.block_size
         parallel = vllm_config.parallel_config
         model = str(vllm_config.model_config.model).strip("/").replace("/", "-")
-        self._namespace = f"{extra.get('key_prefix', '')}{model}/tp{parallel.tensor_parallel_size}."
+        self._namespace = f"{extra.get('key_prefix', '')}{model}/tp{parallel.tensor_parallel_size}.".encode()
         self.tp_rank = 0
         if role == KVConnectorRole.WORKER:
             self.tp_rank = _tensor_parallel_rank()
@@ -115,8 +116,15 @@ class StrataConnector(KVConnectorBase_V1):
         self.scheduler = _SchedulerSide(self) if role == KVConnectorRole.SCHEDULER else None
         self.worker = _WorkerSide(self) if role == KVConnectorRole.WORKER else None
 
-    def key(self, block_hash: str, layer_name: str, rank: int | None = None) -> str:
-        return f"{self._namespace}{self.tp_rank if rank is None else rank}/{block_hash}/{layer_name}"
+    def keys(self, block_hashes, layer_name: str, rank: int | None = None) -> list:
+        """The node's keys of these blocks' objects in one layer (``layer_name`` empty: the blocks' groups).
+        Keys are bytes, with vLLM's block hashes as they are: no hex encoding on the lookup path."""
+        head = self._namespace + str(self.tp_rank if rank is None else rank).encode() + b"/"
+        tail = b"/" + layer_name.encode()
+        return [head + block_hash + tail for block_hash in block_hashes]
+
+    def key(self, block_hash: bytes, layer_name: str, rank: int | None = None) -> bytes:
+        return self.keys([block_hash], layer_name, rank)[0]
 
     # ---- scheduler side -------------------------------------------------------------------------------
 
@@ -190,11 +198,9 @@ class _SchedulerSide:
 
     def matched_tokens(self, request, num_computed_tokens: int) -> int:
         tracked = self.tracked.setdefault(request.request_id, _Tracked(request))
-        hashes = [block_hash.hex() for block_hash in request.block_hashes]
-        if not hashes or self.marker_layer is None:
+        if not request.block_hashes or self.marker_layer is None:
             return 0
-        keys = [self.connector.key(block_hash, self.marker_layer, rank=0) for block_hash in hashes]
-        blocks = self.connector.store.prefix_match(keys)
+        blocks = self.connector.store.prefix_match(self.connector.keys(request.block_hashes, self.marker_layer, 0))
         if blocks <= 0:
             return 0
         # vLLM computes at least one token: a hit covering the whole prompt stops a block short.
@@ -241,7 +247,7 @@ class _SchedulerSide:
 
     @staticmethod
     def _transfer(tracked: _Tracked, start: int, end: int) -> BlockTransfer:
-        hashes = [block_hash.hex() for block_hash in tracked.request.block_hashes[start:end]]
+        hashes = list(tracked.request.block_hashes[start:end])
         return BlockTransfer(tracked.request.request_id, hashes, tracked.block_ids[start:end])
 
     def finished(self, request_id: str) -> None:
@@ -264,6 +270,9 @@ class _WorkerSide:
         self.loaded: dict = {}
         self.load_errors: set = set()
         self.errors_lock = threading.Lock()
+        self.loads: queue.Queue = queue.Queue()
+        self.loader = threading.Thread(target=self._load_loop, name="strata-vllm-loader", daemon=True)
+        self.loader.start()
 
     def register(self, kv_caches: dict) -> None:
         for name, tensor in kv_caches.items():
@@ -292,8 +301,8 @@ class _WorkerSide:
         keys, groups, pointers, sizes = [], [], [], []
         for transfer in metadata.saves:
             block_pointers, block_sizes = self._block_parts(layer_name, transfer.block_ids)
-            keys += [self.connector.key(block_hash, layer_name) for block_hash in transfer.hashes]
-            groups += [self.connector.key(block_hash, "") for block_hash in transfer.hashes]
+            keys += self.connector.keys(transfer.hashes, layer_name)
+            groups += self.connector.keys(transfer.hashes, "")
             pointers += block_pointers
             sizes += block_sizes
         self.saves.put((keys, pointers, sizes, groups))
@@ -325,23 +334,28 @@ class _WorkerSide:
             for event in self.loaded.values():
                 event.set()
             return
-        threading.Thread(target=self._load_layers, args=(metadata.loads,), daemon=True).start()
+        self.loads.put((metadata.loads, self.loaded))
 
-    def _load_layers(self, loads) -> None:
-        for layer_name, done in self.loaded.items():
-            try:
-                self._load_layer(loads, layer_name)
-            finally:
-                done.set()
+    def _load_loop(self) -> None:
+        """Reads a step's layers in order, each as one batch, and marks each layer loaded when it lands."""
+        while True:
+            job = self.loads.get()
+            if job is None:
+                return
+            loads, loaded = job
+            block_ids = [block for transfer in loads for block in transfer.block_ids]
+            stems = [stem for transfer in loads for stem in self.connector.keys(transfer.hashes, "")]
+            for layer_name, done in loaded.items():
+                try:
+                    self._load_layer(layer_name, stems, block_ids)
+                finally:
+                    done.set()
 
-    def _load_layer(self, loads, layer_name: str) -> None:
-        keys, pointers, sizes, block_ids = [], [], [], []
-        for transfer in loads:
-            block_pointers, block_sizes = self._block_parts(layer_name, transfer.block_ids)
-            keys += [self.connector.key(block_hash, layer_name) for block_hash in transfer.hashes]
-            pointers += block_pointers
-            sizes += block_sizes
-            block_ids += transfer.block_ids
+    def _load_layer(self, layer_name: str, stems: list, block_ids: list) -> None:
+        """One batch: every block's object of this layer (its key: the block's stem and the layer's name)."""
+        suffix = layer_name.encode()
+        keys = [stem + suffix for stem in stems]
+        pointers, sizes = self._block_parts(layer_name, block_ids)
         codes = self.store.batch_get_into_multi_buffers(keys, pointers, sizes)
         failed = {block for block, code, parts in zip(block_ids, codes, sizes) if code != sum(parts)}
         if failed:
@@ -360,7 +374,9 @@ class _WorkerSide:
 
     def close(self) -> None:
         self.saves.put(None)
+        self.loads.put(None)
         self.saver.join(timeout=30)
+        self.loader.join(timeout=30)
         for pointer in self.registered:
             self.store.unregister_buffer(pointer)
         self.registered.clear()
