@@ -47,17 +47,6 @@ def configure_for_the_benchmark():
     test_vllm.KV_HEADS, test_vllm.HEAD_DIM = KV_HEADS, HEAD_DIM
 
 
-def tiny_model(directory):
-    config = dict(
-        architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=KV_HEADS * HEAD_DIM * 2,
-        intermediate_size=256, num_attention_heads=KV_HEADS * 2, num_key_value_heads=KV_HEADS,
-        head_dim=HEAD_DIM, num_hidden_layers=LAYERS, vocab_size=1000, max_position_embeddings=32768,
-        rms_norm_eps=1e-5, torch_dtype="float16",
-    )
-    (pathlib.Path(directory) / "config.json").write_text(json.dumps(config))
-    return directory
-
-
 def worker(config):
     connector = StrataConnector(config, KVConnectorRole.WORKER, test_vllm.kv_cache_config())
     kv = {
@@ -149,7 +138,7 @@ def lookup_row(config, lookups):
     for at in range(lookups):
         prompt = torch.randint(0, 1000, (chain * TOKENS + 1,)).tolist()
         request = Request(f"lookup-{at}", prompt, SamplingParams(max_tokens=1), None, block_hasher=hasher)
-        keys = scheduler.keys(request.block_hashes, test_vllm.LAYERS[-1], rank=0)
+        keys = scheduler.keys(request.block_hashes, test_vllm.LAYERS[-1], unit=0)
         assert len(keys) == chain
         assert all(code == 0 for code in scheduler.store.batch_put_parts(keys, [[b"x"]] * chain))
         requests.append(request)
@@ -184,7 +173,7 @@ def main():
         os.sched_setaffinity(0, {0})
         node = Node(pathlib.Path(scratch), cores=1, dram="2GiB", extra=["--cpus", "1", "--busy-poll"])
         try:
-            model = tiny_model(tempfile.mkdtemp(dir=scratch))
+            model = test_vllm.write_model(pathlib.Path(tempfile.mkdtemp(dir=scratch)), KV_HEADS)
             config = test_vllm.vllm_config(model, node.address, f"bench-{uuid.uuid4().hex}/")
             result = {**load_rows(config, rounds, reps), **lookup_row(config, lookups)}
         finally:

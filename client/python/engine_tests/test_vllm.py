@@ -38,16 +38,15 @@ PROMPT = 3 * BLOCK + 2  # three full blocks and two tokens
 init_none_hash(sha256)
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("tiny-model")
+def write_model(directory, kv_heads):
+    """A tiny Llama's ``config.json`` (no weights: vLLM's scheduler and config need nothing more)."""
     config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "hidden_size": 64,
+        "hidden_size": 32 * kv_heads,
         "intermediate_size": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": KV_HEADS,
+        "num_attention_heads": 2 * kv_heads,
+        "num_key_value_heads": kv_heads,
         "head_dim": HEAD_DIM,
         "num_hidden_layers": len(LAYERS),
         "vocab_size": 1000,
@@ -57,6 +56,17 @@ def tiny_model(tmp_path_factory):
     }
     (directory / "config.json").write_text(json.dumps(config))
     return str(directory)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return write_model(tmp_path_factory.mktemp("tiny-model"), KV_HEADS)
+
+
+@pytest.fixture(scope="module")
+def gqa_model(tmp_path_factory):
+    """4 KV heads: one a rank at TP 4, two a rank at TP 2."""
+    return write_model(tmp_path_factory.mktemp("gqa-model"), 4)
 
 
 def vllm_config(model, address, prefix):
@@ -79,8 +89,10 @@ def vllm_config(model, address, prefix):
     )
 
 
-def kv_cache_config():
-    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_DIM, dtype=torch.float16)
+def kv_cache_config(kv_heads=None):
+    spec = FullAttentionSpec(
+        block_size=BLOCK, num_kv_heads=kv_heads or KV_HEADS, head_size=HEAD_DIM, dtype=torch.float16
+    )
     tensors = [
         KVCacheTensor(size=BLOCKS * spec.page_size_bytes, layers=[name], layer_stride=0, block_stride=spec.page_size_bytes)
         for name in LAYERS
@@ -198,3 +210,149 @@ def test_gpu_kv_caches_are_refused_with_a_clear_error(node, tiny_model):
     with pytest.raises(NotImplementedError, match="CPU KV caches only"):
         worker.register_kv_caches({LAYERS[0]: meta})
     worker.shutdown()
+
+
+def test_block_events_come_from_the_nodes_stream_in_vllms_own_format(node, tiny_model):
+    import time
+
+    import msgspec
+    from strata import StrataStore
+    from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch
+
+    prefix = f"{uuid.uuid4().hex}/"
+    tokens = torch.randint(0, 1000, (PROMPT,)).tolist()
+    first = Instance(tiny_model, node.address, prefix)
+    output = first.schedule("first", tokens)
+    request = first.scheduler.requests["first"]
+    first.run_forward(output, compute=lambda name: first.kv[name].normal_())
+
+    def events_until(count, kind):
+        taken, deadline = [], time.monotonic() + 10
+        while sum(isinstance(event, kind) for event in taken) < count:
+            assert time.monotonic() < deadline, taken
+            taken += first.scheduler.connector.take_events()
+            time.sleep(0.02)
+        return taken
+
+    stored = [event for event in events_until(3, BlockStored) if isinstance(event, BlockStored)]
+    # Each shard streams its own events: blocks on different shards arrive in any order.
+    by_hash = {event.block_hashes[0]: event for event in stored}
+    assert sorted(by_hash) == sorted(request.block_hashes[:3]) and len(stored) == 3
+    for at, block in enumerate(request.block_hashes[:3]):
+        assert by_hash[block].token_ids == tokens[at * BLOCK : (at + 1) * BLOCK]
+        assert by_hash[block].parent_block_hash == (request.block_hashes[at - 1] if at else None)
+        assert by_hash[block].block_size == BLOCK and by_hash[block].medium == "CPU"  # in the node's DRAM
+
+    store = StrataStore()
+    assert store.setup(node.address) == 0
+    assert store.remove(first.worker.key(request.block_hashes[2], LAYERS[-1], unit=0)) == 0
+    store.close()
+    removed = [event for event in events_until(1, BlockRemoved) if isinstance(event, BlockRemoved)]
+    assert removed[0].block_hashes == [request.block_hashes[2]]
+
+    # The batch a vLLM publisher would send decodes with vLLM's own types.
+    wire = msgspec.msgpack.Encoder().encode(KVEventBatch(ts=time.time(), events=stored + removed))
+    decoded = msgspec.msgpack.Decoder(type=KVEventBatch).decode(wire)
+    assert decoded.events == stored + removed
+    first.close()
+
+
+def tp_worker(model, address, prefix, tp_size, rank, monkeypatch):
+    """A worker-side connector of one rank at `tp_size`, its KV caches holding 4 / tp_size heads."""
+    import strata.vllm
+    from vllm.config import ParallelConfig
+
+    base = vllm_config(model, address, prefix)
+    base.kv_transfer_config.kv_connector_extra_config["kv_head_units"] = 4
+    config = VllmConfig(
+        model_config=base.model_config,
+        cache_config=base.cache_config,
+        scheduler_config=base.scheduler_config,
+        kv_transfer_config=base.kv_transfer_config,
+        device_config=base.device_config,
+        parallel_config=ParallelConfig(tensor_parallel_size=tp_size),
+    )
+    heads = 4 // tp_size
+    cache_config = kv_cache_config(heads)
+    monkeypatch.setattr(strata.vllm, "_tensor_parallel_rank", lambda: rank)
+    worker = strata.vllm.StrataConnector(config, KVConnectorRole.WORKER, cache_config)
+    kv = {name: torch.zeros(2, BLOCKS, BLOCK, heads, HEAD_DIM, dtype=torch.float16) for name in LAYERS}
+    kv_random = {name: tensor.view(torch.int16) for name, tensor in kv.items()}
+    for tensor in kv_random.values():
+        tensor.copy_(torch.randint(-(2**15), 2**15, tensor.shape, dtype=torch.int16))
+    worker.register_kv_caches(kv)
+    return worker, kv
+
+
+def save_blocks(worker, kv, hashes, block_ids):
+    from strata.vllm import BlockTransfer, StrataConnectorMetadata
+
+    worker.bind_connector_metadata(StrataConnectorMetadata(saves=[BlockTransfer("save", hashes, block_ids)]))
+    for name in LAYERS:
+        worker.save_kv_layer(name, kv[name], None)
+    worker.wait_for_save()
+    worker.clear_connector_metadata()
+
+
+def load_blocks(worker, hashes, block_ids):
+    from strata.vllm import BlockTransfer, StrataConnectorMetadata
+
+    worker.bind_connector_metadata(StrataConnectorMetadata(loads=[BlockTransfer("load", hashes, block_ids)]))
+    worker.start_load_kv(None)
+    for name in LAYERS:
+        worker.wait_for_layer_load(name)
+    worker.clear_connector_metadata()
+    return worker.get_block_ids_with_load_errors()
+
+
+def heads_bytes(kv, name, block, head):
+    return kv[name][:, block, :, head].contiguous().view(torch.uint8)
+
+
+def test_tp4_prefill_blocks_load_at_tp2_and_tp2_decode_blocks_load_at_tp4(node, gqa_model, monkeypatch):
+    prefix = f"{uuid.uuid4().hex}/"
+    prefill = [os.urandom(32) for _ in range(3)]
+    writers = [tp_worker(gqa_model, node.address, prefix, 4, rank, monkeypatch) for rank in range(4)]
+    for worker, kv in writers:
+        save_blocks(worker, kv, prefill, [1, 2, 3])
+
+    readers = [tp_worker(gqa_model, node.address, prefix, 2, rank, monkeypatch) for rank in range(2)]
+    for rank, (reader, kv) in enumerate(readers):
+        assert load_blocks(reader, prefill, [10, 11, 12]) == set()
+        for name in LAYERS:
+            for written, loaded in zip([1, 2, 3], [10, 11, 12]):
+                for head in range(2):  # a TP 2 rank's heads are two TP 4 ranks' heads, in order
+                    _, writer_kv = writers[rank * 2 + head]
+                    assert torch.equal(heads_bytes(kv, name, loaded, head), heads_bytes(writer_kv, name, written, 0))
+
+    # The decode side (TP 2) writes its own blocks in the same units: a TP 4 rank reads its one head.
+    decode = [os.urandom(32) for _ in range(2)]
+    for reader, kv in readers:
+        save_blocks(reader, kv, decode, [20, 21])
+    for rank, (writer, kv) in enumerate(writers):
+        assert load_blocks(writer, decode, [30, 31]) == set()
+        _, decode_kv = readers[rank // 2]
+        for name in LAYERS:
+            for written, loaded in zip([20, 21], [30, 31]):
+                assert torch.equal(heads_bytes(kv, name, loaded, 0), heads_bytes(decode_kv, name, written, rank % 2))
+    for worker, _ in writers + readers:
+        worker.shutdown()
+
+
+def test_head_units_that_a_tp_size_cannot_hold_whole_are_refused(node, gqa_model):
+    config = vllm_config(gqa_model, node.address, "units/")
+    config.kv_transfer_config.kv_connector_extra_config["kv_head_units"] = 3
+    from vllm.config import ParallelConfig
+
+    config = VllmConfig(
+        model_config=config.model_config,
+        cache_config=config.cache_config,
+        scheduler_config=config.scheduler_config,
+        kv_transfer_config=config.kv_transfer_config,
+        device_config=config.device_config,
+        parallel_config=ParallelConfig(tensor_parallel_size=2),
+    )
+    from strata.vllm import StrataConnector
+
+    with pytest.raises(ValueError, match="multiple of the TP size"):
+        StrataConnector(config, KVConnectorRole.WORKER, kv_cache_config())

@@ -6,17 +6,24 @@ vLLM loads it with::
                            "kv_role":"kv_both","kv_connector_extra_config":{"address":"127.0.0.1:7600"}}'
 
 Extra-config keys: ``address`` (the node: ``host:port``, a list, or comma-separated), ``token`` (the
-tenant's token), ``key_prefix`` (a namespace of the operator's own).
+tenant's token), ``key_prefix`` (a namespace of the operator's own), ``kv_head_units`` (below).
 
-**Objects.** One object per (block, layer): the block's rows of that layer's KV cache tensor (its K and V
-rows as two parts of one put, or one part for MLA), written from and read into the registered KV cache
-tensors with no staging copy. A block's layers share a group, so the node evicts them together. Keys are
-``{key_prefix}{model}/tp{size}.{rank}/{block hash}/{layer name}`` in bytes, the block hash as vLLM computed
-it: ranks and models never share a key, and a layer name is unique across pipeline stages.
+**Objects.** One object per (block, layer, head unit): the block's rows of that layer's KV cache tensor
+(K and V rows, or one row for MLA), written from and read into the registered KV cache tensors with no
+staging copy. A block's objects share a group, so the node evicts them together. Keys are
+``{key_prefix}{model}/u{units}.{unit}/{block hash}/{layer name}`` in bytes, the block hash as vLLM computed
+it: models never share a key, and a layer name is unique across pipeline stages.
+
+**Head units (TP asymmetry).** A layer's KV heads are stored as ``kv_head_units`` objects per block (by
+default the TP size: one per rank). A rank of TP size T holds ``units / T`` of them; when it holds more than
+one, each unit's object is the slices of that unit's heads in every token of the block, K rows then V rows,
+gathered on a put and scattered on a get straight between the KV cache and the socket (a multi-buffer list,
+no staging copy). So a prefill at TP 4 (units 4) and a decode at TP 2 (``"kv_head_units": 4``) read and
+write the same objects, whichever side computed a block. ``kv_head_units`` must be a multiple of the TP size.
 
 **Scheduler side.** ``get_num_new_matched_tokens`` is one prefix match of the request's block-hash chain
-(one round trip per shard), over the keys of TP rank 0's last layer: layers are saved in order, so a block
-whose last layer is stored is stored whole on that rank. A hit stops one token short of the prompt, as
+(one round trip per shard), over the keys of head unit 0's last layer: layers are saved in order, so a
+block whose last layer is stored is stored whole for that unit. A hit stops one token short of the prompt, as
 vLLM needs a token to compute. ``build_connector_meta`` carries the blocks to load (the hit) and to save
 (every block that became full in the step). Saves finish inside the step (``wait_for_save``), so
 ``request_finished`` never delays freeing a request's blocks.
@@ -25,16 +32,19 @@ vLLM needs a token to compute. ``build_connector_meta`` carries the blocks to lo
 saver thread, so the forward pass goes on while the layer is sent; ``wait_for_save`` waits for the queue.
 Each layer's object is readable once its put returned: a reader can start before the last layer lands.
 ``start_load_kv`` hands the step's loads to a loader thread that reads layer after layer (one batch per
-layer);
-``wait_for_layer_load`` waits for its layer only, so layer i is used while later layers are in flight.
+layer); ``wait_for_layer_load`` waits for its layer only, so layer i is used while later layers are in
+flight.
 A block whose read fails (evicted, removed, or short) is reported by ``get_block_ids_with_load_errors``
 from the node's per-key statuses, so vLLM recomputes those blocks and only those.
 
 **What is tested where.** The scheduler side and the worker side over CPU KV cache tensors are tested on
 a real node with vLLM's own ``Scheduler`` (``client/python/engine_tests/test_vllm.py``). KV caches on a GPU
 need a device transfer path that no machine here can test: ``register_kv_caches`` refuses them with a clear
-error rather than reading device pointers as host memory. Not yet built: vLLM's KV events from Strata's
-event stream (``take_events`` returns none), TP-asymmetric (GQA) loads, and hybrid (HMA) groups.
+error rather than reading device pointers as host memory. Not yet built: hybrid (HMA) groups, and one copy of
+MLA's latent rows for all TP ranks (each rank stores its own copy under its own unit).
+
+**Events.** ``take_events`` returns vLLM's own ``BlockStored`` and ``BlockRemoved``, translated from the
+node's event stream of the blocks' last-layer objects (see ``_BlockEvents``).
 """
 
 from __future__ import annotations
@@ -45,7 +55,6 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -106,25 +115,36 @@ class StrataConnector(KVConnectorBase_V1):
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
         self.store = _connect(extra)
         self.block_size = vllm_config.cache_config.block_size
-        parallel = vllm_config.parallel_config
+        tp_size = vllm_config.parallel_config.tensor_parallel_size
+        self.head_units = int(extra.get("kv_head_units", tp_size))
+        if self.head_units % tp_size:
+            raise ValueError(
+                f"strata: kv_head_units ({self.head_units}) must be a multiple of the TP size ({tp_size}): "
+                "each rank stores and loads whole units of KV heads"
+            )
         model = str(vllm_config.model_config.model).strip("/").replace("/", "-")
-        self._namespace = f"{extra.get('key_prefix', '')}{model}/tp{parallel.tensor_parallel_size}.".encode()
-        self.tp_rank = 0
-        if role == KVConnectorRole.WORKER:
-            self.tp_rank = _tensor_parallel_rank()
+        self._namespace = f"{extra.get('key_prefix', '')}{model}/u{self.head_units}.".encode()
+        rank = _tensor_parallel_rank() if role == KVConnectorRole.WORKER else 0
+        per_rank = self.head_units // tp_size
+        self.units = list(range(rank * per_rank, (rank + 1) * per_rank))
         self._layer_names = list(kv_cache_config.kv_cache_groups[0].layer_names) if kv_cache_config else []
         self.scheduler = _SchedulerSide(self) if role == KVConnectorRole.SCHEDULER else None
         self.worker = _WorkerSide(self) if role == KVConnectorRole.WORKER else None
 
-    def keys(self, block_hashes, layer_name: str, rank: int | None = None) -> list:
-        """The node's keys of these blocks' objects in one layer (``layer_name`` empty: the blocks' groups).
-        Keys are bytes, with vLLM's block hashes as they are: no hex encoding on the lookup path."""
-        head = self._namespace + str(self.tp_rank if rank is None else rank).encode() + b"/"
+    def keys(self, block_hashes, layer_name: str, unit: int | None = None) -> list:
+        """The node's keys of these blocks' objects of one head unit (this rank's first unit by default) in
+        one layer (``layer_name`` empty: the blocks' key stems). Keys are bytes, with vLLM's block hashes as
+        they are: no hex encoding on the lookup path."""
+        head = self._namespace + str(self.units[0] if unit is None else unit).encode() + b"/"
         tail = b"/" + layer_name.encode()
         return [head + block_hash + tail for block_hash in block_hashes]
 
-    def key(self, block_hash: bytes, layer_name: str, rank: int | None = None) -> bytes:
-        return self.keys([block_hash], layer_name, rank)[0]
+    def key(self, block_hash: bytes, layer_name: str, unit: int | None = None) -> bytes:
+        return self.keys([block_hash], layer_name, unit)[0]
+
+    def group(self, block_hash: bytes) -> bytes:
+        """The group of every object of a block (all layers, all head units): they leave the node together."""
+        return self._namespace + b"*/" + block_hash
 
     # ---- scheduler side -------------------------------------------------------------------------------
 
@@ -140,6 +160,9 @@ class StrataConnector(KVConnectorBase_V1):
     def request_finished(self, request, block_ids):
         self.scheduler.finished(request.request_id)
         return False, None
+
+    def take_events(self):
+        return self.scheduler.events.take() if self.scheduler else ()
 
     # ---- worker side ----------------------------------------------------------------------------------
 
@@ -164,18 +187,55 @@ class StrataConnector(KVConnectorBase_V1):
     def shutdown(self):
         if self.worker:
             self.worker.close()
+        if self.scheduler:
+            self.scheduler.events.close()
         self.store.close()
 
 
-def _block_layout(name: str, tensor, num_blocks) -> tuple:
-    """Where a layer's blocks are: (part bases, block stride, part size) in bytes. vLLM's CPU and flash
-    layouts are ``[2, num_blocks, ...]`` (a block's K and V rows) or ``[num_blocks, ...]`` (one row: MLA)."""
+@dataclass(frozen=True)
+class _LayerLayout:
+    """Where a layer's blocks are, in bytes: the bases of its rows (K and V, or one for MLA), the block
+    stride and a row's size; and, to split a row by head units, the token stride and a unit's bytes in a
+    token (``unit_bytes`` 0: this rank holds one unit, a block's rows go whole)."""
+
+    bases: tuple
+    block_stride: int
+    row_bytes: int
+    tokens: int = 0
+    token_stride: int = 0
+    unit_bytes: int = 0
+
+    def parts(self, block: int, unit: int) -> tuple:
+        """(pointers, sizes) of one unit's object of one block: its rows whole, or, split by heads, every
+        token's slice of the unit's heads, K rows then V rows (the layout of a rank that holds that unit
+        alone, so any TP size that stores whole units reads and writes the same bytes)."""
+        start = block * self.block_stride
+        if not self.unit_bytes:
+            return [base + start for base in self.bases], [self.row_bytes] * len(self.bases)
+        offset = start + unit * self.unit_bytes
+        pointers = [base + offset + token * self.token_stride for base in self.bases for token in range(self.tokens)]
+        return pointers, [self.unit_bytes] * len(pointers)
+
+
+def _block_layout(name: str, tensor, num_blocks, units: int) -> _LayerLayout:
+    """A layer's layout: vLLM's CPU and flash layouts are ``[2, num_blocks, block_size, heads, head_size]``
+    (a block's K and V rows) or ``[num_blocks, ...]`` (one row: MLA, which has no heads to split)."""
     item = tensor.element_size()
     if tensor.dim() >= 2 and tensor.shape[0] == 2 and tensor.shape[1] == num_blocks and tensor[0, 0].is_contiguous():
-        return [tensor[0].data_ptr(), tensor[1].data_ptr()], tensor.stride(1) * item, tensor[0, 0].numel() * item
-    if tensor.shape[0] == num_blocks and tensor[0].is_contiguous():
-        return [tensor.data_ptr()], tensor.stride(0) * item, tensor[0].numel() * item
-    raise ValueError(f"strata: layer {name}'s KV cache has shape {tuple(tensor.shape)}, not {num_blocks} blocks of contiguous rows")
+        bases = (tensor[0].data_ptr(), tensor[1].data_ptr())
+        whole = _LayerLayout(bases, tensor.stride(1) * item, tensor[0, 0].numel() * item)
+        if units == 1:
+            return whole
+        if tensor.dim() != 5 or tensor.shape[3] % units:
+            raise ValueError(f"strata: layer {name}'s KV heads {tuple(tensor.shape)} do not split into {units} units")
+        unit_bytes = tensor.shape[3] // units * tensor.shape[4] * item
+        return _LayerLayout(bases, whole.block_stride, whole.row_bytes, tensor.shape[2], tensor.stride(2) * item, unit_bytes)
+    if tensor.shape[0] == num_blocks and tensor[0].is_contiguous() and units == 1:
+        return _LayerLayout((tensor.data_ptr(),), tensor.stride(0) * item, tensor[0].numel() * item)
+    raise ValueError(
+        f"strata: layer {name}'s KV cache has shape {tuple(tensor.shape)}: not {num_blocks} blocks of contiguous "
+        f"rows that split into {units} head units"
+    )
 
 
 def _tensor_parallel_rank() -> int:
@@ -195,12 +255,13 @@ class _SchedulerSide:
         self.block_size = connector.block_size
         self.marker_layer = connector._layer_names[-1] if connector._layer_names else None
         self.tracked: dict = {}
+        self.events = _BlockEvents(connector, self.marker_layer)
 
     def matched_tokens(self, request, num_computed_tokens: int) -> int:
         tracked = self.tracked.setdefault(request.request_id, _Tracked(request))
         if not request.block_hashes or self.marker_layer is None:
             return 0
-        blocks = self.connector.store.prefix_match(self.connector.keys(request.block_hashes, self.marker_layer, 0))
+        blocks = self.connector.store.prefix_match(self.connector.keys(request.block_hashes, self.marker_layer, unit=0))
         if blocks <= 0:
             return 0
         # vLLM computes at least one token: a hit covering the whole prompt stops a block short.
@@ -243,15 +304,87 @@ class _SchedulerSide:
         full = min((computed + scheduled) // self.block_size, len(tracked.request.block_hashes), len(tracked.block_ids))
         if full > tracked.saved_blocks:
             metadata.saves.append(self._transfer(tracked, tracked.saved_blocks, full))
+            self.events.expect(tracked.request, tracked.saved_blocks, full, self.block_size)
             tracked.saved_blocks = full
 
-    @staticmethod
-    def _transfer(tracked: _Tracked, start: int, end: int) -> BlockTransfer:
+    def _transfer(self, tracked: _Tracked, start: int, end: int) -> BlockTransfer:
         hashes = list(tracked.request.block_hashes[start:end])
         return BlockTransfer(tracked.request.request_id, hashes, tracked.block_ids[start:end])
 
     def finished(self, request_id: str) -> None:
         self.tracked.pop(request_id, None)
+
+
+class _BlockEvents:
+    """vLLM's ``BlockStored`` / ``BlockRemoved`` events, taken from the node's event stream of TP rank 0's
+    last-layer objects (a block is stored once that layer is). Token ids and parents are known for blocks
+    this scheduler asked to save (remembered up to ``REMEMBERED`` blocks); for blocks another instance
+    stored, an event carries the hash alone. When the node reports lost events (``Lagged``), the next
+    batch starts with ``AllBlocksCleared``: a router drops what it knew of this pool and relearns it."""
+
+    REMEMBERED = 1 << 16
+
+    def __init__(self, connector: StrataConnector, marker_layer):
+        self.block_size = connector.block_size
+        self.head = connector.keys([b""], "", unit=0)[0][:-1]
+        self.tail = b"/" + (marker_layer or "").encode()
+        self.subscription = None
+        if marker_layer is not None:
+            self.subscription = connector.store.subscribe_events(self.head)
+        self.known: dict = {}
+
+    def expect(self, request, start: int, end: int, block_size: int) -> None:
+        """Remembers the tokens and parent of blocks about to be saved, for their BlockStored events."""
+        hashes, tokens = request.block_hashes, request.all_token_ids
+        for at in range(start, end):
+            if len(self.known) >= self.REMEMBERED:
+                self.known.pop(next(iter(self.known)))
+            parent = hashes[at - 1] if at else None
+            self.known[hashes[at]] = (list(tokens[at * block_size : (at + 1) * block_size]), parent)
+
+    def take(self) -> list:
+        from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+
+        if self.subscription is None:
+            return []
+        events = []
+        for event in self.subscription.drain():
+            kind = event["type"]
+            if kind == "Lagged":
+                events.append(AllBlocksCleared())
+                continue
+            hashes = [block for block in map(self._block_hash, event.get("keys", ())) if block is not None]
+            if not hashes:
+                continue
+            if kind == "BlockStored":
+                medium = "CPU" if event["tier"] == "dram" else "STORAGE"
+                events += [self._stored(BlockStored, block, medium) for block in hashes]
+            elif kind == "BlockRemoved":
+                events.append(BlockRemoved(block_hashes=hashes, medium=None))
+        return events
+
+    def _stored(self, stored_class, block: bytes, medium: str):
+        tokens, parent = self.known.pop(block, ([], None))
+        return stored_class(
+            block_hashes=[block],
+            parent_block_hash=parent,
+            token_ids=tokens,
+            block_size=self.block_size,
+            lora_id=None,
+            medium=medium,
+            lora_name=None,
+        )
+
+    def _block_hash(self, key):
+        """The vLLM block hash in a last-layer key of rank 0, else None."""
+        key = key.encode() if isinstance(key, str) else key
+        if key.startswith(self.head) and key.endswith(self.tail) and len(key) > len(self.head) + len(self.tail):
+            return key[len(self.head) : -len(self.tail)]
+        return None
+
+    def close(self) -> None:
+        if self.subscription is not None:
+            self.subscription.close()
 
 
 class _WorkerSide:
@@ -281,28 +414,39 @@ class _WorkerSide:
                     f"strata: layer {name}'s KV cache is on {tensor.device}; Strata's vLLM connector moves "
                     "CPU KV caches only (the GPU path is not built: no machine here can test it)"
                 )
-            self.layouts[name] = _block_layout(name, tensor, self.num_blocks)
+            self.layouts[name] = _block_layout(name, tensor, self.num_blocks, len(self.connector.units))
             pointer, size = tensor.data_ptr(), tensor.numel() * tensor.element_size()
             if self.store.register_buffer(pointer, size) != OK:
                 raise ValueError(f"strata: could not register layer {name}'s KV cache at {pointer:#x}")
             self.registered.append(pointer)
 
     def _block_parts(self, layer_name: str, block_ids) -> tuple:
-        """Each block's (pointers, sizes) in a layer: its K and V rows, or its one row (MLA)."""
-        bases, stride, size = self.layouts[layer_name]
-        pointers = [[base + block * stride for base in bases] for block in block_ids]
-        return pointers, [[size] * len(bases) for _ in block_ids]
+        """(pointers, sizes) of every block's objects in a layer, block by block and unit by unit."""
+        layout = self.layouts[layer_name]
+        pointers, sizes = [], []
+        for block in block_ids:
+            for unit in range(len(self.connector.units)):
+                unit_pointers, unit_sizes = layout.parts(block, unit)
+                pointers.append(unit_pointers)
+                sizes.append(unit_sizes)
+        return pointers, sizes
+
+    def _stems(self, hashes) -> list:
+        """The key stems of these blocks' objects, block by block and unit by unit (a layer name ends each)."""
+        by_unit = [self.connector.keys(hashes, "", unit) for unit in self.connector.units]
+        return [stems[at] for at in range(len(hashes)) for stems in by_unit]
 
     # ---- saves ----------------------------------------------------------------------------------------
 
     def save_layer(self, metadata: StrataConnectorMetadata, layer_name: str) -> None:
         if layer_name not in self.layouts or not metadata.saves:
             return
+        suffix = layer_name.encode()
         keys, groups, pointers, sizes = [], [], [], []
         for transfer in metadata.saves:
             block_pointers, block_sizes = self._block_parts(layer_name, transfer.block_ids)
-            keys += self.connector.keys(transfer.hashes, layer_name)
-            groups += self.connector.keys(transfer.hashes, "")
+            keys += [stem + suffix for stem in self._stems(transfer.hashes)]
+            groups += [self.connector.group(block_hash) for block_hash in transfer.hashes for _ in self.connector.units]
             pointers += block_pointers
             sizes += block_sizes
         self.saves.put((keys, pointers, sizes, groups))
@@ -344,7 +488,7 @@ class _WorkerSide:
                 return
             loads, loaded = job
             block_ids = [block for transfer in loads for block in transfer.block_ids]
-            stems = [stem for transfer in loads for stem in self.connector.keys(transfer.hashes, "")]
+            stems = [stem for transfer in loads for stem in self._stems(transfer.hashes)]
             for layer_name, done in loaded.items():
                 try:
                     self._load_layer(layer_name, stems, block_ids)
@@ -357,7 +501,8 @@ class _WorkerSide:
         keys = [stem + suffix for stem in stems]
         pointers, sizes = self._block_parts(layer_name, block_ids)
         codes = self.store.batch_get_into_multi_buffers(keys, pointers, sizes)
-        failed = {block for block, code, parts in zip(block_ids, codes, sizes) if code != sum(parts)}
+        units = len(self.connector.units)
+        failed = {block_ids[at // units] for at, (code, parts) in enumerate(zip(codes, sizes)) if code != sum(parts)}
         if failed:
             with self.errors_lock:
                 self.load_errors |= failed
