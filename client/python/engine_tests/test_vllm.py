@@ -257,14 +257,12 @@ def test_block_events_come_from_the_nodes_stream_in_vllms_own_format(node, tiny_
     first.close()
 
 
-def tp_worker(model, address, prefix, tp_size, rank, monkeypatch):
-    """A worker-side connector of one rank at `tp_size`, its KV caches holding 4 / tp_size heads."""
-    import strata.vllm
+def tensor_parallel_config(model, address, prefix, tp_size, head_units):
     from vllm.config import ParallelConfig
 
     base = vllm_config(model, address, prefix)
-    base.kv_transfer_config.kv_connector_extra_config["kv_head_units"] = 4
-    config = VllmConfig(
+    base.kv_transfer_config.kv_connector_extra_config["kv_head_units"] = head_units
+    return VllmConfig(
         model_config=base.model_config,
         cache_config=base.cache_config,
         scheduler_config=base.scheduler_config,
@@ -272,6 +270,13 @@ def tp_worker(model, address, prefix, tp_size, rank, monkeypatch):
         device_config=base.device_config,
         parallel_config=ParallelConfig(tensor_parallel_size=tp_size),
     )
+
+
+def tp_worker(model, address, prefix, tp_size, rank, monkeypatch):
+    """A worker-side connector of one rank at `tp_size`, its KV caches holding 4 / tp_size heads."""
+    import strata.vllm
+
+    config = tensor_parallel_config(model, address, prefix, tp_size, head_units=4)
     heads = 4 // tp_size
     cache_config = kv_cache_config(heads)
     monkeypatch.setattr(strata.vllm, "_tensor_parallel_rank", lambda: rank)
@@ -340,18 +345,7 @@ def test_tp4_prefill_blocks_load_at_tp2_and_tp2_decode_blocks_load_at_tp4(node, 
 
 
 def test_head_units_that_a_tp_size_cannot_hold_whole_are_refused(node, gqa_model):
-    config = vllm_config(gqa_model, node.address, "units/")
-    config.kv_transfer_config.kv_connector_extra_config["kv_head_units"] = 3
-    from vllm.config import ParallelConfig
-
-    config = VllmConfig(
-        model_config=config.model_config,
-        cache_config=config.cache_config,
-        scheduler_config=config.scheduler_config,
-        kv_transfer_config=config.kv_transfer_config,
-        device_config=config.device_config,
-        parallel_config=ParallelConfig(tensor_parallel_size=2),
-    )
+    config = tensor_parallel_config(gqa_model, node.address, "units/", 2, head_units=3)
     from strata.vllm import StrataConnector
 
     with pytest.raises(ValueError, match="multiple of the TP size"):
