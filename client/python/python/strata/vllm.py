@@ -423,6 +423,10 @@ class _WorkerSide:
     def _block_parts(self, layer_name: str, block_ids) -> tuple:
         """(pointers, sizes) of every block's objects in a layer, block by block and unit by unit."""
         layout = self.layouts[layer_name]
+        if not layout.unit_bytes:  # one unit a rank: a block's rows whole (the common case, kept cheap)
+            row_sizes = [layout.row_bytes] * len(layout.bases)
+            pointers = [[base + block * layout.block_stride for base in layout.bases] for block in block_ids]
+            return pointers, [row_sizes] * len(block_ids)
         pointers, sizes = [], []
         for block in block_ids:
             for unit in range(len(self.connector.units)):
