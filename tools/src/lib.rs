@@ -10,6 +10,7 @@ pub mod block_bench;
 pub mod byte_size;
 pub mod file_dirs;
 pub mod kv_bench;
+pub mod kv_events;
 pub mod logging;
 pub mod node;
 pub mod pool;

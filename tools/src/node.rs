@@ -12,6 +12,7 @@ use strata_proto::WritePolicy;
 
 use crate::byte_size::parse_byte_size;
 use crate::file_dirs::ensure_parent_dir;
+use crate::kv_events::{KvEventsConfig, KvEventsSettings};
 use crate::pool::{PoolDescription, parse_duration};
 
 /// Where the embedded default keeps its NVMe tier.
@@ -144,13 +145,23 @@ pub struct NodeSettings {
     /// shards), or a CPU list such as 0,2-3 for those threads. [default: spare]
     #[arg(long)]
     pub event_cpus: Option<String>,
+    /// vLLM's KV events publisher (`--kv-events ENDPOINT`, …; the `[kv-events]` table in the file).
+    #[command(flatten)]
+    #[serde(default)]
+    pub kv_events: KvEventsSettings,
 }
 
 impl NodeSettings {
     /// These settings over those of `file` (flags win).
     pub fn over(self, file: NodeSettings) -> NodeSettings {
         macro_rules! pick {
-            ($($field:ident),*) => { NodeSettings { config: self.config, $($field: self.$field.or(file.$field)),* } };
+            ($($field:ident),*) => {
+                NodeSettings {
+                    config: self.config,
+                    kv_events: self.kv_events.over(file.kv_events),
+                    $($field: self.$field.or(file.$field)),*
+                }
+            };
         }
         pick!(
             listen,
@@ -192,6 +203,12 @@ impl NodeSettings {
         let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
         let file: NodeSettings = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
         Ok(self.over(file))
+    }
+
+    /// The KV events publisher these settings ask for, if any.
+    pub fn kv_events_config(&self) -> anyhow::Result<Option<KvEventsConfig>> {
+        let has_tenants = self.tenants.as_ref().is_some_and(|tenants| !tenants.is_empty());
+        self.kv_events.config(self.token.as_deref(), has_tenants)
     }
 
     /// The engine configuration these settings describe.
@@ -373,6 +390,26 @@ pub fn wait_for_stop_signal() -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        settings: NodeSettings,
+    }
+
+    #[test]
+    fn every_flag_has_its_own_name_and_the_kv_events_table_reads_from_the_file() {
+        Flags::command().debug_assert();
+        let flags = Flags::try_parse_from(["strata-node", "--token", "t", "--kv-events", "tcp://127.0.0.1:5557"]);
+        let settings = flags.map(|flags| flags.settings).unwrap();
+        let file: NodeSettings =
+            toml::from_str("[kv-events]\nreplay-endpoint = \"tcp://127.0.0.1:5558\"\ntopic = \"kv\"\n").unwrap();
+        let config = settings.over(file).kv_events_config().unwrap().unwrap();
+        assert_eq!(config.endpoint, "tcp://127.0.0.1:5557");
+        assert_eq!(config.replay_endpoint.as_deref(), Some("tcp://127.0.0.1:5558"));
+        assert_eq!((config.topic.as_str(), config.token.as_deref()), ("kv", Some(&b"t"[..])));
+    }
 
     #[test]
     fn flags_override_the_file_and_defaults_fill_the_rest() {

@@ -2,6 +2,7 @@
 //! and a 4 GiB file-backed NVMe tier under ./strata-data, on 127.0.0.1:7600, metrics on 127.0.0.1:9600.
 
 use clap::Parser;
+use strata_tools::kv_events::KvEventsPublisher;
 use strata_tools::logging::say;
 use strata_tools::node::{NodeSettings, block_stop_signals, wait_for_stop_signal};
 
@@ -19,18 +20,27 @@ struct Cli {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     strata_tools::logging::init(cli.log.as_deref())?;
-    let config = cli.settings.resolve()?.engine_config()?;
+    let settings = cli.settings.resolve()?;
+    let config = settings.engine_config()?;
+    let kv_events = settings.kv_events_config()?;
     block_stop_signals()?;
     let node = strata_engine::start(config)?;
     say(format_args!("{}", node.summary()));
     if node.summary().metrics.is_none() {
         say(format_args!("  (metrics off)"));
     }
+    let publisher = kv_events.map(|config| KvEventsPublisher::start(config, node.summary().listen)).transpose()?;
+    if let Some(publisher) = &publisher {
+        say(format_args!("  kv events (vLLM KVEventBatch) on {}", publisher.endpoint()));
+    }
     say(format_args!("  ready; SIGINT or SIGTERM stops it cleanly"));
     tracing::info!(listen = %node.summary().listen, shards = node.summary().cpus.len(), "serving");
     let signal = wait_for_stop_signal();
     say(format_args!("strata-node: {signal}: stopping (flushing open regions)"));
     tracing::info!(signal, "stopping");
+    if let Some(publisher) = publisher {
+        publisher.stop();
+    }
     node.shutdown()?;
     say(format_args!("strata-node: stopped"));
     Ok(())
