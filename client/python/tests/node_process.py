@@ -45,13 +45,14 @@ def free_port_pair():
 class Node:
     """A running strata-node: its address, its process and its data directory."""
 
-    def __init__(self, tmp_path, cores=2, dram="64MiB", extra=(), port=None):
-        """``port``: listen there (one attempt) instead of on a free pair of ports."""
+    def __init__(self, tmp_path, cores=2, dram="64MiB", extra=(), port=None, nvme=True):
+        """``port``: listen there (one attempt) instead of on a free pair of ports; ``nvme=False``: DRAM only."""
         self.data = tmp_path
         self.cores = cores
         self.dram = dram
         self.extra = list(extra)
         self.port = port
+        self.tier = ["--nvme", f"file:{tmp_path}/ns0.img,size=256MiB", "--region-size", "1MiB"] if nvme else ["--dram-only"]
         self.process = None
         self.address = None
         self.start()
@@ -64,8 +65,7 @@ class Node:
                 "--listen", f"127.0.0.1:{port}",
                 "--cores", str(self.cores),
                 "--dram", self.dram,
-                "--nvme", f"file:{self.data}/ns0.img,size=256MiB",
-                "--region-size", "1MiB",
+                *self.tier,
                 "--metrics", "off",
                 "--hugepages=false",
                 *self.extra,

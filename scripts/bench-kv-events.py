@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""The KV events publisher's row: block events delivered to vLLM's own decoder, and the puts/s it costs.
+
+A release node on one shard (CPU 1, DRAM only, as the serving rows) takes 64-byte puts in batches of 128 over two connections from
+`strata-bench kv` (CPU 0) for RUNTIME seconds, alternately
+  - with `--kv-events`, a pyzmq SUB socket decoding every batch with vLLM's `KVEventBatch` decoder and
+    counting the block hashes (CPU 0), and
+  - without a publisher,
+ROUNDS times each, on fresh nodes. Prints one JSON object: events/s delivered, and puts/s with the
+publisher over puts/s without, per round and their medians.
+
+    cargo build --release --bin strata-node --bin strata-bench && scripts/engines-venv.sh
+    target/engines/bin/python scripts/bench-kv-events.py [ROUNDS] [RUNTIME]
+"""
+
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "client" / "python" / "tests"))
+
+import msgspec  # noqa: E402
+import zmq  # noqa: E402
+from node_process import Node, free_port_pair  # noqa: E402
+from vllm.distributed.kv_events import KVEventBatch  # noqa: E402
+
+BENCH = str(REPO / "target" / "release" / "strata-bench")
+
+
+def puts_per_second(address, runtime):
+    command = ["taskset", "-c", "0", BENCH, "kv", "--server", address, "--op", "put", "--value-size", "64",
+               "--batch", "128", "--connections", "2", "--keys", "2000000", "--runtime", str(runtime),
+               "--output-format=json"]
+    report = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+    return report["ops_per_sec"]
+
+
+def count_events(endpoint, stop, counted):
+    socket = zmq.Context.instance().socket(zmq.SUB)
+    socket.setsockopt(zmq.SUBSCRIBE, b"")
+    socket.setsockopt(zmq.RCVHWM, 0)
+    socket.connect(endpoint)
+    decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+    while not stop.is_set():
+        if socket.poll(50):
+            _, _, payload = socket.recv_multipart()
+            counted["blocks"] += sum(len(getattr(event, "block_hashes", ())) for event in decoder.decode(payload).events)
+    socket.close(linger=0)
+
+
+def one_run(scratch, runtime, publish):
+    extra = ["--cpus", "1", "--busy-poll"]
+    endpoint = None
+    if publish:
+        endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
+        extra += ["--kv-events", endpoint]
+    node = Node(pathlib.Path(tempfile.mkdtemp(dir=scratch)), cores=1, dram="4GiB", extra=extra, nvme=False)
+    stop, counted, counter = threading.Event(), {"blocks": 0}, None
+    try:
+        if publish:
+            counter = threading.Thread(target=count_events, args=(endpoint, stop, counted))
+            counter.start()
+            time.sleep(0.5)
+        started = time.monotonic()
+        puts = puts_per_second(node.address, runtime)
+        elapsed = time.monotonic() - started
+        time.sleep(0.5)  # the events of the last puts still in flight
+    finally:
+        stop.set()
+        if counter:
+            counter.join()
+        node.stop()
+    return puts, counted["blocks"] / elapsed
+
+
+def main():
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    runtime = int(sys.argv[2]) if len(sys.argv) > 2 else 4
+    with tempfile.TemporaryDirectory() as scratch:
+        rows = []
+        for _ in range(rounds):
+            with_publisher, events = one_run(scratch, runtime, publish=True)
+            without, _ = one_run(scratch, runtime, publish=False)
+            rows.append({"puts_with": with_publisher, "puts_without": without, "events_per_s": events})
+    print(json.dumps({
+        "events_per_s": statistics.median(row["events_per_s"] for row in rows),
+        "puts_ratio": statistics.median(row["puts_with"] / row["puts_without"] for row in rows),
+        "rounds": rows,
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
