@@ -350,3 +350,41 @@ def test_head_units_that_a_tp_size_cannot_hold_whole_are_refused(node, gqa_model
 
     with pytest.raises(ValueError, match="multiple of the TP size"):
         StrataConnector(config, KVConnectorRole.WORKER, kv_cache_config())
+
+
+def test_mla_latent_rows_are_stored_once_by_rank_0_and_read_by_every_rank(node, gqa_model, monkeypatch):
+    import strata.vllm
+    from strata import StrataStore
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    latent = 64
+    spec = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=latent, dtype=torch.float16)
+    tensors = [
+        KVCacheTensor(size=BLOCKS * spec.page_size_bytes, layers=[name], layer_stride=0, block_stride=spec.page_size_bytes)
+        for name in LAYERS
+    ]
+    cache_config = KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=tensors, kv_cache_groups=[KVCacheGroupSpec(LAYERS, spec)])
+    prefix = f"{uuid.uuid4().hex}/"
+    ranks = []
+    for rank in range(2):
+        monkeypatch.setattr(strata.vllm, "_tensor_parallel_rank", lambda rank=rank: rank)
+        worker = strata.vllm.StrataConnector(tensor_parallel_config(gqa_model, node.address, prefix, 2, 2), KVConnectorRole.WORKER, cache_config)
+        kv = {name: torch.randn(BLOCKS, BLOCK, latent).to(torch.float16) for name in LAYERS}
+        worker.register_kv_caches(kv)
+        ranks.append((worker, kv))
+    blocks = [os.urandom(32) for _ in range(2)]
+
+    store = StrataStore()
+    assert store.setup(node.address) == 0
+    save_blocks(*ranks[1], blocks, [4, 5])  # not rank 0: stores nothing
+    assert store.batch_is_exist(ranks[0][0].keys(blocks, LAYERS[0])) == [0, 0]
+    save_blocks(*ranks[0], blocks, [4, 5])
+    assert store.batch_is_exist(ranks[0][0].keys(blocks, LAYERS[0])) == [1, 1]
+    store.close()
+
+    worker, kv = ranks[1]
+    assert load_blocks(worker, blocks, [8, 9]) == set()
+    for name in LAYERS:
+        assert torch.equal(kv[name][8:10].view(torch.uint8), ranks[0][1][name][4:6].view(torch.uint8))
+    for worker, _ in ranks:
+        worker.shutdown()

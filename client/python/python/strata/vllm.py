@@ -40,8 +40,10 @@ from the node's per-key statuses, so vLLM recomputes those blocks and only those
 **What is tested where.** The scheduler side and the worker side over CPU KV cache tensors are tested on
 a real node with vLLM's own ``Scheduler`` (``client/python/engine_tests/test_vllm.py``). KV caches on a GPU
 need a device transfer path that no machine here can test: ``register_kv_caches`` refuses them with a clear
-error rather than reading device pointers as host memory. Not yet built: hybrid (HMA) groups, and one copy of
-MLA's latent rows for all TP ranks (each rank stores its own copy under its own unit).
+error rather than reading device pointers as host memory. Not yet built: hybrid (HMA) groups.
+
+**MLA.** The latent rows are the same on every TP rank: rank 0 stores one copy (unit 0 of 1), and every
+rank, at any TP size, reads it.
 
 **Events.** ``take_events`` returns vLLM's own ``BlockStored`` and ``BlockRemoved``, translated from the
 node's event stream of the blocks' last-layer objects (see ``_BlockEvents``).
@@ -116,17 +118,21 @@ class StrataConnector(KVConnectorBase_V1):
         self.store = _connect(extra)
         self.block_size = vllm_config.cache_config.block_size
         tp_size = vllm_config.parallel_config.tensor_parallel_size
-        self.head_units = int(extra.get("kv_head_units", tp_size))
-        if self.head_units % tp_size:
+        rank = _tensor_parallel_rank() if role == KVConnectorRole.WORKER else 0
+        # MLA's latent rows are the same on every rank: one copy, written by rank 0, read by all.
+        self.latent = _is_latent(kv_cache_config)
+        self.writes = rank == 0 or not self.latent
+        self.head_units = 1 if self.latent else int(extra.get("kv_head_units", tp_size))
+        if self.head_units % tp_size and not self.latent:
             raise ValueError(
                 f"strata: kv_head_units ({self.head_units}) must be a multiple of the TP size ({tp_size}): "
                 "each rank stores and loads whole units of KV heads"
             )
         model = str(vllm_config.model_config.model).strip("/").replace("/", "-")
         self._namespace = f"{extra.get('key_prefix', '')}{model}/u{self.head_units}.".encode()
-        rank = _tensor_parallel_rank() if role == KVConnectorRole.WORKER else 0
-        per_rank = self.head_units // tp_size
-        self.units = list(range(rank * per_rank, (rank + 1) * per_rank))
+        per_rank = 1 if self.latent else self.head_units // tp_size
+        first = 0 if self.latent else rank * per_rank
+        self.units = list(range(first, first + per_rank))
         self._layer_names = list(kv_cache_config.kv_cache_groups[0].layer_names) if kv_cache_config else []
         self.scheduler = _SchedulerSide(self) if role == KVConnectorRole.SCHEDULER else None
         self.worker = _WorkerSide(self) if role == KVConnectorRole.WORKER else None
@@ -236,6 +242,15 @@ def _block_layout(name: str, tensor, num_blocks, units: int) -> _LayerLayout:
         f"strata: layer {name}'s KV cache has shape {tuple(tensor.shape)}: not {num_blocks} blocks of contiguous "
         f"rows that split into {units} head units"
     )
+
+
+def _is_latent(kv_cache_config) -> bool:
+    """Whether the KV cache is MLA's latent rows (the same on every TP rank)."""
+    if kv_cache_config is None or not kv_cache_config.kv_cache_groups:
+        return False
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    return isinstance(kv_cache_config.kv_cache_groups[0].kv_cache_spec, MLAAttentionSpec)
 
 
 def _tensor_parallel_rank() -> int:
@@ -443,7 +458,7 @@ class _WorkerSide:
     # ---- saves ----------------------------------------------------------------------------------------
 
     def save_layer(self, metadata: StrataConnectorMetadata, layer_name: str) -> None:
-        if layer_name not in self.layouts or not metadata.saves:
+        if layer_name not in self.layouts or not metadata.saves or not self.connector.writes:
             return
         suffix = layer_name.encode()
         keys, groups, pointers, sizes = [], [], [], []
