@@ -234,3 +234,22 @@ def test_the_legacy_interface_round_trips_values(node):
     assert backend.batch_set([key + "-a", key + "-b"], [value, value + 1])
     fetched = backend.batch_get([key + "-a", key + "-b", "legacy-missing"])
     assert torch.equal(fetched[1].view(torch.float16), value + 1) and fetched[2] is None
+
+
+def test_context_parallel_ranks_keep_their_own_shards_of_a_page(node):
+    prefix = f"{uuid.uuid4().hex}/"
+    keys = ["cp-0", "cp-1"]
+    ranks = []
+    for cp_rank in range(2):
+        config = storage_config(node)
+        config.attn_cp_size, config.attn_cp_rank = 2, cp_rank
+        config.extra_config["key_prefix"] = prefix
+        backend = backend_over(config, mha_host_pool("page_first"))
+        stored = filled_pages(backend.mem_pool_host, len(keys))
+        assert backend.batch_set_v1(keys, stored) == [True, True]
+        ranks.append((backend, page_bytes(backend.mem_pool_host, stored)))
+    for backend, written in ranks:
+        loaded = backend.mem_pool_host.alloc(len(keys) * PAGE)
+        assert backend.batch_get_v1(keys, loaded) == [True, True]
+        for expected, actual in zip(written, page_bytes(backend.mem_pool_host, loaded)):
+            assert torch.equal(expected, actual)  # its own shard, not the other rank's

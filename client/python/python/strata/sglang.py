@@ -20,7 +20,8 @@ is one ``prefix_match`` of the page hashes: one round trip per shard, and a page
 depend on the model, the attention kind, the host layout's byte order, and (for MHA) which heads the rank
 holds, so each is in the key: a reader with another layout or head split misses instead of reading bytes
 laid out for someone else. MLA pages are the same on every TP rank, so their keys carry no rank, and only
-the storage writer (``HiCacheStorageConfig.is_storage_writer``) stores them. Under SGLang's split-heads mode
+the storage writer (``HiCacheStorageConfig.is_storage_writer``) stores them. Under context parallelism
+(``attn_cp_size`` or ``dcp_size`` above 1) the keys carry the CP and DCP ranks, whose shards differ. Under SGLang's split-heads mode
 (``should_split_heads``, TP sizes that differ between writer and reader, ``page_head`` layout) the unit is
 ``tp_lcm_size``: a rank holding ``split_factor`` units reads and writes one object per unit, so a TP 4 writer
 and a TP 2 reader name the same objects.
@@ -98,6 +99,9 @@ class StrataHiCacheStorage(HiCacheStorage):
         model = (config.model_name or "default").replace("/", "-")
         layout = _LAYOUT_FAMILIES.get(pool.layout, pool.layout)
         tail = f"pp{config.pp_rank}/"
+        if config.attn_cp_size > 1 or config.dcp_size > 1:
+            # Context-parallel ranks hold different shards of a page: their objects must never meet.
+            tail = f"cp{config.attn_cp_size}.{config.attn_cp_rank}/dcp{config.dcp_size}.{config.dcp_rank}/{tail}"
         if config.is_mla_model:
             return [f"{self.key_prefix}{model}/mla/{layout}/tp*/{tail}"]
         unit, first = config.tp_size * self.split_factor, config.tp_rank * self.split_factor
