@@ -63,7 +63,9 @@ fn tshark_recognises_every_pdu_and_every_digest_of_a_session() {
         .join()
         .unwrap();
     target.stop();
-    std::thread::sleep(Duration::from_millis(500));
+    // tshark writes what it captured behind the traffic; on a loaded machine well behind. Stop it only once
+    // its file has stopped growing for a while (bounded), or the last PDUs are missing from the capture.
+    wait_until_stable(&capture, Duration::from_millis(700), Duration::from_secs(20));
     let _ = Command::new("kill").args(["-INT", &tshark.id().to_string()]).status();
     let _ = tshark.wait();
 
@@ -120,4 +122,18 @@ fn tshark_recognises_every_pdu_and_every_digest_of_a_session() {
     assert!(column(7).is_empty(), "tshark found malformed PDUs:\n{text}");
     let severities = column(8);
     assert!(!severities.iter().any(|severity| severity == "8388608"), "tshark reported errors: {severities:?}\n{text}");
+}
+
+/// Waits until `path`'s size has not changed for `quiet`, at most `limit` in all.
+fn wait_until_stable(path: &std::path::Path, quiet: Duration, limit: Duration) {
+    let started = Instant::now();
+    let size = || std::fs::metadata(path).map(|metadata| metadata.len()).unwrap_or(0);
+    let (mut last, mut since) = (size(), Instant::now());
+    while since.elapsed() < quiet && started.elapsed() < limit {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = size();
+        if now != last {
+            (last, since) = (now, Instant::now());
+        }
+    }
 }
