@@ -31,8 +31,8 @@ import logging
 from lmcache.v1.protocol import RemoteMetadata
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
-from . import OBJECT_ALREADY_EXISTS, OK
-from .store import StrataStore
+from . import OK
+from .store import connect, stored
 
 logger = logging.getLogger(__name__)
 
@@ -53,14 +53,8 @@ class StrataConnector(RemoteConnector):
     def __init__(self, loop, local_cpu_backend, config=None):
         super().__init__(local_cpu_backend.config, local_cpu_backend.metadata)
         settings = plugin_settings(config or local_cpu_backend.config)
-        address = settings.get("address")
-        if not address:
-            raise ValueError("strata: set remote_storage_plugin.<name>.address (the Strata node, host:port)")
         options = {"token": settings["token"]} if settings.get("token") else {}
-        self.store = StrataStore()
-        code = self.store.setup(address, **options)
-        if code != OK:
-            raise ConnectionError(f"strata: no node answered at {address!r} (code {code})")
+        self.store = connect(settings.get("address"), "set remote_storage_plugin.<name>.address", **options)
         self.loop = loop
         self.local_cpu_backend = local_cpu_backend
 
@@ -103,7 +97,7 @@ class StrataConnector(RemoteConnector):
         parts = [self._parts_of(memory_obj) for memory_obj in memory_objs]
         codes = await asyncio.to_thread(self.store.batch_put_parts, names, parts)
         for name, code in zip(names, codes):
-            if code not in (OK, OBJECT_ALREADY_EXISTS):
+            if not stored(code):
                 logger.warning("strata: put of %s failed (code %d)", name, code)
 
     def _parts_of(self, memory_obj):

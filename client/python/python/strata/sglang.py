@@ -42,8 +42,8 @@ import re
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
-from . import OBJECT_ALREADY_EXISTS, OK
-from .store import StrataStore
+from . import OK
+from .store import connect, stored
 
 logger = logging.getLogger(__name__)
 
@@ -63,13 +63,8 @@ class StrataHiCacheStorage(HiCacheStorage):
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs=None):
         extra = dict(storage_config.extra_config or {})
         address = extra.get("address") or extra.get("master_server_address")
-        if not address:
-            raise ValueError("strata: the extra config needs 'address' (the Strata node, host:port)")
         options = {name: extra[name] for name in ("token", "timeout_seconds") if name in extra}
-        self.store = StrataStore()
-        code = self.store.setup(address, **options)
-        if code != OK:
-            raise ConnectionError(f"strata: no node answered at {address!r} (code {code})")
+        self.store = connect(address, "the extra config needs 'address'", **options)
         self.config = storage_config
         self.key_prefix = str(extra.get("key_prefix", ""))
         self.split_factor = 1
@@ -162,7 +157,7 @@ class StrataHiCacheStorage(HiCacheStorage):
         object_keys = self._object_keys(keys)
         pointers, sizes = self._page_parts(len(object_keys), host_indices)
         results = self.store.batch_put_from_multi_buffers(object_keys, pointers, sizes)
-        return self._per_page([code in (OK, OBJECT_ALREADY_EXISTS) for code in results])
+        return self._per_page([stored(code) for code in results])
 
     # ---- the legacy interface: a key and a pointer (or a tensor) per value ------------------------------
 
@@ -191,7 +186,7 @@ class StrataHiCacheStorage(HiCacheStorage):
             code = self.store.put(key, _bytes_of(value))
         else:
             return False
-        return code in (OK, OBJECT_ALREADY_EXISTS)
+        return stored(code)
 
     def batch_set(self, keys, values=None, target_locations=None, target_sizes=None) -> bool:
         if not keys:
@@ -202,7 +197,7 @@ class StrataHiCacheStorage(HiCacheStorage):
             codes = self.store.batch_put_parts(keys, [[_bytes_of(value)] for value in values])
         else:
             return False
-        return all(code in (OK, OBJECT_ALREADY_EXISTS) for code in codes)
+        return all(stored(code) for code in codes)
 
     def exists(self, key) -> bool:
         return self.store.is_exist(key) == 1

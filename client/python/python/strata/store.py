@@ -21,7 +21,7 @@ Engines call Mooncake's store in several forms; each is accepted here, so that r
 import ctypes
 import socket
 
-from ._strata import INVALID_PARAMS, OK
+from ._strata import INVALID_PARAMS, OBJECT_ALREADY_EXISTS, OK
 from ._strata import StrataStore as _NativeStore
 
 _MOONCAKE_SETUP = (
@@ -280,6 +280,24 @@ class StrataStore(_NativeStore):
                 )
             results.append(per_key)
         return results
+
+
+def connect(address, missing, **options):
+    """A ``StrataStore`` set up on ``address``, for the engine plugins: ``missing`` says which setting to give
+    when ``address`` is empty (ValueError); ConnectionError when no node answers."""
+    if not address:
+        raise ValueError(f"strata: {missing} (the Strata node, host:port)")
+    store = StrataStore()
+    code = store.setup(address, **options)
+    if code != OK:
+        raise ConnectionError(f"strata: no node answered at {address!r} (code {code})")
+    return store
+
+
+def stored(code) -> bool:
+    """Whether a put's code leaves the key holding the value: stored now, or already stored (blocks are
+    immutable: their key names their content)."""
+    return code in (OK, OBJECT_ALREADY_EXISTS)
 
 
 def _upserting(config):

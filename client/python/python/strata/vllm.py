@@ -63,8 +63,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from . import OBJECT_ALREADY_EXISTS, OK
-from .store import StrataStore
+from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+
+from . import OK
+from .store import connect, stored
 
 logger = logging.getLogger(__name__)
 
@@ -97,25 +99,14 @@ class _Tracked:
     load_to: int = 0
 
 
-def _connect(extra: dict) -> StrataStore:
-    address = extra.get("address")
-    if not address:
-        raise ValueError("strata: kv_connector_extra_config needs 'address' (the Strata node, host:port)")
-    store = StrataStore()
-    options = {"token": extra["token"]} if extra.get("token") else {}
-    code = store.setup(address, **options)
-    if code != OK:
-        raise ConnectionError(f"strata: no node answered at {address!r} (code {code})")
-    return store
-
-
 class StrataConnector(KVConnectorBase_V1):
     """vLLM's ``KVConnectorBase_V1`` on a Strata node (see the module's docs)."""
 
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
-        self.store = _connect(extra)
+        options = {"token": extra["token"]} if extra.get("token") else {}
+        self.store = connect(extra.get("address"), "kv_connector_extra_config needs 'address'", **options)
         self.block_size = vllm_config.cache_config.block_size
         tp_size = vllm_config.parallel_config.tensor_parallel_size
         rank = _tensor_parallel_rank() if role == KVConnectorRole.WORKER else 0
@@ -319,10 +310,11 @@ class _SchedulerSide:
         full = min((computed + scheduled) // self.block_size, len(tracked.request.block_hashes), len(tracked.block_ids))
         if full > tracked.saved_blocks:
             metadata.saves.append(self._transfer(tracked, tracked.saved_blocks, full))
-            self.events.expect(tracked.request, tracked.saved_blocks, full, self.block_size)
+            self.events.expect(tracked.request, tracked.saved_blocks, full)
             tracked.saved_blocks = full
 
-    def _transfer(self, tracked: _Tracked, start: int, end: int) -> BlockTransfer:
+    @staticmethod
+    def _transfer(tracked: _Tracked, start: int, end: int) -> BlockTransfer:
         hashes = list(tracked.request.block_hashes[start:end])
         return BlockTransfer(tracked.request.request_id, hashes, tracked.block_ids[start:end])
 
@@ -331,7 +323,7 @@ class _SchedulerSide:
 
 
 class _BlockEvents:
-    """vLLM's ``BlockStored`` / ``BlockRemoved`` events, taken from the node's event stream of TP rank 0's
+    """vLLM's ``BlockStored`` / ``BlockRemoved`` events, taken from the node's event stream of head unit 0's
     last-layer objects (a block is stored once that layer is). Token ids and parents are known for blocks
     this scheduler asked to save (remembered up to ``REMEMBERED`` blocks); for blocks another instance
     stored, an event carries the hash alone. When the node reports lost events (``Lagged``), the next
@@ -348,9 +340,9 @@ class _BlockEvents:
             self.subscription = connector.store.subscribe_events(self.head)
         self.known: dict = {}
 
-    def expect(self, request, start: int, end: int, block_size: int) -> None:
+    def expect(self, request, start: int, end: int) -> None:
         """Remembers the tokens and parent of blocks about to be saved, for their BlockStored events."""
-        hashes, tokens = request.block_hashes, request.all_token_ids
+        hashes, tokens, block_size = request.block_hashes, request.all_token_ids, self.block_size
         for at in range(start, end):
             if len(self.known) >= self.REMEMBERED:
                 self.known.pop(next(iter(self.known)))
@@ -358,8 +350,6 @@ class _BlockEvents:
             self.known[hashes[at]] = (list(tokens[at * block_size : (at + 1) * block_size]), parent)
 
     def take(self) -> list:
-        from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-
         if self.subscription is None:
             return []
         events = []
@@ -373,14 +363,14 @@ class _BlockEvents:
                 continue
             if kind == "BlockStored":
                 medium = "CPU" if event["tier"] == "dram" else "STORAGE"
-                events += [self._stored(BlockStored, block, medium) for block in hashes]
+                events += [self._stored(block, medium) for block in hashes]
             elif kind == "BlockRemoved":
                 events.append(BlockRemoved(block_hashes=hashes, medium=None))
         return events
 
-    def _stored(self, stored_class, block: bytes, medium: str):
+    def _stored(self, block: bytes, medium: str) -> BlockStored:
         tokens, parent = self.known.pop(block, ([], None))
-        return stored_class(
+        return BlockStored(
             block_hashes=[block],
             parent_block_hash=parent,
             token_ids=tokens,
@@ -391,7 +381,7 @@ class _BlockEvents:
         )
 
     def _block_hash(self, key):
-        """The vLLM block hash in a last-layer key of rank 0, else None."""
+        """The vLLM block hash in a last-layer key of unit 0, else None."""
         key = key.encode() if isinstance(key, str) else key
         if key.startswith(self.head) and key.endswith(self.tail) and len(key) > len(self.head) + len(self.tail):
             return key[len(self.head) : -len(self.tail)]
@@ -412,7 +402,7 @@ class _WorkerSide:
         self.layouts: dict = {}
         self.registered: list = []
         self.saves: queue.Queue = queue.Queue()
-        self.save_failures = 0
+        self.planned = None  # (the step's metadata, its save plan): see _save_plan
         self.saver = threading.Thread(target=self._save_loop, name="strata-vllm-saver", daemon=True)
         self.saver.start()
         self.loaded: dict = {}
@@ -460,15 +450,21 @@ class _WorkerSide:
     def save_layer(self, metadata: StrataConnectorMetadata, layer_name: str) -> None:
         if layer_name not in self.layouts or not metadata.saves or not self.connector.writes:
             return
+        stems, groups, block_ids = self._save_plan(metadata)
         suffix = layer_name.encode()
-        keys, groups, pointers, sizes = [], [], [], []
-        for transfer in metadata.saves:
-            block_pointers, block_sizes = self._block_parts(layer_name, transfer.block_ids)
-            keys += [stem + suffix for stem in self._stems(transfer.hashes)]
-            groups += [self.connector.group(block_hash) for block_hash in transfer.hashes for _ in self.connector.units]
-            pointers += block_pointers
-            sizes += block_sizes
-        self.saves.put((keys, pointers, sizes, groups))
+        pointers, sizes = self._block_parts(layer_name, block_ids)
+        self.saves.put(([stem + suffix for stem in stems], pointers, sizes, groups))
+
+    def _save_plan(self, metadata: StrataConnectorMetadata) -> tuple:
+        """The step's key stems, groups and block ids, built at its first layer and kept for the others."""
+        if self.planned is None or self.planned[0] is not metadata:
+            saves = metadata.saves
+            stems = [stem for transfer in saves for stem in self._stems(transfer.hashes)]
+            units = self.connector.units
+            groups = [self.connector.group(block) for transfer in saves for block in transfer.hashes for _ in units]
+            block_ids = [block for transfer in saves for block in transfer.block_ids]
+            self.planned = (metadata, stems, groups, block_ids)
+        return self.planned[1:]
 
     def _save_loop(self) -> None:
         while True:
@@ -479,9 +475,8 @@ class _WorkerSide:
             keys, pointers, sizes, groups = job
             try:
                 codes = self.store.batch_put_from_multi_buffers(keys, pointers, sizes, groups=groups)
-                failed = [key for key, code in zip(keys, codes) if code not in (OK, OBJECT_ALREADY_EXISTS)]
+                failed = [key for key, code in zip(keys, codes) if not stored(code)]
                 if failed:
-                    self.save_failures += len(failed)
                     logger.warning("strata: %d block layers were not saved (first: %s)", len(failed), failed[0])
             finally:
                 self.saves.task_done()
