@@ -38,8 +38,11 @@ use strata_client::{Client, ClientOptions, EventStream};
 pub const REPLAY_BATCHES: usize = 10_000;
 /// Bytes of batches kept for replay, at most.
 pub const REPLAY_BYTES: usize = 64 << 20;
-/// Messages the PUB socket queues for a slow subscriber before dropping (vLLM's default `hwm`).
-const PUB_HIGH_WATER_MARK: i32 = 100_000;
+/// Messages the PUB socket queues for a slow subscriber before it drops the newest (the subscriber sees
+/// the gap in the sequence and asks the replay socket). A message is one shard's event frame, about
+/// 256 KiB of events and a few times that as msgpack, so vLLM's default of 100,000 would let one
+/// subscriber hold gigabytes; 128 holds it to a few hundred MiB at most.
+const PUB_HIGH_WATER_MARK: i32 = 128;
 /// How long the publisher waits for events before it looks at the replay socket and its stop flag.
 const POLL: Duration = Duration::from_millis(20);
 /// The sequence number that ends a replay.
