@@ -4,25 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian packages the tests use as oracles or services. Each issue that adds such a test adds its package here
-# (etcd for the cluster will come).
-#   fio: the oracle of strata-bench's JSON contract (tools/tests/json_matches_fio_field_names.rs).
-#   tshark: the independent NVMe/TCP decoder (nvme/tests/tshark_decodes_every_pdu_we_send.rs).
-# The Linux kernel NVMe/TCP guest (QEMU, busybox, nvme-cli, Debian's kernel) is installed and built by
-# tests/lab/kernel-nvmf prepare, below.
-debian_packages=(fio tshark)
-
-# tshark asks whether non-root users may capture; answer before installing, so apt never waits.
-echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections 2>/dev/null || true
-missing=()
-for package in "${debian_packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
-done
-if ((${#missing[@]})); then
-    echo "installing Debian packages the tests need: ${missing[*]}"
-    apt-get update -q
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
-fi
+# Debian packages the build and the tests use (protoc, etcd, fio, tshark).
+scripts/debian-packages.sh
 
 # The kernel guest for the interoperability tests (cached under /var/tmp after the first run).
 tests/lab/kernel-nvmf prepare

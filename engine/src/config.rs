@@ -71,6 +71,8 @@ pub struct EngineConfig {
     pub stall_timeout: Duration,
     /// What a peer may hold: connections, bytes of values still arriving, and how slowly a frame may move.
     pub peers: crate::peer_limits::PeerLimits,
+    /// Reports of the parts outside the shards (cluster membership), served in `/metrics` and `/healthz`.
+    pub reports: crate::reports::Reports,
 }
 
 impl Default for EngineConfig {
@@ -104,6 +106,7 @@ impl Default for EngineConfig {
             faults: None,
             stall_timeout: Duration::from_secs(30),
             peers: crate::peer_limits::PeerLimits::default(),
+            reports: crate::reports::Reports::default(),
         }
     }
 }

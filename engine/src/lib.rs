@@ -29,6 +29,7 @@ pub mod metrics;
 pub mod node;
 pub mod peer_limits;
 pub mod record;
+pub mod reports;
 pub mod scan;
 pub(crate) mod segment;
 mod server;

@@ -408,11 +408,55 @@ fn render_tenants(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
     }
 }
 
+/// `/healthz`: 503 when the NVMe tier is poisoned; otherwise 200, "ok" or a "degraded" line per part that
+/// is (the shards still serve).
+fn health(
+    shards: &[std::sync::Arc<ShardMetrics>],
+    reports: &crate::reports::Reports,
+) -> (&'static str, &'static str, String) {
+    if shards.iter().any(|shard| get(&shard.nvme_poisoned) != 0) {
+        return ("503 Service Unavailable", "text/plain", "nvme tier poisoned by a failed write\n".to_string());
+    }
+    let degraded = reports.degraded();
+    if degraded.is_empty() {
+        return ("200 OK", "text/plain", "ok\n".to_string());
+    }
+    ("200 OK", "text/plain", degraded.iter().map(|line| format!("degraded: {line}\n")).collect())
+}
+
+/// Capacity and use of a node's tiers, summed over its shards.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierUsage {
+    /// DRAM tier bytes.
+    pub dram_capacity: u64,
+    /// DRAM bytes allocated.
+    pub dram_used: u64,
+    /// NVMe tier bytes (whole regions).
+    pub nvme_capacity: u64,
+    /// NVMe bytes in regions in use.
+    pub nvme_used: u64,
+}
+
+/// The tiers' capacity and use now, from the shards' gauges.
+pub fn tier_usage(shards: &[std::sync::Arc<ShardMetrics>]) -> TierUsage {
+    let mut usage = TierUsage::default();
+    for shard in shards {
+        let region_bytes = get(&shard.nvme_region_bytes);
+        usage.dram_capacity += get(&shard.dram_capacity_bytes);
+        usage.dram_used += get(&shard.dram_bytes);
+        usage.nvme_capacity += get(&shard.nvme_regions) * region_bytes;
+        usage.nvme_used += get(&shard.nvme_regions_used) * region_bytes;
+    }
+    usage
+}
+
 /// Serves `/metrics` and `/healthz` on `listener` until `stop` is set (checked between requests and every
-/// 100 ms). One thread, blocking I/O: a scrape is a few kilobytes every few seconds.
+/// 100 ms), with the parts' `reports` after the shards'. One thread, blocking I/O: a scrape is a few
+/// kilobytes every few seconds.
 pub fn serve_http(
     listener: std::net::TcpListener,
     shards: Vec<std::sync::Arc<ShardMetrics>>,
+    reports: crate::reports::Reports,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) {
     use std::io::{Read, Write};
@@ -434,15 +478,8 @@ pub fn serve_http(
         let line = String::from_utf8_lossy(&request[..read]);
         let path = line.split_whitespace().nth(1).unwrap_or("");
         let (status, content_type, body) = match path {
-            "/metrics" => ("200 OK", "text/plain; version=0.0.4", render(&shards)),
-            "/healthz" => {
-                let poisoned = shards.iter().any(|shard| get(&shard.nvme_poisoned) != 0);
-                if poisoned {
-                    ("503 Service Unavailable", "text/plain", "nvme tier poisoned by a failed write\n".to_string())
-                } else {
-                    ("200 OK", "text/plain", "ok\n".to_string())
-                }
-            }
+            "/metrics" => ("200 OK", "text/plain; version=0.0.4", render(&shards) + &reports.metrics()),
+            "/healthz" => health(&shards, &reports),
             _ => ("404 Not Found", "text/plain", "try /metrics or /healthz\n".to_string()),
         };
         let _ = write!(

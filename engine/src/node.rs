@@ -456,7 +456,9 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
     }
     if let Some((_, listener)) = metrics_listener {
         let stop = Arc::clone(&shared.stop);
-        node.metrics_thread = Some(std::thread::spawn(move || crate::metrics::serve_http(listener, metrics, stop)));
+        let reports = shared.config.reports.clone();
+        node.metrics_thread =
+            Some(std::thread::spawn(move || crate::metrics::serve_http(listener, metrics, reports, stop)));
     }
     Ok(node)
 }

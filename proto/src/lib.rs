@@ -23,6 +23,7 @@ mod frame;
 mod hash;
 mod items;
 mod limits;
+pub mod placement;
 mod request;
 
 pub use codes::{LOCATED_IN_DRAM, LOCATED_ON_NVME, Opcode, PROTOCOL_VERSION, ProtoError, Status};

@@ -11,6 +11,7 @@ use strata_nvme::DeviceSpec;
 use strata_proto::WritePolicy;
 
 use crate::byte_size::parse_byte_size;
+use crate::cluster_settings::ClusterSettings;
 use crate::file_dirs::ensure_parent_dir;
 use crate::kv_events::{KvEventsConfig, KvEventsSettings};
 use crate::pool::{PoolDescription, parse_duration};
@@ -149,6 +150,10 @@ pub struct NodeSettings {
     #[command(flatten)]
     #[serde(default)]
     pub kv_events: KvEventsSettings,
+    /// Cluster membership on etcd (`--cluster etcd://…`, …; the `[cluster]` table in the file).
+    #[command(flatten)]
+    #[serde(default)]
+    pub cluster: ClusterSettings,
 }
 
 impl NodeSettings {
@@ -159,6 +164,7 @@ impl NodeSettings {
                 NodeSettings {
                     config: self.config,
                     kv_events: self.kv_events.over(file.kv_events),
+                    cluster: self.cluster.over(file.cluster),
                     $($field: self.$field.or(file.$field)),*
                 }
             };

@@ -2,6 +2,9 @@
 //! and a 4 GiB file-backed NVMe tier under ./strata-data, on 127.0.0.1:7600, metrics on 127.0.0.1:9600.
 
 use clap::Parser;
+use strata_cluster::{ClusterConfig, Registration};
+use strata_engine::node::Node;
+use strata_engine::reports::Reports;
 use strata_tools::kv_events::KvEventsPublisher;
 use strata_tools::logging::say;
 use strata_tools::node::{NodeSettings, block_stop_signals, wait_for_stop_signal};
@@ -23,6 +26,8 @@ fn main() -> anyhow::Result<()> {
     let settings = cli.settings.resolve()?;
     let config = settings.engine_config()?;
     let kv_events = settings.kv_events_config()?;
+    let cluster = settings.cluster.config()?;
+    let reports = config.reports.clone();
     block_stop_signals()?;
     let node = strata_engine::start(config)?;
     say(format_args!("{}", node.summary()));
@@ -33,15 +38,35 @@ fn main() -> anyhow::Result<()> {
     if let Some(publisher) = &publisher {
         say(format_args!("  kv events (vLLM KVEventBatch) on {}", publisher.endpoint()));
     }
+    let registration = cluster.map(|config| register(config, &node, reports)).transpose()?;
     say(format_args!("  ready; SIGINT or SIGTERM stops it cleanly"));
     tracing::info!(listen = %node.summary().listen, shards = node.summary().cpus.len(), "serving");
     let signal = wait_for_stop_signal();
     say(format_args!("strata-node: {signal}: stopping (flushing open regions)"));
     tracing::info!(signal, "stopping");
+    if let Some(registration) = registration {
+        registration.stop();
+    }
     if let Some(publisher) = publisher {
         publisher.stop();
     }
     node.shutdown()?;
     say(format_args!("strata-node: stopped"));
     Ok(())
+}
+
+/// Starts the node's registration in its cluster: its shards' addresses (shard i on port + i), its tiers'
+/// use from the shards' gauges.
+fn register(config: ClusterConfig, node: &Node, reports: Reports) -> anyhow::Result<Registration> {
+    let listen = node.summary().listen;
+    if listen.ip().is_unspecified() {
+        anyhow::bail!("--cluster needs --listen on an address other nodes and clients reach, not {listen}");
+    }
+    let shards = (0..node.summary().cpus.len() as u16)
+        .map(|shard| std::net::SocketAddr::new(listen.ip(), listen.port() + shard))
+        .collect();
+    let label = format!("{} in cluster {} (etcd {})", config.node_id, config.cluster, config.endpoints.join(","));
+    let registration = Registration::start(config, shards, node.metrics.clone(), reports)?;
+    say(format_args!("  cluster: {label}"));
+    Ok(registration)
 }

@@ -1,0 +1,15 @@
+//! `strata-cluster`: a node's membership of a Strata cluster on etcd.
+//!
+//! A node registers `/strata/<cluster>/nodes/<id>` ([`Member`], JSON) under an etcd lease and keeps it
+//! alive from its own thread and tokio runtime ([`Registration`]): the glommio shards never wait on etcd.
+//! When etcd is unreachable the node keeps serving its keys, says so in `/healthz` and `/metrics`, and
+//! registers again (same start epoch, new lease) once etcd answers. Where keys live is
+//! `strata_proto::placement`, computed from the members alone.
+#![deny(missing_docs, unsafe_code)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+mod member;
+mod registration;
+
+pub use member::{Member, MemberState, NameError, TierSpace, member_key, members_prefix, validate_name};
+pub use registration::{ClusterConfig, ClusterError, Registration};

@@ -1,0 +1,222 @@
+//! The node's registration in etcd, on its own thread and tokio runtime: grant a lease of `lease_ttl`, put
+//! the node's [`Member`] under it, keep the lease alive every third of its TTL (and refresh the entry's free
+//! space), and on any failure report etcd unreachable and start again with a new lease. Every etcd call is
+//! bounded by the TTL, so a silent etcd is noticed within one TTL. Stopping revokes the lease: the entry
+//! goes at once, not a TTL later.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, PutOptions};
+use strata_engine::metrics::{ShardMetrics, tier_usage};
+use strata_engine::reports::{Report, Reports};
+use tokio::sync::Notify;
+
+use crate::member::{Member, MemberState, NameError, TierSpace, member_key, validate_name};
+
+/// Where and as whom a node registers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// etcd's client endpoints, `http://host:port`.
+    pub endpoints: Vec<String>,
+    /// The cluster's name.
+    pub cluster: String,
+    /// This node's id.
+    pub node_id: String,
+    /// The lease's TTL: a node silent this long is gone.
+    pub lease_ttl: Duration,
+    /// The node's zone; empty: unlabelled.
+    pub zone: String,
+}
+
+/// Why the registration failed to start, or why one session with etcd ended.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The cluster name or the node id cannot be a key segment.
+    #[error(transparent)]
+    Name(#[from] NameError),
+    /// A lease TTL under one second (etcd counts in seconds).
+    #[error("lease TTL {0:?}: at least 1 s")]
+    Ttl(Duration),
+    /// An etcd call failed.
+    #[error("etcd: {0}")]
+    Etcd(#[from] etcd_client::Error),
+    /// An etcd call did not answer within the TTL.
+    #[error("etcd did not answer within {0:?}")]
+    Timeout(Duration),
+    /// etcd says the lease is gone (the node was silent past its TTL).
+    #[error("the lease expired")]
+    LeaseExpired,
+    /// The thread or its runtime could not be started.
+    #[error("starting the registration thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
+
+/// What the node registers, and where the registration reports.
+struct Subject {
+    config: ClusterConfig,
+    shards: Vec<SocketAddr>,
+    usage: Vec<Arc<ShardMetrics>>,
+    reports: Reports,
+    stopping: AtomicBool,
+    wake: Notify,
+    registrations: AtomicU64,
+}
+
+/// A running registration; [`Registration::stop`] ends it and removes the entry.
+pub struct Registration {
+    subject: Arc<Subject>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Registration {
+    /// Starts registering the node whose shards listen on `shards`, with tier use read from `usage`, and
+    /// reporting in `reports` (the node's `/metrics` and `/healthz`).
+    pub fn start(
+        config: ClusterConfig,
+        shards: Vec<SocketAddr>,
+        usage: Vec<Arc<ShardMetrics>>,
+        reports: Reports,
+    ) -> Result<Registration, ClusterError> {
+        validate_name("cluster name", &config.cluster)?;
+        validate_name("node id", &config.node_id)?;
+        if config.lease_ttl < Duration::from_secs(1) {
+            return Err(ClusterError::Ttl(config.lease_ttl));
+        }
+        let subject = Arc::new(Subject {
+            config,
+            shards,
+            usage,
+            reports,
+            stopping: AtomicBool::new(false),
+            wake: Notify::new(),
+            registrations: AtomicU64::new(0),
+        });
+        subject.report(None, Some("not registered yet".to_string()));
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let running = Arc::clone(&subject);
+        let thread =
+            std::thread::Builder::new().name("strata-etcd".into()).spawn(move || runtime.block_on(running.run()))?;
+        Ok(Registration { subject, thread: Some(thread) })
+    }
+
+    /// Revokes the lease (at most one TTL of waiting) and ends the thread.
+    pub fn stop(mut self) {
+        self.subject.stopping.store(true, Ordering::SeqCst);
+        self.subject.wake.notify_one();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Subject {
+    async fn run(self: Arc<Self>) {
+        let mut epoch = None;
+        while !self.stopping.load(Ordering::SeqCst) {
+            if let Err(error) = self.session(&mut epoch).await {
+                tracing::warn!(%error, "cluster registration lost; serving on, registering again");
+                self.report(
+                    epoch,
+                    Some(format!("etcd unreachable ({error}): serving its keys, taking no new ownership")),
+                );
+                self.pause(self.config.lease_ttl / 3).await;
+            }
+        }
+    }
+
+    /// One lease's life: grant, put, keep alive until stopped (Ok) or until etcd fails (Err).
+    async fn session(&self, epoch: &mut Option<i64>) -> Result<(), ClusterError> {
+        let ttl = self.config.lease_ttl;
+        let options = ConnectOptions::new().with_connect_timeout(ttl).with_timeout(ttl);
+        let mut client = bounded(ttl, Client::connect(&self.config.endpoints, Some(options))).await?;
+        let lease = bounded(ttl, client.lease_grant(ttl.as_secs() as i64, None)).await?;
+        let epoch = *epoch.get_or_insert(lease.header().map_or(0, |header| header.revision()));
+        let put = PutOptions::new().with_lease(lease.id());
+        let mut registered = self.member(epoch);
+        bounded(ttl, client.put(self.key(), encode(&registered), Some(put.clone()))).await?;
+        self.registrations.fetch_add(1, Ordering::Relaxed);
+        self.report(Some(epoch), None);
+        tracing::info!(key = %self.key(), epoch, "registered in the cluster");
+        let (mut keeper, mut answers) = bounded(ttl, client.lease_keep_alive(lease.id())).await?;
+        loop {
+            self.pause(ttl / 3).await;
+            if self.stopping.load(Ordering::SeqCst) {
+                let _ = bounded(ttl, client.lease_revoke(lease.id())).await;
+                return Ok(());
+            }
+            bounded(ttl, keeper.keep_alive()).await?;
+            match bounded(ttl, answers.message()).await? {
+                Some(answer) if answer.ttl() > 0 => {}
+                _ => return Err(ClusterError::LeaseExpired),
+            }
+            let now = self.member(epoch);
+            if now != registered {
+                bounded(ttl, client.put(self.key(), encode(&now), Some(put.clone()))).await?;
+                registered = now;
+            }
+        }
+    }
+
+    /// Waits `duration`, or less when stopped.
+    async fn pause(&self, duration: Duration) {
+        let _ = tokio::time::timeout(duration, self.wake.notified()).await;
+    }
+
+    fn key(&self) -> String {
+        member_key(&self.config.cluster, &self.config.node_id)
+    }
+
+    fn member(&self, epoch: i64) -> Member {
+        let usage = tier_usage(&self.usage);
+        Member {
+            id: self.config.node_id.clone(),
+            shards: self.shards.clone(),
+            zone: self.config.zone.clone(),
+            state: MemberState::Serving,
+            epoch,
+            dram: TierSpace {
+                capacity: usage.dram_capacity,
+                free: usage.dram_capacity.saturating_sub(usage.dram_used),
+            },
+            nvme: TierSpace {
+                capacity: usage.nvme_capacity,
+                free: usage.nvme_capacity.saturating_sub(usage.nvme_used),
+            },
+        }
+    }
+
+    /// Sets the node's "cluster" report: registered or not, and why not.
+    fn report(&self, epoch: Option<i64>, degraded: Option<String>) {
+        let metrics = format!(
+            "# HELP strata_cluster_registered Whether the node's entry is in etcd under a live lease.\n\
+             # TYPE strata_cluster_registered gauge\nstrata_cluster_registered {}\n\
+             # HELP strata_cluster_registrations_total Leases granted and entries put (1, plus 1 per recovery).\n\
+             # TYPE strata_cluster_registrations_total counter\nstrata_cluster_registrations_total {}\n\
+             # HELP strata_cluster_epoch The etcd revision of the node's first registration.\n\
+             # TYPE strata_cluster_epoch gauge\nstrata_cluster_epoch {}\n",
+            u8::from(degraded.is_none()),
+            self.registrations.load(Ordering::Relaxed),
+            epoch.unwrap_or(0),
+        );
+        self.reports.set("cluster", Report { metrics, degraded });
+    }
+}
+
+fn encode(member: &Member) -> String {
+    // A struct of strings, numbers and addresses always serialises.
+    serde_json::to_string(member).unwrap_or_default()
+}
+
+/// `call`, or [`ClusterError::Timeout`] after `limit`.
+async fn bounded<T>(
+    limit: Duration,
+    call: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, ClusterError> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(answer) => Ok(answer?),
+        Err(_) => Err(ClusterError::Timeout(limit)),
+    }
+}
