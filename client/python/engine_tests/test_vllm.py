@@ -70,14 +70,19 @@ def gqa_model(tmp_path_factory):
 
 
 def vllm_config(model, address, prefix):
-    cache = CacheConfig(block_size=BLOCK, gpu_memory_utilization=0.5, cache_dtype="auto")
-    cache.num_gpu_blocks = BLOCKS
     transfer = KVTransferConfig(
         kv_connector="StrataConnector",
         kv_connector_module_path="strata.vllm",
         kv_role="kv_both",
         kv_connector_extra_config={"address": address, "key_prefix": prefix},
     )
+    return engine_config(model, transfer)
+
+
+def engine_config(model, transfer):
+    """A CPU vLLM config of the tiny model, ``BLOCKS`` blocks of ``BLOCK`` tokens, with connector ``transfer``."""
+    cache = CacheConfig(block_size=BLOCK, gpu_memory_utilization=0.5, cache_dtype="auto")
+    cache.num_gpu_blocks = BLOCKS
     return VllmConfig(
         model_config=ModelConfig(model=model, skip_tokenizer_init=True, dtype="float16", max_model_len=512),
         cache_config=cache,

@@ -22,16 +22,18 @@ import torch
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-from test_vllm import BLOCK, BLOCKS, HEAD_DIM, KV_HEADS, LAYERS, PROMPT, kv_cache_config, write_model  # noqa: E402
-from vllm.config import (  # noqa: E402
-    CacheConfig,
-    DeviceConfig,
-    KVTransferConfig,
-    ModelConfig,
-    SchedulerConfig,
-    VllmConfig,
-    set_current_vllm_config,
+from test_vllm import (  # noqa: E402
+    BLOCK,
+    BLOCKS,
+    HEAD_DIM,
+    KV_HEADS,
+    LAYERS,
+    PROMPT,
+    engine_config,
+    kv_cache_config,
+    write_model,
 )
+from vllm.config import KVTransferConfig, set_current_vllm_config  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
@@ -87,23 +89,13 @@ def mooncake(node, mooncake_alias, tmp_path_factory):
 
 
 def mooncake_vllm_config(model, prefix, lookup_port):
-    cache = CacheConfig(block_size=BLOCK, gpu_memory_utilization=0.5, cache_dtype="auto")
-    cache.num_gpu_blocks = BLOCKS
     transfer = KVTransferConfig(
         kv_connector="MooncakeStoreConnector",
         kv_role="kv_both",
         # Each instance's lookup server has its own IPC path; the prefix keeps the tests' keys apart.
         kv_connector_extra_config={"cache_prefix": prefix, "lookup_rpc_port": lookup_port},
     )
-    return VllmConfig(
-        model_config=ModelConfig(model=model, skip_tokenizer_init=True, dtype="float16", max_model_len=512),
-        cache_config=cache,
-        scheduler_config=SchedulerConfig(
-            max_num_seqs=8, max_num_batched_tokens=512, max_model_len=512, is_encoder_decoder=False
-        ),
-        kv_transfer_config=transfer,
-        device_config=DeviceConfig("cpu"),
-    )
+    return engine_config(model, transfer)
 
 
 class MooncakeInstance:
