@@ -1,7 +1,7 @@
 //! The blocking client.
 
 use std::io::{BufReader, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use strata_proto::{
@@ -161,10 +161,10 @@ impl ShardConnection {
 }
 
 /// One key of a batch.
-struct Item<'a> {
-    key: &'a [u8],
+pub(crate) struct Item<'a> {
+    pub(crate) key: &'a [u8],
     /// A put's value, as the pieces it is sent from in order (one per layer, say).
-    value: &'a [&'a [u8]],
+    pub(crate) value: &'a [&'a [u8]],
     /// get_range: (offset, length); prefix_match: (chain, 0).
     range: (u32, u32),
     /// A put's parent and group.
@@ -179,8 +179,46 @@ impl Item<'_> {
     }
 }
 
+impl Item<'_> {
+    /// Whether the item fits the node's bounds.
+    fn check(&self, limits: &Limits) -> Result<(), ClientError> {
+        if self.key.is_empty() || self.key.len() > limits.max_key_bytes as usize {
+            return Err(ClientError::TooLarge(format!(
+                "key of {} bytes (1..={})",
+                self.key.len(),
+                limits.max_key_bytes
+            )));
+        }
+        if !self.links.fits(limits.max_key_bytes) {
+            return Err(ClientError::TooLarge(format!(
+                "parent or group name of 1..={} bytes expected",
+                limits.max_key_bytes
+            )));
+        }
+        let value_len = self.value_len();
+        if value_len as u64 > limits.max_value_bytes {
+            return Err(ClientError::TooLarge(format!(
+                "value of {value_len} bytes (bound {})",
+                limits.max_value_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A batch in [`Client::exchange`]: what is sent, the frames each peer has still to send, and the one
+/// in flight on each.
+struct Batch<'a, 'i> {
+    opcode: Opcode,
+    items: &'a [Item<'i>],
+    sends: &'a [(usize, usize)],
+    options: PutOptions,
+    frames: &'a mut [std::collections::VecDeque<Vec<usize>>],
+    in_flight: &'a mut [Option<(u64, Vec<usize>)>],
+}
+
 /// Where a read's bytes go.
-enum Sink<'a, 'b, 'c> {
+pub(crate) enum Sink<'a, 'b, 'c> {
     /// Nowhere (exists, remove, put).
     None,
     /// A new vector per key.
@@ -265,11 +303,13 @@ pub type KeyRange<'a> = (&'a [u8], u32, u32);
 
 /// What one key's reply said.
 #[derive(Clone, Copy, Debug)]
-struct ItemReply {
-    data_len: u32,
-    object_len: u32,
+pub(crate) struct ItemReply {
+    pub(crate) data_len: u32,
+    pub(crate) object_len: u32,
     /// The reply's `data crc` field: the value's crc32c, or (LOCATE) the tiers that hold the object.
-    data_crc: u32,
+    pub(crate) data_crc: u32,
+    /// How many replicas stored a put (1 on one node).
+    pub(crate) stored: u32,
 }
 
 /// Where a key is stored on its node (LOCATE).
@@ -283,13 +323,33 @@ pub struct Location {
     pub on_nvme: bool,
 }
 
-/// A client of one node. Not `Sync`: use one per thread (connections are cheap), or wrap it.
+/// A shard this client sends to, and its connection once open.
+pub(crate) struct Peer {
+    pub(crate) addr: SocketAddr,
+    /// Its index among its node's shards, and how many its node has: a HELLO that says otherwise means
+    /// the node is not the one this peer was learnt from.
+    pub(crate) shard: u32,
+    pub(crate) shard_count: u32,
+    pub(crate) connection: Option<ShardConnection>,
+}
+
+impl Peer {
+    pub(crate) fn new(addr: SocketAddr, shard: u32, shard_count: u32) -> Self {
+        Peer { addr, shard, shard_count, connection: None }
+    }
+}
+
+/// A client of one node, or of a cluster ([`Client::connect_cluster`]). Not `Sync`: use one per thread
+/// (connections are cheap), or wrap it.
 pub struct Client {
-    host: IpAddr,
-    options: ClientOptions,
-    hello: HelloReply,
-    connections: Vec<Option<ShardConnection>>,
-    next_request_id: u64,
+    pub(crate) options: ClientOptions,
+    /// The first node's HELLO: its bounds hold for every node of a cluster.
+    pub(crate) hello: HelloReply,
+    /// Every shard this client sends to: the node's, or every serving node's in a cluster.
+    pub(crate) peers: Vec<Peer>,
+    /// Where keys live in a cluster; none: on one node's shards, by `shard_of`.
+    pub(crate) cluster: Option<Box<crate::cluster::Routing>>,
+    pub(crate) next_request_id: u64,
 }
 
 impl Client {
@@ -302,23 +362,22 @@ impl Client {
             .next()
             .ok_or_else(|| ClientError::Connection("the address resolves to nothing".into()))?;
         let (first, hello) = ShardConnection::open(addr, &options)?;
-        let mut client = Self {
-            host: addr.ip(),
-            options,
-            hello,
-            connections: (0..hello.shard_count).map(|_| None).collect(),
-            next_request_id: 1,
-        };
-        client.connections[hello.shard_id as usize] = Some(first);
+        let peers = (0..hello.shard_count)
+            .map(|shard| {
+                Peer::new(SocketAddr::new(addr.ip(), hello.base_port + shard as u16), shard, hello.shard_count)
+            })
+            .collect();
+        let mut client = Self { options, hello, peers, cluster: None, next_request_id: 1 };
+        client.peers[hello.shard_id as usize].connection = Some(first);
         for shard in 0..hello.shard_count {
-            client.connection(shard)?;
+            client.connection(shard as usize)?;
         }
         Ok(client)
     }
 
-    /// Shards of the node.
+    /// Shards this client reaches: the node's, or every serving node's in a cluster.
     pub fn shard_count(&self) -> u32 {
-        self.hello.shard_count
+        self.peers.len() as u32
     }
 
     /// The node's bounds.
@@ -326,25 +385,25 @@ impl Client {
         self.hello.limits
     }
 
-    /// Subscribes to the node's events for keys that start with `prefix` (all keys for `None`): one
-    /// dedicated connection per shard, each read by a thread of its own (see [`EventStream`]).
+    /// Subscribes to the events for keys that start with `prefix` (all keys for `None`) of every shard
+    /// this client reaches: one dedicated connection per shard, each read by a thread of its own (see
+    /// [`EventStream`]).
     pub fn subscribe_events(&self, prefix: Option<&[u8]>) -> Result<crate::EventStream, ClientError> {
-        let addrs: Vec<SocketAddr> = (0..self.hello.shard_count)
-            .map(|shard| SocketAddr::new(self.host, self.hello.base_port + shard as u16))
-            .collect();
+        let addrs: Vec<SocketAddr> = self.peers.iter().map(|peer| peer.addr).collect();
         crate::EventStream::open(&addrs, &self.options, prefix)
     }
 
-    fn connection(&mut self, shard: u32) -> Result<&mut ShardConnection, ClientError> {
-        if self.connections[shard as usize].is_none() {
-            let addr = SocketAddr::new(self.host, self.hello.base_port + shard as u16);
-            let (connection, hello) = ShardConnection::open(addr, &self.options)?;
-            if hello.shard_count != self.hello.shard_count {
-                return Err(ClientError::Protocol("the node's shard map changed".into()));
+    /// Peer `index`'s connection, opened (and checked against the shard map) if it is not open.
+    pub(crate) fn connection(&mut self, index: usize) -> Result<&mut ShardConnection, ClientError> {
+        let peer = self.peers.get_mut(index).ok_or_else(|| ClientError::Connection("no such shard".into()))?;
+        if peer.connection.is_none() {
+            let (connection, hello) = ShardConnection::open(peer.addr, &self.options)?;
+            if hello.shard_count != peer.shard_count || hello.shard_id != peer.shard {
+                return Err(ClientError::Protocol(format!("the shard map of {} changed", peer.addr)));
             }
-            self.connections[shard as usize] = Some(connection);
+            peer.connection = Some(connection);
         }
-        self.connections[shard as usize].as_mut().ok_or_else(|| ClientError::Connection("no connection".into()))
+        peer.connection.as_mut().ok_or_else(|| ClientError::Connection("no connection".into()))
     }
 
     // ---- single keys --------------------------------------------------------------------------------
@@ -410,10 +469,10 @@ impl Client {
         if part_lens.is_empty() || part_lens.contains(&0) {
             return Err(ClientError::Invalid("a progressive put has at least one part, none empty".into()));
         }
-        let shard = shard_of(key, self.hello.shard_count);
-        self.connection(shard)?;
+        let peer = self.primary_peer(key)?;
+        self.connection(peer)?;
         let mut connection =
-            self.connections[shard as usize].take().ok_or_else(|| ClientError::Connection("no connection".into()))?;
+            self.peers[peer].connection.take().ok_or_else(|| ClientError::Connection("no connection".into()))?;
         let request_id = self.next_request_id;
         self.next_request_id += 1;
         let (flags, offset) = options.encode();
@@ -604,6 +663,17 @@ impl Client {
 
     /// Stores every `(key, value)` with `options`; a result per key.
     pub fn batch_put_with(&mut self, items: &[(&[u8], &[u8])], options: PutOptions) -> Vec<Result<(), ClientError>> {
+        self.batch_put_replicas(items, options).into_iter().map(|result| result.map(|_| ())).collect()
+    }
+
+    /// Stores every `(key, value)` with `options`; per key, how many replicas stored it (1 on one node). In
+    /// a cluster a put succeeds once `min_replicas` of its replicas stored it or had it already (when none
+    /// stored it, every one had it: [`ClientError::Exists`]).
+    pub fn batch_put_replicas(
+        &mut self,
+        items: &[(&[u8], &[u8])],
+        options: PutOptions,
+    ) -> Vec<Result<usize, ClientError>> {
         let values: Vec<&[u8]> = items.iter().map(|(_, value)| *value).collect();
         let items: Vec<Item<'_>> = items
             .iter()
@@ -616,7 +686,10 @@ impl Client {
                 wait_ms: 0,
             })
             .collect();
-        self.run(Opcode::Put, &items, options, Sink::None).into_iter().map(|result| result.map(|_| ())).collect()
+        self.run(Opcode::Put, &items, options, Sink::None)
+            .into_iter()
+            .map(|result| result.map(|reply| reply.stored as usize))
+            .collect()
     }
 
     /// Stores every `(key, parts)`: each value sent from several buffers in order; a result per key.
@@ -759,16 +832,25 @@ impl Client {
 
     fn broadcast_removal(&mut self, pattern: &[u8], flags: u32) -> Result<u64, ClientError> {
         let items = [Item { key: pattern, value: &[], range: (flags, 0), links: Links::NONE, wait_ms: 0 }];
-        let shards = self.hello.shard_count as usize;
+        self.sync_membership();
+        let shards = self.peers.len();
+        let one_send = [(0, 0)];
         let mut sent = Vec::with_capacity(shards);
         for shard in 0..shards {
             let request_id = self.next_request_id;
             self.next_request_id += 1;
-            let connection = self.connection(shard as u32)?;
-            if let Err(error) =
-                send_frame(connection, Opcode::RemoveMatching, request_id, &items, &[0], PutOptions::default())
-            {
-                self.connections[shard] = None;
+            let connection = self.connection(shard)?;
+            let sending = send_frame(
+                connection,
+                Opcode::RemoveMatching,
+                request_id,
+                &items,
+                &one_send,
+                &[0],
+                PutOptions::default(),
+            );
+            if let Err(error) = sending {
+                self.peers[shard].connection = None;
                 return Err(ClientError::from_io(&error));
             }
             sent.push(request_id);
@@ -777,9 +859,16 @@ impl Client {
         let mut first_error = None;
         for (shard, request_id) in sent.into_iter().enumerate() {
             let mut results = vec![Err(ClientError::Protocol("no reply".into()))];
-            let received = self.receive(shard, Opcode::RemoveMatching, request_id, &[0], &mut Sink::None, &mut results);
+            let received = self.receive(
+                shard,
+                Opcode::RemoveMatching,
+                request_id,
+                (&one_send, &[0]),
+                &mut Sink::None,
+                &mut results,
+            );
             if let Err(error) = received {
-                self.connections[shard] = None;
+                self.peers[shard].connection = None;
                 first_error.get_or_insert(error);
                 continue;
             }
@@ -804,8 +893,8 @@ impl Client {
 
     // ---- the one implementation ----------------------------------------------------------------------
 
-    /// Splits `items` into frames per shard (within the node's bounds), keeps one frame in flight per shard,
-    /// and collects a reply per item.
+    /// Sends every item to the shard that owns its key (in a cluster: to its replicas, see
+    /// `cluster.rs`) and collects a reply per item.
     fn run(
         &mut self,
         opcode: Opcode,
@@ -813,73 +902,73 @@ impl Client {
         options: PutOptions,
         mut sink: Sink<'_, '_, '_>,
     ) -> Vec<Result<ItemReply, ClientError>> {
+        if self.cluster.is_some() {
+            return self.run_in_cluster(opcode, items, options, &mut sink);
+        }
+        let shards = self.hello.shard_count;
+        let sends: Vec<(usize, usize)> =
+            items.iter().enumerate().map(|(index, item)| (index, shard_of(item.key, shards) as usize)).collect();
+        self.exchange(opcode, items, &sends, options, &mut sink)
+    }
+
+    /// Sends each `(item, peer)` of `sends`, split into frames per peer (within the node's bounds), keeps
+    /// one frame in flight per peer, and collects a reply per send.
+    pub(crate) fn exchange(
+        &mut self,
+        opcode: Opcode,
+        items: &[Item<'_>],
+        sends: &[(usize, usize)],
+        options: PutOptions,
+        sink: &mut Sink<'_, '_, '_>,
+    ) -> Vec<Result<ItemReply, ClientError>> {
         // An empty message does not allocate: a 1,000-key call should not make 1,000 strings it then drops.
         let mut results: Vec<Result<ItemReply, ClientError>> =
-            (0..items.len()).map(|_| Err(ClientError::Protocol(String::new()))).collect();
+            (0..sends.len()).map(|_| Err(ClientError::Protocol(String::new()))).collect();
         let limits = self.hello.limits;
-        let mut frames: Vec<std::collections::VecDeque<Vec<usize>>> =
-            vec![Default::default(); self.hello.shard_count as usize];
+        let mut frames: Vec<std::collections::VecDeque<Vec<usize>>> = vec![Default::default(); self.peers.len()];
         let mut frame_bytes = vec![0u64; frames.len()];
-        for (index, item) in items.iter().enumerate() {
-            if item.key.is_empty() || item.key.len() > limits.max_key_bytes as usize {
-                results[index] = Err(ClientError::TooLarge(format!(
-                    "key of {} bytes (1..={})",
-                    item.key.len(),
-                    limits.max_key_bytes
-                )));
+        for (send, &(index, peer)) in sends.iter().enumerate() {
+            let item = &items[index];
+            if let Err(error) = item.check(&limits) {
+                results[send] = Err(error);
                 continue;
             }
-            if !item.links.fits(limits.max_key_bytes) {
-                results[index] = Err(ClientError::TooLarge(format!(
-                    "parent or group name of 1..={} bytes expected",
-                    limits.max_key_bytes
-                )));
-                continue;
-            }
-            let value_len = item.value_len();
-            if value_len as u64 > limits.max_value_bytes {
-                results[index] = Err(ClientError::TooLarge(format!(
-                    "value of {value_len} bytes (bound {})",
-                    limits.max_value_bytes
-                )));
-                continue;
-            }
-            let shard = shard_of(item.key, self.hello.shard_count) as usize;
-            let bytes = (REQUEST_ITEM_BYTES + item.key.len() + item.links.encoded_len() + value_len) as u64;
-            let queue = &mut frames[shard];
+            let bytes = (REQUEST_ITEM_BYTES + item.key.len() + item.links.encoded_len() + item.value_len()) as u64;
+            let queue = &mut frames[peer];
             let full = queue.back().is_none_or(|frame| {
                 frame.len() as u32 >= limits.max_batch_items
-                    || (opcode == Opcode::Put && frame_bytes[shard] + bytes > limits.max_put_body_bytes)
+                    || (opcode == Opcode::Put && frame_bytes[peer] + bytes > limits.max_put_body_bytes)
             });
             if full {
                 queue.push_back(Vec::new());
-                frame_bytes[shard] = 0;
+                frame_bytes[peer] = 0;
             }
-            frame_bytes[shard] += bytes;
+            frame_bytes[peer] += bytes;
             if let Some(frame) = queue.back_mut() {
-                frame.push(index);
+                frame.push(send);
             }
         }
-        // Send the first frame of every shard, then read replies shard by shard, sending each shard's next
+        // Send the first frame of every peer, then read replies peer by peer, sending each peer's next
         // frame as soon as its previous reply is in.
         let mut in_flight: Vec<Option<(u64, Vec<usize>)>> = vec![None; frames.len()];
-        for shard in 0..frames.len() {
-            self.send_next(shard, opcode, items, options, &mut frames, &mut in_flight, &mut results);
+        let mut batch = Batch { opcode, items, sends, options, frames: &mut frames, in_flight: &mut in_flight };
+        for peer in 0..batch.frames.len() {
+            self.send_next(peer, &mut batch, &mut results);
         }
         loop {
             let mut progressed = false;
-            for shard in 0..frames.len() {
-                let Some((request_id, indices)) = in_flight[shard].take() else { continue };
+            for peer in 0..batch.frames.len() {
+                let Some((request_id, indices)) = batch.in_flight[peer].take() else { continue };
                 progressed = true;
-                if let Err(error) = self.receive(shard, opcode, request_id, &indices, &mut sink, &mut results) {
-                    self.connections[shard] = None;
-                    for &index in indices.iter().chain(frames[shard].iter().flatten()) {
-                        results[index] = Err(error.clone());
+                if let Err(error) = self.receive(peer, opcode, request_id, (sends, &indices), sink, &mut results) {
+                    self.peers[peer].connection = None;
+                    for &send in indices.iter().chain(batch.frames[peer].iter().flatten()) {
+                        results[send] = Err(error.clone());
                     }
-                    frames[shard].clear();
+                    batch.frames[peer].clear();
                     continue;
                 }
-                self.send_next(shard, opcode, items, options, &mut frames, &mut in_flight, &mut results);
+                self.send_next(peer, &mut batch, &mut results);
             }
             if !progressed {
                 break;
@@ -893,50 +982,44 @@ impl Client {
         results
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn send_next(
-        &mut self,
-        shard: usize,
-        opcode: Opcode,
-        items: &[Item<'_>],
-        options: PutOptions,
-        frames: &mut [std::collections::VecDeque<Vec<usize>>],
-        in_flight: &mut [Option<(u64, Vec<usize>)>],
-        results: &mut [Result<ItemReply, ClientError>],
-    ) {
-        while let Some(indices) = frames[shard].pop_front() {
+    /// Sends `peer`'s next frame of `batch`; a frame that cannot be sent fails its items, and the next is
+    /// tried on a new connection.
+    fn send_next(&mut self, peer: usize, batch: &mut Batch<'_, '_>, results: &mut [Result<ItemReply, ClientError>]) {
+        while let Some(indices) = batch.frames[peer].pop_front() {
             let request_id = self.next_request_id;
             self.next_request_id += 1;
-            let sent = self.connection(shard as u32).and_then(|connection| {
-                send_frame(connection, opcode, request_id, items, &indices, options)
+            let sent = self.connection(peer).and_then(|connection| {
+                send_frame(connection, batch.opcode, request_id, batch.items, batch.sends, &indices, batch.options)
                     .map_err(|error| ClientError::from_io(&error))
             });
             match sent {
                 Ok(()) => {
-                    in_flight[shard] = Some((request_id, indices));
+                    batch.in_flight[peer] = Some((request_id, indices));
                     return;
                 }
                 Err(error) => {
-                    self.connections[shard] = None;
-                    for &index in &indices {
-                        results[index] = Err(error.clone());
+                    self.peers[peer].connection = None;
+                    for &send in &indices {
+                        results[send] = Err(error.clone());
                     }
                 }
             }
         }
     }
 
+    /// Reads the reply to the frame of `indices` (into `sends`) on `peer`: a result per send, values into
+    /// the sink at their items' places.
     fn receive(
         &mut self,
-        shard: usize,
+        peer: usize,
         opcode: Opcode,
         request_id: u64,
-        indices: &[usize],
+        (sends, indices): (&[(usize, usize)], &[usize]),
         sink: &mut Sink<'_, '_, '_>,
         results: &mut [Result<ItemReply, ClientError>],
     ) -> Result<(), ClientError> {
         let verify = self.options.verify_checksums;
-        let connection = self.connection(shard as u32)?;
+        let connection = self.connection(peer)?;
         let header = connection.read_header(opcode, request_id)?;
         if header.status != Status::Ok {
             return Err(ClientError::from_status(header.status));
@@ -945,14 +1028,15 @@ impl Client {
             return Err(ClientError::Protocol(format!("{} replies to {} items", header.count, indices.len())));
         }
         let mut body_read = 0u64;
-        for &index in indices {
+        for &send in indices {
+            let index = sends[send].0;
             let item = connection.read_item()?;
             body_read += RESPONSE_ITEM_BYTES as u64 + u64::from(item.data_len);
             if body_read > header.body_len {
                 return Err(ClientError::Protocol("reply items overrun the body".into()));
             }
             if item.status != Status::Ok {
-                results[index] = Err(ClientError::from_status(item.status));
+                results[send] = Err(ClientError::from_status(item.status));
                 continue;
             }
             let data_len = item.data_len as usize;
@@ -976,7 +1060,7 @@ impl Client {
                     if buffer.len() < data_len {
                         std::io::copy(&mut (&mut connection.reader).take(data_len as u64), &mut std::io::sink())
                             .map_err(io)?;
-                        results[index] = Err(ClientError::BufferTooSmall { needed: data_len, available: buffer.len() });
+                        results[send] = Err(ClientError::BufferTooSmall { needed: data_len, available: buffer.len() });
                         continue;
                     }
                     connection.reader.read_exact(&mut buffer[..data_len]).map_err(io)?;
@@ -988,7 +1072,7 @@ impl Client {
                     if available < data_len {
                         std::io::copy(&mut (&mut connection.reader).take(data_len as u64), &mut std::io::sink())
                             .map_err(io)?;
-                        results[index] = Err(ClientError::BufferTooSmall { needed: data_len, available });
+                        results[send] = Err(ClientError::BufferTooSmall { needed: data_len, available });
                         continue;
                     }
                     let mut crc = 0u32;
@@ -1007,9 +1091,14 @@ impl Client {
                     Some(if verify { crc } else { item.data_crc })
                 }
             };
-            results[index] = match received {
+            results[send] = match received {
                 Some(crc) if verify && crc != item.data_crc => Err(ClientError::Checksum),
-                _ => Ok(ItemReply { data_len: item.data_len, object_len: item.object_len, data_crc: item.data_crc }),
+                _ => Ok(ItemReply {
+                    data_len: item.data_len,
+                    object_len: item.object_len,
+                    data_crc: item.data_crc,
+                    stored: 1,
+                }),
             };
         }
         if body_read != header.body_len {
@@ -1027,18 +1116,20 @@ fn one<T>(mut results: Vec<Result<T, ClientError>>) -> Result<T, ClientError> {
     results.pop().unwrap_or_else(|| Err(ClientError::Protocol("no result".into())))
 }
 
+/// Sends one frame of `opcode` holding the items of `indices` (into `sends`).
 fn send_frame(
     connection: &mut ShardConnection,
     opcode: Opcode,
     request_id: u64,
     items: &[Item<'_>],
+    sends: &[(usize, usize)],
     indices: &[usize],
     options: PutOptions,
 ) -> std::io::Result<()> {
     let body_len: u64 = indices
         .iter()
-        .map(|&index| {
-            let item = &items[index];
+        .map(|&send| {
+            let item = &items[sends[send].0];
             (REQUEST_ITEM_BYTES + item.key.len()) as u64
                 + if opcode == Opcode::Put { (item.links.encoded_len() + item.value_len()) as u64 } else { 0 }
         })
@@ -1047,8 +1138,8 @@ fn send_frame(
     FrameHeader::request(opcode, request_id, indices.len() as u32, body_len).encode_into(&mut head);
     connection.send(&head)?;
     let (flags, put_offset) = options.encode();
-    for &index in indices {
-        let item = &items[index];
+    for &send in indices {
+        let item = &items[sends[send].0];
         let header = match opcode {
             Opcode::Put => RequestItemHeader {
                 key_len: item.key.len() as u16,

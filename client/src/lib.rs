@@ -1,10 +1,14 @@
-//! `strata-client`: the shard-aware Rust client of a Strata node.
+//! `strata-client`: the shard-aware Rust client of a Strata node, or of a cluster of them.
 //!
 //! [`Client::connect`] says HELLO to any shard's port, learns the shard map (how many shards, the base
 //! port) and opens one connection per shard; every key then goes straight to the shard that owns it
 //! ([`strata_proto::shard_of`]). A batch is split by shard and sent to every shard before any reply is
 //! read, so the shards work on it in parallel; each key gets its own result, so a caller recomputes exactly
 //! the blocks that failed.
+//!
+//! [`Client::connect_cluster`] reads a cluster's members from etcd and keeps watching them; each key then
+//! goes straight to the nodes that placement gives it (puts to every replica, reads to the first live one),
+//! with no lookup on the way (`cluster.rs`; docs/PROTOCOL.md, "Routing in a cluster").
 //!
 //! Bytes are checked end to end: a put carries the value's crc32c, which the node checks before storing;
 //! a get's reply carries the crc32c of the bytes sent (for a whole value, the one stored with it), which the
@@ -19,11 +23,14 @@
 
 mod async_client;
 mod client;
+mod cluster;
 mod error;
 mod events;
 
 pub use crate::async_client::{AsyncClient, AsyncProgressivePut, OwnedBlock};
 pub use crate::client::{BlockPut, Client, ClientOptions, KeyRange, Location, ProgressivePut};
+pub use crate::cluster::ClusterOptions;
 pub use crate::error::ClientError;
 pub use crate::events::{EventBatch, EventStream, ShardEvent};
+pub use strata_cluster::MembersWatch;
 pub use strata_proto::{Event, EventRef, Links, Pin, PutOptions, RemovalReason, Tier, WritePolicy};

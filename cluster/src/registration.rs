@@ -14,7 +14,8 @@ use strata_engine::metrics::{ShardMetrics, tier_usage};
 use strata_engine::reports::{Report, Reports};
 use tokio::sync::Notify;
 
-use crate::member::{Member, MemberState, NameError, TierSpace, member_key, validate_name};
+use crate::error::{ClusterError, bounded};
+use crate::member::{Member, MemberState, TierSpace, member_key, validate_name};
 
 /// Where and as whom a node registers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,29 +30,6 @@ pub struct ClusterConfig {
     pub lease_ttl: Duration,
     /// The node's zone; empty: unlabelled.
     pub zone: String,
-}
-
-/// Why the registration failed to start, or why one session with etcd ended.
-#[derive(Debug, thiserror::Error)]
-pub enum ClusterError {
-    /// The cluster name or the node id cannot be a key segment.
-    #[error(transparent)]
-    Name(#[from] NameError),
-    /// A lease TTL under one second (etcd counts in seconds).
-    #[error("lease TTL {0:?}: at least 1 s")]
-    Ttl(Duration),
-    /// An etcd call failed.
-    #[error("etcd: {0}")]
-    Etcd(#[from] etcd_client::Error),
-    /// An etcd call did not answer within the TTL.
-    #[error("etcd did not answer within {0:?}")]
-    Timeout(Duration),
-    /// etcd says the lease is gone (the node was silent past its TTL).
-    #[error("the lease expired")]
-    LeaseExpired,
-    /// The thread or its runtime could not be started.
-    #[error("starting the registration thread: {0}")]
-    Thread(#[from] std::io::Error),
 }
 
 /// What the node registers, and where the registration reports.
@@ -208,15 +186,4 @@ impl Subject {
 fn encode(member: &Member) -> String {
     // A struct of strings, numbers and addresses always serialises.
     serde_json::to_string(member).unwrap_or_default()
-}
-
-/// `call`, or [`ClusterError::Timeout`] after `limit`.
-async fn bounded<T>(
-    limit: Duration,
-    call: impl Future<Output = Result<T, etcd_client::Error>>,
-) -> Result<T, ClusterError> {
-    match tokio::time::timeout(limit, call).await {
-        Ok(answer) => Ok(answer?),
-        Err(_) => Err(ClusterError::Timeout(limit)),
-    }
 }

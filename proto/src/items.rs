@@ -149,6 +149,9 @@ pub struct PutOptions {
     pub upsert: bool,
     /// Pinning.
     pub pin: Pin,
+    /// In a cluster, how many nodes store the put (0: the client's default). Not on the wire: the client
+    /// sends the put to that many nodes.
+    pub replicas: u8,
 }
 
 impl PutOptions {
@@ -179,7 +182,12 @@ impl PutOptions {
         } else {
             Pin::None
         };
-        Self { policy: WritePolicy::from_flags(header.flags), upsert: header.flags & ITEM_UPSERT != 0, pin }
+        Self {
+            policy: WritePolicy::from_flags(header.flags),
+            upsert: header.flags & ITEM_UPSERT != 0,
+            pin,
+            replicas: 0,
+        }
     }
 }
 

@@ -40,6 +40,23 @@ pub fn score(key: &[u8], id: &str, weight: u64) -> f64 {
     weight as f64 / -unit.ln()
 }
 
+/// `key`'s first replica, `replicas(key, candidates, 1)[0]` without allocating: what a read asks first.
+pub fn first(key: &[u8], candidates: &[Candidate<'_>]) -> Option<usize> {
+    let mut best: Option<(f64, usize)> = None;
+    for (index, candidate) in candidates.iter().enumerate() {
+        if candidate.weight == 0 {
+            continue;
+        }
+        let score = score(key, candidate.id, candidate.weight);
+        let better = best
+            .is_none_or(|(top, at)| score.total_cmp(&top).then_with(|| candidates[at].id.cmp(candidate.id)).is_gt());
+        if better {
+            best = Some((score, index));
+        }
+    }
+    best.map(|(_, index)| index)
+}
+
 /// `key`'s replica set: up to `count` indices into `candidates`, distinct nodes, best first, on distinct
 /// zones while an unchosen labelled zone remains. Ties (equal scores) go to the smaller id.
 pub fn replicas(key: &[u8], candidates: &[Candidate<'_>], count: usize) -> Vec<usize> {
@@ -119,6 +136,22 @@ mod tests {
         }
         assert_eq!(replicas(b"k", &candidates, 9).len(), 5, "no more replicas than nodes");
         assert!(replicas(b"k", &[], 2).is_empty());
+    }
+
+    #[test]
+    fn first_is_the_first_replica() {
+        let ids = ids(7);
+        let mut candidates = nodes(&ids, 2);
+        candidates[3].weight = 5;
+        candidates[4].weight = 0;
+        for at in 0..2_000 {
+            let key = format!("key-{at}");
+            assert_eq!(first(key.as_bytes(), &candidates), replicas(key.as_bytes(), &candidates, 1).first().copied());
+        }
+        // Equal scores (the same id twice) go to the smaller id, as in `replicas`.
+        let twins = [Candidate { id: "b", weight: 1, zone: "" }, Candidate { id: "b", weight: 1, zone: "" }];
+        assert_eq!(first(b"k", &twins), Some(0));
+        assert_eq!(first(b"k", &[]), None);
     }
 
     #[test]

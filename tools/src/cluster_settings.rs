@@ -2,7 +2,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use strata_cluster::ClusterConfig;
+use strata_cluster::{ClusterConfig, etcd_endpoints};
 
 use crate::pool::parse_duration;
 
@@ -47,13 +47,7 @@ impl ClusterSettings {
             }
             return Ok(None);
         };
-        let hosts = etcd
-            .strip_prefix("etcd://")
-            .with_context(|| format!("--cluster {etcd:?}: give etcd://HOST:PORT[,HOST:PORT…]"))?;
-        let endpoints: Vec<String> = hosts.split(',').map(|host| format!("http://{}", host.trim())).collect();
-        if hosts.split(',').any(|host| host.trim().is_empty()) {
-            bail!("--cluster {etcd:?}: an empty etcd address");
-        }
+        let endpoints = etcd_endpoints(etcd).context("--cluster")?;
         let Some(node_id) = self.node_id.clone() else { bail!("--cluster needs --node-id") };
         let lease_ttl = match &self.lease_ttl {
             Some(text) => parse_duration(text)?,

@@ -16,7 +16,7 @@ use anyhow::{Context, bail};
 use hdrhistogram::Histogram;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use strata_client::{BlockPut, Client, ClientError, ClientOptions, Links, PutOptions, WritePolicy};
+use strata_client::{BlockPut, Client, ClientError, ClientOptions, ClusterOptions, Links, PutOptions, WritePolicy};
 
 use crate::block_bench::options::RandomDistribution;
 use crate::block_bench::workload::BlockPicker;
@@ -47,6 +47,15 @@ pub struct KvArgs {
     /// A shard's address of the node.
     #[arg(long, default_value = "127.0.0.1:7600")]
     pub server: String,
+    /// Drive a cluster instead of one node: etcd://HOST:PORT[,HOST:PORT…] (--server is then unused).
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// The cluster's name, with --cluster.
+    #[arg(long, default_value = "strata")]
+    pub cluster_name: String,
+    /// Nodes that store each put, with --cluster.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: u8,
     /// Operation.
     #[arg(long, value_enum, default_value_t = KvOp::Get)]
     pub op: KvOp,
@@ -296,6 +305,15 @@ fn connect(args: &KvArgs) -> anyhow::Result<Client> {
         spin_before_block,
         ..ClientOptions::default()
     };
+    if let Some(etcd) = &args.cluster {
+        let cluster = ClusterOptions {
+            cluster: args.cluster_name.clone(),
+            replicas: args.replicas,
+            client: options,
+            ..ClusterOptions::new(etcd)
+        };
+        return Client::connect_cluster(&cluster).with_context(|| format!("connecting to cluster {etcd}"));
+    }
     Client::connect(args.server.as_str(), options).with_context(|| format!("connecting to {}", args.server))
 }
 

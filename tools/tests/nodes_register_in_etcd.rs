@@ -6,100 +6,15 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::NodeProcess;
-use strata_cluster::{Member, MemberState};
+use common::etcd::{Etcd, free_port};
+use strata_cluster::MemberState;
 
-const ETCD: &str = "/usr/bin/etcd";
 const TTL_SECONDS: u64 = 3;
-
-/// A free loopback port.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|listener| listener.local_addr()).expect("a free port").port()
-}
-
-/// An etcd server, killed when dropped.
-struct Etcd {
-    child: Child,
-    client_port: u16,
-    peer_port: u16,
-}
-
-impl Etcd {
-    fn start(data: &Path, client_port: u16, peer_port: u16) -> Etcd {
-        assert!(Path::new(ETCD).exists(), "{ETCD} is missing: install Debian's etcd-server (scripts/test.sh does)");
-        let client = format!("http://127.0.0.1:{client_port}");
-        let peer = format!("http://127.0.0.1:{peer_port}");
-        let child = Command::new(ETCD)
-            .args(["--name", "default", "--data-dir"])
-            .arg(data)
-            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("default={peer}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("etcd starts");
-        let etcd = Etcd { child, client_port, peer_port };
-        etcd.members(Duration::from_secs(20));
-        etcd
-    }
-
-    fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// The cluster's members as etcd holds them; retries for `patience` while etcd does not answer.
-    fn members(&self, patience: Duration) -> Vec<Member> {
-        let endpoint = format!("http://127.0.0.1:{}", self.client_port);
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-        let deadline = Instant::now() + patience;
-        loop {
-            let answer = runtime.block_on(async {
-                let mut client = etcd_client::Client::connect([endpoint.as_str()], None).await?;
-                let options = etcd_client::GetOptions::new().with_prefix();
-                client.get("/strata/test/nodes/", Some(options)).await
-            });
-            match answer {
-                Ok(answer) => {
-                    return answer
-                        .kvs()
-                        .iter()
-                        .map(|kv| serde_json::from_slice(kv.value()).expect("a member entry is JSON"))
-                        .collect();
-                }
-                Err(error) => assert!(Instant::now() < deadline, "etcd does not answer: {error}"),
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Waits (at most `limit`) until the member ids are `ids`; returns the members and how long it took.
-    fn wait_for(&self, ids: &[&str], limit: Duration) -> (Vec<Member>, Duration) {
-        let started = Instant::now();
-        loop {
-            let members = self.members(limit);
-            let mut present: Vec<&str> = members.iter().map(|member| member.id.as_str()).collect();
-            present.sort_unstable();
-            if present == ids {
-                return (members, started.elapsed());
-            }
-            assert!(started.elapsed() < limit, "members {present:?}, waited for {ids:?}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
 
 fn start_node(id: &str, listen: u16, metrics: u16, etcd: u16) -> NodeProcess {
     let (child, _lines, summary) = common::start_until_ready(|command| {

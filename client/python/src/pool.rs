@@ -5,20 +5,44 @@
 //! the lock covers only taking and returning a client. Idle clients are kept up to `MAX_IDLE`, so a burst
 //! of threads does not leave a connection per thread behind it forever.
 
-use std::sync::{Condvar, Mutex};
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
-use strata_client::{Client, ClientError, ClientOptions};
+use strata_client::{Client, ClientError, ClientOptions, ClusterOptions, MembersWatch};
+use strata_cluster::{WatchConfig, etcd_endpoints};
 
 /// Idle clients kept for reuse; more are closed when returned.
 const MAX_IDLE: usize = 16;
 
 /// Where and how to connect, set by `setup`.
 #[derive(Clone)]
-struct Target {
-    options: ClientOptions,
-    /// The address that answered `setup`.
-    answered: String,
+enum Target {
+    /// One node.
+    Node {
+        options: ClientOptions,
+        /// The address that answered `setup`.
+        answered: String,
+    },
+    /// A cluster, whose members one watch follows for every client of the store.
+    Cluster { options: ClusterOptions, watch: Arc<MembersWatch> },
+}
+
+impl Target {
+    fn connect(&self) -> Result<Client, ClientError> {
+        match self {
+            // The node that answered `setup`, not the first of its list that answers now: a node listed
+            // as a fallback holds other data, and a store's calls must all reach the same node.
+            Target::Node { options, answered } => Ok(connect_any(std::slice::from_ref(answered), options)?.0),
+            Target::Cluster { options, watch } => Client::connect_watched(Arc::clone(watch), options),
+        }
+    }
+
+    fn timeout(&self) -> Duration {
+        match self {
+            Target::Node { options, .. } => options.timeout,
+            Target::Cluster { options, .. } => options.client.timeout,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -58,12 +82,29 @@ impl ClientPool {
     /// an earlier target are closed.
     pub fn setup(&self, addresses: Vec<String>, options: ClientOptions) -> Result<(), ClientError> {
         let (client, answered) = connect_any(&addresses, &options)?;
+        self.replace(Target::Node { options, answered }, client);
+        Ok(())
+    }
+
+    /// Connects to the cluster `options` names, through etcd, and makes it the pool's target.
+    pub fn setup_cluster(&self, options: ClusterOptions) -> Result<(), ClientError> {
+        let endpoints = etcd_endpoints(&options.etcd).map_err(|error| ClientError::Invalid(error.to_string()))?;
+        let config = WatchConfig {
+            timeout: options.client.timeout.min(Duration::from_secs(10)),
+            ..WatchConfig::new(endpoints, &options.cluster)
+        };
+        let watch = Arc::new(MembersWatch::start(config).map_err(|error| ClientError::Connection(error.to_string()))?);
+        let client = Client::connect_watched(Arc::clone(&watch), &options)?;
+        self.replace(Target::Cluster { options, watch }, client);
+        Ok(())
+    }
+
+    fn replace(&self, target: Target, client: Client) {
         let mut state = self.state();
         state.generation += 1;
-        state.target = Some(Target { options, answered });
+        state.target = Some(target);
         state.idle = vec![client];
         self.returned.notify_all();
-        Ok(())
     }
 
     /// Closes every idle client and forgets the target; calls in flight finish on their own client.
@@ -78,9 +119,13 @@ impl ClientPool {
         drop(idle);
     }
 
-    /// The node address that answered `setup`; `None` before it or after `close`.
+    /// The node address that answered `setup` (the etcd address of a cluster); `None` before it or after
+    /// `close`.
     pub fn node_address(&self) -> Option<String> {
-        self.state().target.as_ref().map(|target| target.answered.clone())
+        self.state().target.as_ref().map(|target| match target {
+            Target::Node { answered, .. } => answered.clone(),
+            Target::Cluster { options, .. } => options.etcd.clone(),
+        })
     }
 
     /// Runs `work` on a client of its own: `None` before `setup` or after `close`. When no new connection
@@ -94,11 +139,9 @@ impl ClientPool {
         };
         let mut client = match taken {
             Some(client) => client,
-            // The node that answered `setup`, not the first of its list that answers now: a node listed
-            // as a fallback holds other data, and a store's calls must all reach the same node.
-            None => match connect_any(std::slice::from_ref(&target.answered), &target.options) {
-                Ok((client, _)) => client,
-                Err(_) => self.wait_for_idle(generation, Instant::now() + target.options.timeout)?,
+            None => match target.connect() {
+                Ok(client) => client,
+                Err(_) => self.wait_for_idle(generation, Instant::now() + target.timeout())?,
             },
         };
         let result = work(&mut client);

@@ -16,7 +16,9 @@ use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyConnectionError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
-use strata_client::{BlockPut, Client, ClientError, ClientOptions, Links, Pin, PutOptions, WritePolicy};
+use strata_client::{
+    BlockPut, Client, ClientError, ClientOptions, ClusterOptions, Links, Pin, PutOptions, WritePolicy,
+};
 
 use crate::buffers::{Registry, disjoint, object_bytes};
 use crate::codes;
@@ -72,8 +74,8 @@ fn attribute<'py, T: for<'a> FromPyObject<'a, 'py>>(config: &Bound<'py, PyAny>, 
 }
 
 /// The put options of a `ReplicateConfig` (Mooncake's `with_soft_pin`; Strata's `with_hard_pin`,
-/// `soft_pin_ttl_seconds`, `upsert`, `write_policy`). `replica_num` and `preferred_segment` are accepted
-/// and ignored: a node keeps one copy.
+/// `soft_pin_ttl_seconds`, `upsert`, `write_policy`), and `replica_num`: the nodes that store it in a
+/// cluster (one node keeps one copy). `preferred_segment` is accepted and unused: placement decides.
 fn put_options(config: Option<&Bound<'_, PyAny>>, upsert: bool) -> PyResult<PutOptions> {
     let mut options = PutOptions { upsert, ..PutOptions::default() };
     let Some(config) = config.filter(|config| !config.is_none()) else { return Ok(options) };
@@ -84,6 +86,10 @@ fn put_options(config: Option<&Bound<'_, PyAny>>, upsert: bool) -> PyResult<PutO
         options.pin = Pin::Soft { ttl_seconds };
     }
     options.upsert |= attribute::<bool>(config, "upsert")?.unwrap_or(false);
+    if let Some(replicas) = attribute::<i64>(config, "replica_num")? {
+        options.replicas = u8::try_from(replicas.max(0))
+            .map_err(|_| PyValueError::new_err(format!("replica_num {replicas}: at most 255")))?;
+    }
     if let Some(policy) = attribute::<String>(config, "write_policy")? {
         options.policy = Some(WritePolicy::parse(&policy).ok_or_else(|| {
             PyValueError::new_err(format!("write_policy {policy:?}: write-through, write-back or durable"))
@@ -168,8 +174,10 @@ impl StrataStore {
     }
 
     /// Connects to a node: `address` is `"host:port"` (any shard's port) or a list of them, tried in
-    /// order. Options by keyword: `token` (str or bytes), `timeout_seconds` (30), `verify_checksums`
-    /// (True), `spin_microseconds` (busy-poll replies before sleeping; 0). Returns 0 or a negative code.
+    /// order; or to a cluster: `"etcd://host:port[,host:port…]"`. Options by keyword: `token` (str or
+    /// bytes), `timeout_seconds` (30), `verify_checksums` (True), `spin_microseconds` (busy-poll replies
+    /// before sleeping; 0); for a cluster, `cluster_name` ("strata"), `replicas` (per put, 1) and
+    /// `min_replicas` (1). Returns 0 or a negative code.
     #[pyo3(signature = (address, **options))]
     fn setup(&self, py: Python<'_>, address: &Bound<'_, PyAny>, options: Option<&Bound<'_, PyDict>>) -> PyResult<i64> {
         let addresses: Vec<String> = if let Ok(one) = address.extract::<String>() {
@@ -178,10 +186,14 @@ impl StrataStore {
             address.extract::<Vec<String>>().map_err(|_| PyTypeError::new_err("address is a str or a list of str"))?
         };
         let mut client_options = ClientOptions::default();
+        let mut cluster = ClusterOptions::new(addresses.first().map_or("", String::as_str));
         if let Some(options) = options {
             for (name, value) in options.iter() {
                 let name: String = name.extract()?;
                 match name.as_str() {
+                    "cluster_name" => cluster.cluster = value.extract()?,
+                    "replicas" => cluster.replicas = value.extract()?,
+                    "min_replicas" => cluster.min_replicas = value.extract()?,
                     "token" => client_options.token = Some(key_of(&value)?),
                     "timeout_seconds" => {
                         let seconds: f64 = value.extract()?;
@@ -199,7 +211,15 @@ impl StrataStore {
                 }
             }
         }
-        Ok(match py.detach(|| self.clients.setup(addresses, client_options)) {
+        let in_cluster = addresses.len() == 1 && addresses[0].starts_with("etcd://");
+        let connected = py.detach(|| {
+            if in_cluster {
+                self.clients.setup_cluster(ClusterOptions { client: client_options, ..cluster })
+            } else {
+                self.clients.setup(addresses, client_options)
+            }
+        });
+        Ok(match connected {
             Ok(()) => codes::OK,
             Err(error) => codes::of(&error),
         })

@@ -52,7 +52,7 @@ enum Command {
     /// Drive a Strata node: puts, gets, exists or a mix, single keys or batches, over several connections.
     ///
     /// Keys and values derive from the key index and --seed, so --verify checks what any earlier run wrote.
-    Kv(strata_tools::kv_bench::KvArgs),
+    Kv(Box<strata_tools::kv_bench::KvArgs>),
     /// Watch one CPU for stalls: a pinned thread reads the clock in a loop and counts the gaps longer than
     /// --threshold (kernel threads, interrupts, other tenants of the host). The floor under any p99.
     Stalls(strata_tools::stall_bench::StallArgs),
@@ -100,7 +100,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Alloc(args) => run_alloc(args),
-        Command::Kv(args) => run_kv(args),
+        Command::Kv(args) => run_kv(*args),
         Command::Stalls(args) => run_stalls(&args),
     }
 }

@@ -1,5 +1,7 @@
 //! Running the `strata-node` binary from tests.
 
+pub mod etcd;
+
 use std::io::{BufRead, BufReader, Lines};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};

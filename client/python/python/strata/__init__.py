@@ -66,8 +66,9 @@ class ReplicateConfig:
     default, 10 minutes). ``with_hard_pin`` (Strata): never evicted, removed only by ``remove``; survives a
     restart. ``upsert`` (Strata): replace a stored version instead of answering ``OBJECT_ALREADY_EXISTS``.
     ``write_policy`` (Strata): ``"write-through"``, ``"write-back"`` or ``"durable"`` (None: the node's).
-    ``replica_num``, ``preferred_segment``, ``preferred_segments`` and ``prefer_alloc_in_same_node`` are
-    accepted for compatibility; a node keeps one copy.
+    ``replica_num``: the nodes that store the put in a cluster (one node keeps one copy); a put without a
+    config gets the store's ``replicas`` option. ``preferred_segment``, ``preferred_segments`` and
+    ``prefer_alloc_in_same_node`` are accepted for compatibility; placement decides where a key lives.
     """
 
     def __init__(

@@ -13,7 +13,10 @@ Engines call Mooncake's store in several forms; each is accepted here, so that r
   are accepted and unused: the node owns its memory, and transfers go over TCP. ``engine`` (a Mooncake
   ``TransferEngine`` to share, which SGLang passes eighth, usually None) is accepted and unused: Strata has
   its own transport. ``tenant_id``, when not empty, is the tenant's token (the node's ``--tenant`` list).
-  ``metadata_server`` is not used by a single node.
+  ``metadata_server`` of the form ``"etcd://host:port[,host:port…]"`` means a cluster: the store reads its
+  members from etcd, routes each key to the nodes that own it, and ``master_server_address`` may be empty;
+  any other ``metadata_server`` is unused. ``ReplicateConfig.replica_num`` is the number of nodes that store
+  a put in a cluster (Strata options ``cluster_name``, ``replicas`` and ``min_replicas`` by keyword).
 - ``remove(key, force=)``, ``remove_all(force=)``, ``remove_by_regex(pattern, force=)``,
   ``batch_remove(keys, force=)``: ``force`` is accepted; a node has no lease that blocks a removal.
 """
@@ -35,7 +38,15 @@ _MOONCAKE_SETUP = (
     "engine",
 )
 _ALIASES = {"rdma_devices": "device_name", "master_server_addr": "master_server_address"}
-_STRATA_OPTIONS = ("token", "timeout_seconds", "verify_checksums", "spin_microseconds")
+_STRATA_OPTIONS = (
+    "token",
+    "timeout_seconds",
+    "verify_checksums",
+    "spin_microseconds",
+    "cluster_name",
+    "replicas",
+    "min_replicas",
+)
 
 
 def _node_addresses(named):
@@ -151,6 +162,9 @@ class StrataStore(_NativeStore):
         if tenant and "token" not in options:
             options["token"] = tenant
         self._local_hostname = named.get("local_hostname") or None
+        metadata_server = named.get("metadata_server")
+        if isinstance(metadata_server, str) and metadata_server.startswith("etcd://"):
+            return super().setup(metadata_server, **options)
         addresses = _node_addresses(named.get("master_server_address"))
         if addresses is None:
             return INVALID_PARAMS

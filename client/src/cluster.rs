@@ -1,0 +1,367 @@
+//! A client of a cluster: each key's replica set is weighted rendezvous placement
+//! (`strata_proto::placement`) over the serving members that a [`MembersWatch`] keeps current, so no
+//! request asks anyone where a key is. Writes go to every replica in one exchange (all nodes work on
+//! them in parallel); reads go to the first live replica, and to the next one, inside the same call, when
+//! a node does not answer.
+//!
+//! A node that fails a connection is passed over for `down_for`: reads try it last, writes skip it (and
+//! count it as a replica not stored). The watch is asked to re-read the members at once; the node leaves
+//! the view when its lease expires.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use strata_cluster::{MembersWatch, WatchConfig, etcd_endpoints};
+use strata_proto::placement::{self, Candidate};
+use strata_proto::{Opcode, PutOptions, shard_of};
+
+use crate::client::{Client, ClientOptions, Item, ItemReply, Peer, ShardConnection, Sink};
+use crate::error::ClientError;
+
+/// How a client finds a cluster and places its keys.
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    /// etcd, `etcd://HOST:PORT[,HOST:PORT…]`.
+    pub etcd: String,
+    /// The cluster's name (its nodes' `--cluster-name`).
+    pub cluster: String,
+    /// Nodes that store a put whose options say 0 replicas.
+    pub replicas: u8,
+    /// Replicas that must store a put for it to succeed (at most the put's replicas).
+    pub min_replicas: u8,
+    /// How long a node that failed a connection is passed over.
+    pub down_for: Duration,
+    /// How each node is reached.
+    pub client: ClientOptions,
+}
+
+impl ClusterOptions {
+    /// Cluster `strata` on `etcd`: one replica per put, a node passed over for 1 s after a failure.
+    pub fn new(etcd: &str) -> Self {
+        Self {
+            etcd: etcd.to_string(),
+            cluster: "strata".to_string(),
+            replicas: 1,
+            min_replicas: 1,
+            down_for: Duration::from_secs(1),
+            client: ClientOptions::default(),
+        }
+    }
+}
+
+/// A serving node as the client routes to it.
+struct RoutedNode {
+    id: String,
+    zone: String,
+    weight: u64,
+    /// Its shard `i` is peer `first_peer + i`.
+    first_peer: usize,
+    shard_count: u32,
+    down_until: Option<Instant>,
+}
+
+/// Where keys live: the client's copy of the members, rebuilt when the watch's epoch moves.
+pub(crate) struct Routing {
+    watch: Arc<MembersWatch>,
+    /// The watch generation `nodes` were built from.
+    generation: u64,
+    epoch: i64,
+    nodes: Vec<RoutedNode>,
+    replicas: u8,
+    min_replicas: u8,
+    down_for: Duration,
+}
+
+impl Routing {
+    fn candidates(&self) -> Vec<Candidate<'_>> {
+        self.nodes.iter().map(|node| Candidate { id: &node.id, weight: node.weight, zone: &node.zone }).collect()
+    }
+
+    fn peer(&self, node: usize, key: &[u8]) -> usize {
+        let node = &self.nodes[node];
+        node.first_peer + shard_of(key, node.shard_count) as usize
+    }
+
+    fn is_down(&self, node: usize, now: Instant) -> bool {
+        self.nodes[node].down_until.is_some_and(|until| now < until)
+    }
+
+    fn node_of_peer(&self, peer: usize) -> usize {
+        self.nodes.partition_point(|node| node.first_peer <= peer).saturating_sub(1)
+    }
+
+    /// The nodes a read of `key` tries, in turn while they fail: every serving node in placement order
+    /// (a put may have asked for more replicas than this client's default), those passed over last.
+    fn read_order(&self, key: &[u8], candidates: &[Candidate<'_>], now: Instant) -> Vec<usize> {
+        let mut order = placement::replicas(key, candidates, candidates.len());
+        order.sort_by_key(|&node| self.is_down(node, now));
+        order
+    }
+}
+
+/// A failure after which the next replica may answer: the node, not the request, is at fault.
+fn is_node_failure(result: &Result<ItemReply, ClientError>) -> bool {
+    matches!(result, Err(ClientError::Connection(_) | ClientError::Timeout | ClientError::ShuttingDown))
+}
+
+impl Client {
+    /// Connects to the cluster on `options.etcd`: reads its members (and keeps watching them), and says
+    /// HELLO to one node to learn the bounds. Connections to the other nodes open when first used.
+    pub fn connect_cluster(options: &ClusterOptions) -> Result<Self, ClientError> {
+        let endpoints = etcd_endpoints(&options.etcd).map_err(|error| ClientError::Invalid(error.to_string()))?;
+        let watch = MembersWatch::start(WatchConfig::new(endpoints, &options.cluster))
+            .map_err(|error| ClientError::Connection(error.to_string()))?;
+        Self::connect_watched(Arc::new(watch), options)
+    }
+
+    /// A client of the cluster that `watch` follows (one watch may serve many clients, one per thread).
+    pub fn connect_watched(watch: Arc<MembersWatch>, options: &ClusterOptions) -> Result<Self, ClientError> {
+        let view = watch.view();
+        let mut first = Err(ClientError::Connection(format!("cluster {:?} has no serving node", options.cluster)));
+        for member in view.serving() {
+            first = ShardConnection::open(member.shards[0], &options.client).map(|opened| (member.shards[0], opened));
+            if first.is_ok() {
+                break;
+            }
+        }
+        let (addr, (connection, hello)) = first?;
+        let routing = Routing {
+            watch,
+            generation: u64::MAX,
+            epoch: 0,
+            nodes: Vec::new(),
+            replicas: options.replicas.max(1),
+            min_replicas: options.min_replicas.max(1),
+            down_for: options.down_for,
+        };
+        let mut client = Client {
+            options: options.client.clone(),
+            hello,
+            peers: vec![Peer::new(addr, hello.shard_id, hello.shard_count)],
+            cluster: Some(Box::new(routing)),
+            next_request_id: 1,
+        };
+        client.peers[0].connection = Some(connection);
+        client.sync_membership();
+        Ok(client)
+    }
+
+    /// The cluster epoch this client routes by (the etcd revision at which placement last changed); none
+    /// for a client of one node.
+    pub fn cluster_epoch(&self) -> Option<i64> {
+        self.cluster.as_ref().map(|routing| routing.epoch)
+    }
+
+    /// Rebuilds the peers from the watch's view if its epoch moved; open connections to shards still
+    /// there are kept.
+    pub(crate) fn sync_membership(&mut self) {
+        let Some(routing) = self.cluster.as_mut() else { return };
+        let generation = routing.watch.generation();
+        if generation == routing.generation {
+            return;
+        }
+        let view = routing.watch.view();
+        let mut open: HashMap<(SocketAddr, u32, u32), ShardConnection> = self
+            .peers
+            .drain(..)
+            .filter_map(|peer| Some(((peer.addr, peer.shard, peer.shard_count), peer.connection?)))
+            .collect();
+        let mut nodes = Vec::new();
+        for member in view.serving() {
+            let first_peer = self.peers.len();
+            let shard_count = member.shards.len() as u32;
+            for (shard, &addr) in member.shards.iter().enumerate() {
+                let mut peer = Peer::new(addr, shard as u32, shard_count);
+                peer.connection = open.remove(&(addr, shard as u32, shard_count));
+                self.peers.push(peer);
+            }
+            let down_until = routing.nodes.iter().find(|node| node.id == member.id).and_then(|node| node.down_until);
+            let (id, zone, weight) = (member.id.clone(), member.zone.clone(), strata_cluster::weight(member));
+            nodes.push(RoutedNode { id, zone, weight, first_peer, shard_count, down_until });
+        }
+        routing.nodes = nodes;
+        routing.generation = generation;
+        routing.epoch = view.epoch;
+    }
+
+    /// The peer a key's single-connection operations (progressive puts) go to: its shard, or in a cluster
+    /// its first live replica's.
+    pub(crate) fn primary_peer(&mut self, key: &[u8]) -> Result<usize, ClientError> {
+        self.sync_membership();
+        let Some(routing) = self.cluster.as_deref() else {
+            return Ok(shard_of(key, self.hello.shard_count) as usize);
+        };
+        let order = routing.read_order(key, &routing.candidates(), Instant::now());
+        order.first().map(|&node| routing.peer(node, key)).ok_or_else(no_serving_node)
+    }
+
+    /// [`Client::exchange`] in a cluster: puts and removals to every replica, the rest to the first live.
+    pub(crate) fn run_in_cluster(
+        &mut self,
+        opcode: Opcode,
+        items: &[Item<'_>],
+        options: PutOptions,
+        sink: &mut Sink<'_, '_, '_>,
+    ) -> Vec<Result<ItemReply, ClientError>> {
+        self.sync_membership();
+        match opcode {
+            Opcode::Put | Opcode::Remove => self.send_to_every_replica(opcode, items, options, sink),
+            _ => self.send_to_first_live_replica(opcode, items, options, sink),
+        }
+    }
+
+    fn send_to_every_replica(
+        &mut self,
+        opcode: Opcode,
+        items: &[Item<'_>],
+        options: PutOptions,
+        sink: &mut Sink<'_, '_, '_>,
+    ) -> Vec<Result<ItemReply, ClientError>> {
+        let Some(routing) = self.cluster.as_deref() else { return Vec::new() };
+        let wanted = if options.replicas == 0 { routing.replicas } else { options.replicas };
+        // A removal counts once any replica answered; a put once `min_replicas` of its replicas stored it.
+        let needed = if opcode == Opcode::Remove { 1 } else { usize::from(routing.min_replicas.min(wanted)) };
+        let candidates = routing.candidates();
+        let now = Instant::now();
+        let mut sends = Vec::with_capacity(items.len() * usize::from(wanted));
+        for (index, item) in items.iter().enumerate() {
+            for node in placement::replicas(item.key, &candidates, usize::from(wanted)) {
+                if !routing.is_down(node, now) {
+                    sends.push((index, routing.peer(node, item.key)));
+                }
+            }
+        }
+        drop(candidates);
+        let replies = self.exchange(opcode, items, &sends, options, sink);
+        self.pass_over_failed_nodes(&sends, &replies);
+        let mut tallies: Vec<Tally> = (0..items.len()).map(|_| Tally::default()).collect();
+        for (&(index, _), reply) in sends.iter().zip(replies) {
+            tallies[index].add(reply);
+        }
+        tallies.into_iter().map(|tally| tally.outcome(needed)).collect()
+    }
+
+    fn send_to_first_live_replica(
+        &mut self,
+        opcode: Opcode,
+        items: &[Item<'_>],
+        options: PutOptions,
+        sink: &mut Sink<'_, '_, '_>,
+    ) -> Vec<Result<ItemReply, ClientError>> {
+        // Placeholders that do not allocate (a 1,000-key call should not make 1,000 strings), replaced by
+        // every reply; an item no node was asked keeps `None`.
+        let mut results: Vec<Option<Result<ItemReply, ClientError>>> = (0..items.len()).map(|_| None).collect();
+        // Each item's nodes still to try, in read order, worked out only for items whose first node failed
+        // or is passed over: a read that succeeds on its first replica costs one score per node, and no
+        // allocation.
+        let mut untried: Vec<Option<VecDeque<usize>>> = (0..items.len()).map(|_| None).collect();
+        let mut tried_first: Vec<Option<usize>> = vec![None; items.len()];
+        let mut pending: Vec<usize> = (0..items.len()).collect();
+        for attempt in 0.. {
+            let Some(routing) = self.cluster.as_deref() else { break };
+            let candidates = routing.candidates();
+            let now = Instant::now();
+            let any_down = (0..routing.nodes.len()).any(|node| routing.is_down(node, now));
+            let mut sends = Vec::with_capacity(pending.len());
+            for &index in &pending {
+                let key = items[index].key;
+                let node = if attempt == 0 && !any_down {
+                    tried_first[index] = placement::first(key, &candidates);
+                    tried_first[index]
+                } else {
+                    let queue = untried[index].get_or_insert_with(|| {
+                        let mut order = routing.read_order(key, &candidates, now);
+                        order.retain(|&node| Some(node) != tried_first[index]);
+                        order.into()
+                    });
+                    queue.pop_front()
+                };
+                if let Some(node) = node {
+                    sends.push((index, routing.peer(node, key)));
+                }
+            }
+            drop(candidates);
+            if sends.is_empty() {
+                break;
+            }
+            let replies = self.exchange(opcode, items, &sends, options, sink);
+            self.pass_over_failed_nodes(&sends, &replies);
+            pending.clear();
+            for (&(index, _), reply) in sends.iter().zip(replies) {
+                if is_node_failure(&reply) {
+                    pending.push(index);
+                }
+                results[index] = Some(reply);
+            }
+        }
+        results.into_iter().map(|result| result.unwrap_or_else(|| Err(no_serving_node()))).collect()
+    }
+
+    /// Marks the nodes that failed a send as passed over, and asks the watch for the members again.
+    fn pass_over_failed_nodes(&mut self, sends: &[(usize, usize)], replies: &[Result<ItemReply, ClientError>]) {
+        let Some(routing) = self.cluster.as_deref_mut() else { return };
+        let until = Instant::now() + routing.down_for;
+        let mut any = false;
+        for (&(_, peer), reply) in sends.iter().zip(replies) {
+            if is_node_failure(reply) {
+                let node = routing.node_of_peer(peer);
+                routing.nodes[node].down_until = Some(until);
+                any = true;
+            }
+        }
+        if any {
+            routing.watch.refresh();
+        }
+    }
+}
+
+fn no_serving_node() -> ClientError {
+    ClientError::Connection("no serving node holds the key's replicas".into())
+}
+
+/// One key's replies from its replicas.
+#[derive(Default)]
+struct Tally {
+    /// Replicas that did it, and one of their replies.
+    done: u32,
+    reply: Option<ItemReply>,
+    /// Replicas that had nothing to do: the key was stored already (put) or not stored (removal).
+    moot: Option<ClientError>,
+    moot_count: u32,
+    failure: Option<ClientError>,
+}
+
+impl Tally {
+    fn add(&mut self, reply: Result<ItemReply, ClientError>) {
+        match reply {
+            Ok(reply) => {
+                self.done += 1;
+                self.reply = Some(reply);
+            }
+            Err(error @ (ClientError::Exists | ClientError::NotFound)) => {
+                self.moot_count += 1;
+                self.moot = Some(error);
+            }
+            Err(error) => {
+                self.failure.get_or_insert(error);
+            }
+        }
+    }
+
+    /// Done when at least `needed` replicas stored it or had it already; the reply counts those that did.
+    fn outcome(self, needed: usize) -> Result<ItemReply, ClientError> {
+        let answered = (self.done + self.moot_count) as usize;
+        if answered >= needed && answered > 0 {
+            return match (self.reply, self.moot) {
+                (Some(reply), _) => Ok(ItemReply { stored: self.done, ..reply }),
+                (None, Some(moot)) => Err(moot),
+                (None, None) => Err(no_serving_node()),
+            };
+        }
+        Err(self
+            .failure
+            .unwrap_or_else(|| ClientError::Connection(format!("{answered} of the {needed} replicas needed answered"))))
+    }
+}

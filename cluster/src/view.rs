@@ -1,0 +1,88 @@
+//! A cluster's members as a client routes by them: every registered node, and the cluster epoch, the etcd
+//! revision at which placement last changed (a free-space refresh changes no placement, so no epoch).
+
+use strata_proto::placement::Candidate;
+
+use crate::member::{Member, MemberState};
+
+/// The members at one etcd revision.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct View {
+    /// The etcd revision at which the serving members, their addresses, zones or capacities last changed.
+    pub epoch: i64,
+    /// The etcd revision this view was read at.
+    pub revision: i64,
+    /// Every registered node, sorted by id.
+    pub members: Vec<Member>,
+}
+
+impl View {
+    /// The view of `members` read at `revision`, following `previous`: the epoch moves only when
+    /// placement does.
+    pub fn next(previous: &View, revision: i64, mut members: Vec<Member>) -> View {
+        members.sort_by(|a, b| a.id.cmp(&b.id));
+        let moved = placement_key(&members) != placement_key(&previous.members);
+        let epoch = if moved || previous.epoch == 0 { revision } else { previous.epoch };
+        View { epoch, revision, members }
+    }
+
+    /// The members that own keys: those serving.
+    pub fn serving(&self) -> impl Iterator<Item = &Member> {
+        self.members.iter().filter(|member| member.state == MemberState::Serving)
+    }
+
+    /// The serving members as placement candidates, in the order of [`View::serving`].
+    pub fn candidates(&self) -> Vec<Candidate<'_>> {
+        self.serving().map(|member| Candidate { id: &member.id, weight: weight(member), zone: &member.zone }).collect()
+    }
+}
+
+/// A member's placement weight: its capacity over both tiers, in MiB (at least 1 for a serving node, so
+/// a node with no tier sizes reported still takes keys).
+pub fn weight(member: &Member) -> u64 {
+    ((member.dram.capacity + member.nvme.capacity) >> 20).max(1)
+}
+
+/// What placement depends on: the serving members' ids, addresses, zones and weights.
+fn placement_key(members: &[Member]) -> Vec<(&str, &[std::net::SocketAddr], &str, u64)> {
+    members
+        .iter()
+        .filter(|member| member.state == MemberState::Serving)
+        .map(|member| (member.id.as_str(), member.shards.as_slice(), member.zone.as_str(), weight(member)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::member::TierSpace;
+
+    fn member(id: &str, free: u64) -> Member {
+        Member {
+            id: id.into(),
+            shards: vec!["127.0.0.1:7600".parse().unwrap()],
+            zone: String::new(),
+            state: MemberState::Serving,
+            epoch: 1,
+            dram: TierSpace { capacity: 1 << 30, free },
+            nvme: TierSpace::default(),
+        }
+    }
+
+    #[test]
+    fn the_epoch_moves_with_placement_only() {
+        let first = View::next(&View::default(), 10, vec![member("b", 5), member("a", 5)]);
+        assert_eq!((first.epoch, first.revision), (10, 10));
+        assert_eq!(first.members[0].id, "a", "sorted by id");
+        let refreshed = View::next(&first, 11, vec![member("a", 1), member("b", 2)]);
+        assert_eq!((refreshed.epoch, refreshed.revision), (10, 11), "free space is not placement");
+        let joined = View::next(&refreshed, 12, vec![member("a", 1), member("b", 2), member("c", 0)]);
+        assert_eq!(joined.epoch, 12);
+        let mut draining = joined.members.clone();
+        draining[2].state = MemberState::Draining;
+        let drained = View::next(&joined, 13, draining);
+        assert_eq!(drained.epoch, 13, "a node that stops serving moves keys");
+        assert_eq!(drained.candidates().len(), 2);
+        assert_eq!(drained.candidates()[0].weight, 1024);
+    }
+}

@@ -1,0 +1,231 @@
+//! A members' watch: reads a cluster's members from etcd and keeps a [`View`] of them current, from a thread
+//! and tokio runtime of its own, so that callers only read the last view (one atomic load tells them it
+//! changed).
+//!
+//! etcd's watch on the members' prefix wakes the thread; it then re-reads the prefix whole, as it does
+//! every `resync` and whenever a caller asks ([`MembersWatch::refresh`]). Members are few, a read of the
+//! prefix is one consistent snapshot, and no watch event has to be interpreted. When etcd cannot be
+//! reached the last view stands, and callers route by it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, ConnectOptions, GetOptions, WatchOptions};
+use tokio::sync::Notify;
+
+use crate::error::{ClusterError, bounded};
+use crate::member::{Member, members_prefix, validate_name};
+use crate::view::View;
+
+/// Shards a member may list: a bound on what one etcd entry makes a client allocate.
+const MAX_SHARDS_PER_MEMBER: usize = 1024;
+
+/// Where a watch reads, and how patiently.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchConfig {
+    /// etcd's client endpoints, `http://host:port`.
+    pub endpoints: Vec<String>,
+    /// The cluster's name.
+    pub cluster: String,
+    /// Each etcd call's bound, and how long [`MembersWatch::start`] waits for a first serving member.
+    pub timeout: Duration,
+    /// How often the members are re-read with no watch event: also how soon a silent etcd is noticed.
+    pub resync: Duration,
+}
+
+impl WatchConfig {
+    /// Cluster `cluster` on `endpoints`, with a 5 s timeout and a 2 s resync.
+    pub fn new(endpoints: Vec<String>, cluster: &str) -> Self {
+        Self {
+            endpoints,
+            cluster: cluster.to_string(),
+            timeout: Duration::from_secs(5),
+            resync: Duration::from_secs(2),
+        }
+    }
+}
+
+struct Shared {
+    config: WatchConfig,
+    view: Mutex<Arc<View>>,
+    /// Bumped each time the view's epoch changes.
+    generation: AtomicU64,
+    failure: Mutex<Option<String>>,
+    stopping: AtomicBool,
+    wake: Notify,
+}
+
+/// A running watch; dropping it ends the thread.
+pub struct MembersWatch {
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl MembersWatch {
+    /// Starts watching, and waits (up to `config.timeout`) for a view with at least one serving member.
+    pub fn start(config: WatchConfig) -> Result<MembersWatch, ClusterError> {
+        validate_name("cluster name", &config.cluster)?;
+        let shared = Arc::new(Shared {
+            config,
+            view: Mutex::new(Arc::new(View::default())),
+            generation: AtomicU64::new(0),
+            failure: Mutex::new(None),
+            stopping: AtomicBool::new(false),
+            wake: Notify::new(),
+        });
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let running = Arc::clone(&shared);
+        let thread =
+            std::thread::Builder::new().name("strata-members".into()).spawn(move || runtime.block_on(running.run()))?;
+        let watch = MembersWatch { shared, thread: Some(thread) };
+        let waited = watch.shared.config.timeout;
+        let deadline = Instant::now() + waited;
+        while watch.view().serving().next().is_none() {
+            if Instant::now() >= deadline {
+                let reason = watch.failure().unwrap_or_else(|| "no node is serving".to_string());
+                return Err(ClusterError::NoView { cluster: watch.shared.config.cluster.clone(), waited, reason });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(watch)
+    }
+
+    /// The last view read.
+    pub fn view(&self) -> Arc<View> {
+        Arc::clone(&self.shared.view.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
+    }
+
+    /// How many times the epoch changed: compare with an earlier value to see whether to re-route.
+    pub fn generation(&self) -> u64 {
+        self.shared.generation.load(Ordering::Acquire)
+    }
+
+    /// Asks for a re-read now (a node did not answer, or said it no longer owns a key).
+    pub fn refresh(&self) {
+        self.shared.wake.notify_one();
+    }
+
+    /// Why the last read failed, while etcd is unreachable.
+    pub fn failure(&self) -> Option<String> {
+        self.shared.failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+}
+
+impl Drop for MembersWatch {
+    fn drop(&mut self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        self.shared.wake.notify_one();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// What woke the watch.
+enum Wake {
+    Watched(Result<Option<etcd_client::WatchResponse>, etcd_client::Error>),
+    Asked,
+}
+
+impl Shared {
+    async fn run(self: Arc<Self>) {
+        while !self.stopping.load(Ordering::SeqCst) {
+            if let Err(error) = self.session().await {
+                tracing::warn!(%error, cluster = %self.config.cluster, "members' watch lost etcd; routing by the last view");
+                *self.failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(error.to_string());
+                let _ = tokio::time::timeout(self.config.resync, self.wake.notified()).await;
+            }
+        }
+    }
+
+    /// One connection's life: read, watch, re-read on every event, request or resync; Err when etcd fails.
+    async fn session(&self) -> Result<(), ClusterError> {
+        let limit = self.config.timeout;
+        let options = ConnectOptions::new().with_connect_timeout(limit);
+        let mut client = bounded(limit, Client::connect(&self.config.endpoints, Some(options))).await?;
+        let revision = self.read(&mut client).await?;
+        let watching = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
+        let mut stream = bounded(limit, client.watch(self.prefix(), Some(watching))).await?;
+        loop {
+            let woken = futures_lite::future::or(async { Wake::Watched(stream.message().await) }, async {
+                let _ = tokio::time::timeout(self.config.resync, self.wake.notified()).await;
+                Wake::Asked
+            })
+            .await;
+            if self.stopping.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            match woken {
+                Wake::Watched(Ok(Some(answer))) if answer.canceled() => {
+                    return Err(ClusterError::WatchEnded(answer.cancel_reason().to_string()));
+                }
+                Wake::Watched(Ok(None)) => return Err(ClusterError::WatchEnded("the stream closed".into())),
+                Wake::Watched(Err(error)) => return Err(error.into()),
+                Wake::Watched(Ok(Some(_))) | Wake::Asked => {}
+            }
+            self.read(&mut client).await?;
+        }
+    }
+
+    /// Reads every member and publishes the view; returns the revision read at.
+    async fn read(&self, client: &mut Client) -> Result<i64, ClusterError> {
+        let prefix = self.prefix();
+        let answer =
+            bounded(self.config.timeout, client.get(prefix.as_str(), Some(GetOptions::new().with_prefix()))).await?;
+        let revision = answer.header().map_or(0, |header| header.revision());
+        let members = answer.kvs().iter().filter_map(|entry| parse(&prefix, entry.key(), entry.value())).collect();
+        let mut view = self.view.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let next = View::next(&view, revision, members);
+        let moved = next.epoch != view.epoch;
+        *view = Arc::new(next);
+        drop(view);
+        if moved {
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
+        *self.failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+        Ok(revision)
+    }
+
+    fn prefix(&self) -> String {
+        members_prefix(&self.config.cluster)
+    }
+}
+
+/// A member's entry, or None (with a warning) for one that is not a well-formed entry under its own id.
+fn parse(prefix: &str, key: &[u8], value: &[u8]) -> Option<Member> {
+    let id = key.strip_prefix(prefix.as_bytes())?;
+    match serde_json::from_slice::<Member>(value) {
+        Ok(member)
+            if member.id.as_bytes() == id
+                && !member.shards.is_empty()
+                && member.shards.len() <= MAX_SHARDS_PER_MEMBER =>
+        {
+            Some(member)
+        }
+        Ok(member) => {
+            tracing::warn!(id = %member.id, shards = member.shards.len(), "member entry ignored: id or shards do not fit");
+            None
+        }
+        Err(error) => {
+            tracing::warn!(%error, key = %String::from_utf8_lossy(key), "member entry ignored: not a member's JSON");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_that_do_not_fit_are_ignored() {
+        let prefix = members_prefix("c");
+        let good = br#"{"id":"n1","shards":["127.0.0.1:1"],"zone":"","state":"serving","epoch":1,"dram":{"capacity":0,"free":0},"nvme":{"capacity":0,"free":0}}"#;
+        assert!(parse(&prefix, b"/strata/c/nodes/n1", good).is_some());
+        assert!(parse(&prefix, b"/strata/c/nodes/n2", good).is_none(), "an entry under another id");
+        assert!(parse(&prefix, b"/strata/c/nodes/n1", b"{not json").is_none());
+        let no_shards = String::from_utf8_lossy(good).replace(r#"["127.0.0.1:1"]"#, "[]");
+        assert!(parse(&prefix, b"/strata/c/nodes/n1", no_shards.as_bytes()).is_none());
+    }
+}
