@@ -210,6 +210,8 @@ impl Item<'_> {
 /// in flight on each.
 struct Batch<'a, 'i> {
     opcode: Opcode,
+    /// The cluster epoch its frames carry.
+    epoch: u64,
     items: &'a [Item<'i>],
     sends: &'a [(usize, usize)],
     options: PutOptions,
@@ -326,6 +328,8 @@ pub struct Location {
 /// A shard this client sends to, and its connection once open.
 pub(crate) struct Peer {
     pub(crate) addr: SocketAddr,
+    /// Its node's id in a cluster; empty for a client of one node.
+    pub(crate) node: std::sync::Arc<str>,
     /// Its index among its node's shards, and how many its node has: a HELLO that says otherwise means
     /// the node is not the one this peer was learnt from.
     pub(crate) shard: u32,
@@ -334,8 +338,8 @@ pub(crate) struct Peer {
 }
 
 impl Peer {
-    pub(crate) fn new(addr: SocketAddr, shard: u32, shard_count: u32) -> Self {
-        Peer { addr, shard, shard_count, connection: None }
+    pub(crate) fn new(addr: SocketAddr, node: std::sync::Arc<str>, shard: u32, shard_count: u32) -> Self {
+        Peer { addr, node, shard, shard_count, connection: None }
     }
 }
 
@@ -349,6 +353,8 @@ pub struct Client {
     pub(crate) peers: Vec<Peer>,
     /// Where keys live in a cluster; none: on one node's shards, by `shard_of`.
     pub(crate) cluster: Option<Box<crate::cluster::Routing>>,
+    /// The cluster epoch every request frame carries (0: none, a client of one node).
+    pub(crate) frame_epoch: u64,
     pub(crate) next_request_id: u64,
 }
 
@@ -364,10 +370,11 @@ impl Client {
         let (first, hello) = ShardConnection::open(addr, &options)?;
         let peers = (0..hello.shard_count)
             .map(|shard| {
-                Peer::new(SocketAddr::new(addr.ip(), hello.base_port + shard as u16), shard, hello.shard_count)
+                let addr = SocketAddr::new(addr.ip(), hello.base_port + shard as u16);
+                Peer::new(addr, "".into(), shard, hello.shard_count)
             })
             .collect();
-        let mut client = Self { options, hello, peers, cluster: None, next_request_id: 1 };
+        let mut client = Self { options, hello, peers, cluster: None, frame_epoch: 0, next_request_id: 1 };
         client.peers[hello.shard_id as usize].connection = Some(first);
         for shard in 0..hello.shard_count {
             client.connection(shard as usize)?;
@@ -387,10 +394,13 @@ impl Client {
 
     /// Subscribes to the events for keys that start with `prefix` (all keys for `None`) of every shard
     /// this client reaches: one dedicated connection per shard, each read by a thread of its own (see
-    /// [`EventStream`]).
+    /// [`EventStream`]), each event tagged with its node and shard. In a cluster it covers the nodes
+    /// serving at the client's last call (or its connection): subscribe again when
+    /// [`Client::cluster_epoch`] moves.
     pub fn subscribe_events(&self, prefix: Option<&[u8]>) -> Result<crate::EventStream, ClientError> {
-        let addrs: Vec<SocketAddr> = self.peers.iter().map(|peer| peer.addr).collect();
-        crate::EventStream::open(&addrs, &self.options, prefix)
+        let sources: Vec<(SocketAddr, std::sync::Arc<str>, u32)> =
+            self.peers.iter().map(|peer| (peer.addr, std::sync::Arc::clone(&peer.node), peer.shard)).collect();
+        crate::EventStream::open(&sources, &self.options, prefix)
     }
 
     /// Peer `index`'s connection, opened (and checked against the shard map) if it is not open.
@@ -477,7 +487,9 @@ impl Client {
         self.next_request_id += 1;
         let (flags, offset) = options.encode();
         let flags = flags | ITEM_PROGRESSIVE | if links.is_none() { 0 } else { ITEM_LINKS };
-        FrameHeader::request(Opcode::Put, request_id, 1, body_len).encode_into(&mut connection.output);
+        FrameHeader::request(Opcode::Put, request_id, 1, body_len)
+            .with_epoch(self.frame_epoch)
+            .encode_into(&mut connection.output);
         RequestItemHeader { key_len: key.len() as u16, flags, value_len: value_len as u32, value_crc: 0, offset }
             .encode_into(&mut connection.output);
         let io = |error: std::io::Error| ClientError::from_io(&error);
@@ -842,11 +854,10 @@ impl Client {
             let connection = self.connection(shard)?;
             let sending = send_frame(
                 connection,
-                Opcode::RemoveMatching,
+                (Opcode::RemoveMatching, 0),
                 request_id,
                 &items,
-                &one_send,
-                &[0],
+                (&one_send, &[0]),
                 PutOptions::default(),
             );
             if let Err(error) = sending {
@@ -951,7 +962,8 @@ impl Client {
         // Send the first frame of every peer, then read replies peer by peer, sending each peer's next
         // frame as soon as its previous reply is in.
         let mut in_flight: Vec<Option<(u64, Vec<usize>)>> = vec![None; frames.len()];
-        let mut batch = Batch { opcode, items, sends, options, frames: &mut frames, in_flight: &mut in_flight };
+        let epoch = self.frame_epoch;
+        let mut batch = Batch { opcode, epoch, items, sends, options, frames: &mut frames, in_flight: &mut in_flight };
         for peer in 0..batch.frames.len() {
             self.send_next(peer, &mut batch, &mut results);
         }
@@ -989,7 +1001,8 @@ impl Client {
             let request_id = self.next_request_id;
             self.next_request_id += 1;
             let sent = self.connection(peer).and_then(|connection| {
-                send_frame(connection, batch.opcode, request_id, batch.items, batch.sends, &indices, batch.options)
+                let frame = (batch.opcode, batch.epoch);
+                send_frame(connection, frame, request_id, batch.items, (batch.sends, &indices), batch.options)
                     .map_err(|error| ClientError::from_io(&error))
             });
             match sent {
@@ -1034,6 +1047,11 @@ impl Client {
             body_read += RESPONSE_ITEM_BYTES as u64 + u64::from(item.data_len);
             if body_read > header.body_len {
                 return Err(ClientError::Protocol("reply items overrun the body".into()));
+            }
+            if item.status == Status::Moved {
+                let epoch = u64::from(item.object_len) | u64::from(item.data_crc) << 32;
+                results[send] = Err(ClientError::Moved { epoch });
+                continue;
             }
             if item.status != Status::Ok {
                 results[send] = Err(ClientError::from_status(item.status));
@@ -1116,14 +1134,14 @@ fn one<T>(mut results: Vec<Result<T, ClientError>>) -> Result<T, ClientError> {
     results.pop().unwrap_or_else(|| Err(ClientError::Protocol("no result".into())))
 }
 
-/// Sends one frame of `opcode` holding the items of `indices` (into `sends`).
+/// Sends one frame of `opcode`, carrying cluster epoch `epoch` (0: none), holding the items of `indices`
+/// (into `sends`).
 fn send_frame(
     connection: &mut ShardConnection,
-    opcode: Opcode,
+    (opcode, epoch): (Opcode, u64),
     request_id: u64,
     items: &[Item<'_>],
-    sends: &[(usize, usize)],
-    indices: &[usize],
+    (sends, indices): (&[(usize, usize)], &[usize]),
     options: PutOptions,
 ) -> std::io::Result<()> {
     let body_len: u64 = indices
@@ -1135,7 +1153,7 @@ fn send_frame(
         })
         .sum();
     let mut head = Vec::with_capacity(FRAME_HEADER_BYTES);
-    FrameHeader::request(opcode, request_id, indices.len() as u32, body_len).encode_into(&mut head);
+    FrameHeader::request(opcode, request_id, indices.len() as u32, body_len).with_epoch(epoch).encode_into(&mut head);
     connection.send(&head)?;
     let (flags, put_offset) = options.encode();
     for &send in indices {

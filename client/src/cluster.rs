@@ -139,8 +139,9 @@ impl Client {
         let mut client = Client {
             options: options.client.clone(),
             hello,
-            peers: vec![Peer::new(addr, hello.shard_id, hello.shard_count)],
+            peers: vec![Peer::new(addr, "".into(), hello.shard_id, hello.shard_count)],
             cluster: Some(Box::new(routing)),
+            frame_epoch: 0,
             next_request_id: 1,
         };
         client.peers[0].connection = Some(connection);
@@ -172,8 +173,9 @@ impl Client {
         for member in view.serving() {
             let first_peer = self.peers.len();
             let shard_count = member.shards.len() as u32;
+            let node: std::sync::Arc<str> = member.id.as_str().into();
             for (shard, &addr) in member.shards.iter().enumerate() {
-                let mut peer = Peer::new(addr, shard as u32, shard_count);
+                let mut peer = Peer::new(addr, std::sync::Arc::clone(&node), shard as u32, shard_count);
                 peer.connection = open.remove(&(addr, shard as u32, shard_count));
                 self.peers.push(peer);
             }
@@ -184,6 +186,7 @@ impl Client {
         routing.nodes = nodes;
         routing.generation = generation;
         routing.epoch = view.epoch;
+        self.frame_epoch = u64::try_from(view.epoch).unwrap_or(0);
     }
 
     /// The peer a key's single-connection operations (progressive puts) go to: its shard, or in a cluster
@@ -223,24 +226,66 @@ impl Client {
         let wanted = if options.replicas == 0 { routing.replicas } else { options.replicas };
         // A removal counts once any replica answered; a put once `min_replicas` of its replicas stored it.
         let needed = if opcode == Opcode::Remove { 1 } else { usize::from(routing.min_replicas.min(wanted)) };
+        let everyone: Vec<usize> = (0..items.len()).collect();
+        let mut tallies: Vec<Tally> = (0..items.len()).map(|_| Tally::default()).collect();
+        let moved = self.send_to_replicas(opcode, (items, &everyone), (options, wanted, true), sink, &mut tallies);
+        // Items some node answered MOVED: once the view has caught up with that node's, to the replicas
+        // that did not answer yet, once.
+        if let Some(epoch) = moved.iter().map(|&(_, epoch)| epoch).max() {
+            self.catch_up(epoch);
+            let mut again: Vec<usize> = moved.into_iter().map(|(index, _)| index).collect();
+            again.dedup();
+            self.send_to_replicas(opcode, (items, &again), (options, wanted, false), sink, &mut tallies);
+        }
+        tallies.into_iter().map(|tally| tally.outcome(needed)).collect()
+    }
+
+    /// Sends each of `which` (indices into `items`) to those of its `wanted` replicas that are not passed
+    /// over and have not answered it yet, and adds their answers to `tallies`; returns the items a node
+    /// answered MOVED, with that node's epoch, if `set_aside_moved` (else a MOVED counts as a failure).
+    fn send_to_replicas(
+        &mut self,
+        opcode: Opcode,
+        (items, which): (&[Item<'_>], &[usize]),
+        (options, wanted, set_aside_moved): (PutOptions, u8, bool),
+        sink: &mut Sink<'_, '_, '_>,
+        tallies: &mut [Tally],
+    ) -> Vec<(usize, u64)> {
+        let Some(routing) = self.cluster.as_deref() else { return Vec::new() };
         let candidates = routing.candidates();
         let now = Instant::now();
-        let mut sends = Vec::with_capacity(items.len() * usize::from(wanted));
-        for (index, item) in items.iter().enumerate() {
-            for node in placement::replicas(item.key, &candidates, usize::from(wanted)) {
-                if !routing.is_down(node, now) {
-                    sends.push((index, routing.peer(node, item.key)));
+        let mut sends = Vec::with_capacity(which.len() * usize::from(wanted));
+        for &index in which {
+            let key = items[index].key;
+            for node in placement::replicas(key, &candidates, usize::from(wanted)) {
+                if !routing.is_down(node, now) && !tallies[index].answered_by(&routing.nodes[node].id) {
+                    sends.push((index, routing.peer(node, key)));
                 }
             }
         }
         drop(candidates);
         let replies = self.exchange(opcode, items, &sends, options, sink);
         self.pass_over_failed_nodes(&sends, &replies);
-        let mut tallies: Vec<Tally> = (0..items.len()).map(|_| Tally::default()).collect();
-        for (&(index, _), reply) in sends.iter().zip(replies) {
-            tallies[index].add(reply);
+        let mut moved = Vec::new();
+        for (&(index, peer), reply) in sends.iter().zip(replies) {
+            match reply {
+                Err(ClientError::Moved { epoch }) if set_aside_moved => moved.push((index, epoch)),
+                reply => tallies[index].add(reply, &self.peers[peer].node),
+            }
         }
-        tallies.into_iter().map(|tally| tally.outcome(needed)).collect()
+        moved
+    }
+
+    /// Asks the watch to re-read the members and waits (at most `down_for`) until its view reaches
+    /// `epoch`, a node's, then routes by it.
+    fn catch_up(&mut self, epoch: u64) {
+        let Some(routing) = self.cluster.as_deref() else { return };
+        routing.watch.refresh();
+        let deadline = Instant::now() + routing.down_for;
+        while u64::try_from(routing.watch.view().epoch).unwrap_or(0) < epoch && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        self.sync_membership();
     }
 
     fn send_to_first_live_replica(
@@ -258,6 +303,7 @@ impl Client {
         // allocation.
         let mut untried: Vec<Option<VecDeque<usize>>> = (0..items.len()).map(|_| None).collect();
         let mut tried_first: Vec<Option<usize>> = vec![None; items.len()];
+        let mut moved = vec![false; items.len()];
         let mut pending: Vec<usize> = (0..items.len()).collect();
         for attempt in 0.. {
             let Some(routing) = self.cluster.as_deref() else { break };
@@ -289,11 +335,31 @@ impl Client {
             let replies = self.exchange(opcode, items, &sends, options, sink);
             self.pass_over_failed_nodes(&sends, &replies);
             pending.clear();
+            let mut moved_to = None;
             for (&(index, _), reply) in sends.iter().zip(replies) {
-                if is_node_failure(&reply) {
-                    pending.push(index);
+                match reply {
+                    // Once: asked again, in the order of the view that has caught up.
+                    Err(ClientError::Moved { epoch }) if !moved[index] => {
+                        moved[index] = true;
+                        moved_to = moved_to.max(Some(epoch));
+                        pending.push(index);
+                    }
+                    // Twice: no node of the new view owns it either; a miss.
+                    Err(ClientError::Moved { .. }) => results[index] = Some(Err(ClientError::NotFound)),
+                    reply => {
+                        if is_node_failure(&reply) {
+                            pending.push(index);
+                        }
+                        results[index] = Some(reply);
+                    }
                 }
-                results[index] = Some(reply);
+            }
+            if let Some(epoch) = moved_to {
+                // The nodes are numbered afresh: every order still to try is worked out again (a node
+                // that failed is passed over, so it comes last).
+                self.catch_up(epoch);
+                untried.iter_mut().for_each(|queue| *queue = None);
+                tried_first.iter_mut().for_each(|first| *first = None);
             }
         }
         results.into_iter().map(|result| result.unwrap_or_else(|| Err(no_serving_node()))).collect()
@@ -324,6 +390,8 @@ fn no_serving_node() -> ClientError {
 /// One key's replies from its replicas.
 #[derive(Default)]
 struct Tally {
+    /// The nodes that answered (whatever they said but MOVED).
+    answered: Vec<Arc<str>>,
     /// Replicas that did it, and one of their replies.
     done: u32,
     reply: Option<ItemReply>,
@@ -334,7 +402,14 @@ struct Tally {
 }
 
 impl Tally {
-    fn add(&mut self, reply: Result<ItemReply, ClientError>) {
+    fn answered_by(&self, node: &str) -> bool {
+        self.answered.iter().any(|answered| &**answered == node)
+    }
+
+    fn add(&mut self, reply: Result<ItemReply, ClientError>, node: &Arc<str>) {
+        if !matches!(reply, Err(ClientError::Moved { .. })) {
+            self.answered.push(Arc::clone(node));
+        }
         match reply {
             Ok(reply) => {
                 self.done += 1;

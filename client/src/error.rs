@@ -53,6 +53,13 @@ pub enum ClientError {
     /// Over a limit of the node (e.g. its bytes of pinned objects); nothing was stored.
     #[error("over the node's quota")]
     Quota,
+    /// The node no longer holds the key under the cluster's membership, which moved to `epoch`; nothing
+    /// was done. A cluster client re-reads the members and retries once before reporting it.
+    #[error("the key moved to other nodes (cluster epoch {epoch})")]
+    Moved {
+        /// The node's cluster epoch (0: not given).
+        epoch: u64,
+    },
 }
 
 impl ClientError {
@@ -71,6 +78,7 @@ impl ClientError {
             Status::ShuttingDown => ClientError::ShuttingDown,
             Status::Exists => ClientError::Exists,
             Status::Quota => ClientError::Quota,
+            Status::Moved => ClientError::Moved { epoch: 0 },
         }
     }
 

@@ -1,4 +1,4 @@
-//! A subscription to a node's events: one dedicated connection per shard, each read by its own thread,
+//! A subscription to a node's events, or a cluster's: one dedicated connection per shard of every node, each read by its own thread,
 //! merged into one bounded queue. When the caller falls behind, the queue fills, the threads stop reading,
 //! TCP pushes back, and the shard's bounded log reports the gap as a `Lagged` event — nothing grows
 //! without bound on either side. The queue carries one batch per frame the node sent (not one message per
@@ -8,6 +8,7 @@
 use std::cell::RefCell;
 use std::io::Read;
 use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -25,7 +26,9 @@ const MAX_FRAME_BYTES: u64 = 16 << 20;
 /// One event of one shard.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShardEvent {
-    /// The shard it happened on.
+    /// The node it happened on: its id in a cluster, empty for a client of one node.
+    pub node: Arc<str>,
+    /// The shard it happened on, among its node's.
     pub shard: u32,
     /// Its number in the shard's sequence.
     pub sequence: u64,
@@ -37,6 +40,7 @@ pub struct ShardEvent {
 /// with keys borrowed from it ([`EventBatch::iter`]), or take owned events one by one from the stream.
 #[derive(Debug)]
 pub struct EventBatch {
+    node: Arc<str>,
     shard: u32,
     body: Vec<u8>,
     /// Where the events not yet consumed start, and how many there are.
@@ -45,7 +49,12 @@ pub struct EventBatch {
 }
 
 impl EventBatch {
-    /// The shard its events happened on.
+    /// The node its events happened on: its id in a cluster, empty for a client of one node.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// The shard its events happened on, among its node's.
     pub fn shard(&self) -> u32 {
         self.shard
     }
@@ -80,7 +89,7 @@ impl EventBatch {
         let (event, sequence, len) = EventRef::decode(&self.body[self.at..]).ok()?;
         self.at += len;
         self.left -= 1;
-        Some(ShardEvent { shard: self.shard, sequence, event: event.to_event() })
+        Some(ShardEvent { node: Arc::clone(&self.node), shard: self.shard, sequence, event: event.to_event() })
     }
 }
 
@@ -94,14 +103,15 @@ pub struct EventStream {
 }
 
 impl EventStream {
+    /// Subscribes on each `(address, node, shard)` of `sources`.
     pub(crate) fn open(
-        addrs: &[SocketAddr],
+        sources: &[(SocketAddr, Arc<str>, u32)],
         options: &ClientOptions,
         prefix: Option<&[u8]>,
     ) -> Result<Self, ClientError> {
         let (sender, batches) = sync_channel(QUEUE_FRAMES);
         let mut stream = Self { batches, pending: RefCell::new(None), sockets: Vec::new(), readers: Vec::new() };
-        for (shard, &addr) in addrs.iter().enumerate() {
+        for (addr, node, shard) in sources.iter().cloned() {
             let (mut connection, _hello) = ShardConnection::open(addr, options)?;
             let (key, flags) = match prefix {
                 Some(prefix) if !prefix.is_empty() => (prefix, 0),
@@ -126,7 +136,7 @@ impl EventStream {
             let sender = sender.clone();
             let reader = std::thread::Builder::new()
                 .name(format!("strata-events-{shard}"))
-                .spawn(move || read_events(connection, shard as u32, sender))
+                .spawn(move || read_events(connection, (node, shard), sender))
                 .map_err(io)?;
             stream.readers.push(reader);
         }
@@ -196,7 +206,11 @@ impl Drop for EventStream {
     }
 }
 
-fn read_events(mut connection: ShardConnection, shard: u32, sender: SyncSender<Result<EventBatch, ClientError>>) {
+fn read_events(
+    mut connection: ShardConnection,
+    (node, shard): (Arc<str>, u32),
+    sender: SyncSender<Result<EventBatch, ClientError>>,
+) {
     let outcome = (|| -> Result<(), ClientError> {
         loop {
             let header = connection.read_header(Opcode::Subscribe, 1)?;
@@ -219,7 +233,7 @@ fn read_events(mut connection: ShardConnection, shard: u32, sender: SyncSender<R
             if at != body.len() {
                 return Err(ClientError::Protocol("events do not fill their frame".into()));
             }
-            let batch = EventBatch { shard, body, at: 0, left: header.count as usize };
+            let batch = EventBatch { node: Arc::clone(&node), shard, body, at: 0, left: header.count as usize };
             if !batch.is_empty() && sender.send(Ok(batch)).is_err() {
                 return Ok(());
             }

@@ -16,6 +16,8 @@ mod endpoints;
 mod error;
 mod member;
 #[cfg(feature = "node")]
+mod ownership;
+#[cfg(feature = "node")]
 mod registration;
 mod view;
 mod watch;
@@ -24,6 +26,8 @@ pub use endpoints::{EndpointsError, etcd_endpoints};
 pub use error::ClusterError;
 pub use member::{Member, MemberState, NameError, TierSpace, member_key, members_prefix, validate_name};
 #[cfg(feature = "node")]
+pub use ownership::{feed_ownership, owns_under};
+#[cfg(feature = "node")]
 pub use registration::{ClusterConfig, Registration};
 pub use view::{View, weight};
-pub use watch::{MembersWatch, WatchConfig};
+pub use watch::{MembersWatch, OnChange, WatchConfig, read_members};

@@ -41,6 +41,9 @@ pub struct Member {
     pub dram: TierSpace,
     /// The NVMe tier.
     pub nvme: TierSpace,
+    /// Keys the node holds (as of its last refresh; absent from older entries: 0).
+    #[serde(default)]
+    pub keys: u64,
 }
 
 /// A cluster name or node id that cannot be one.
@@ -95,11 +98,12 @@ mod tests {
             epoch: 7,
             dram: TierSpace { capacity: 100, free: 60 },
             nvme: TierSpace { capacity: 1000, free: 1000 },
+            keys: 3,
         };
         let json = serde_json::to_string(&member).unwrap();
         assert_eq!(
             json,
-            r#"{"id":"n1","shards":["10.0.0.1:7600"],"zone":"a","state":"serving","epoch":7,"dram":{"capacity":100,"free":60},"nvme":{"capacity":1000,"free":1000}}"#
+            r#"{"id":"n1","shards":["10.0.0.1:7600"],"zone":"a","state":"serving","epoch":7,"dram":{"capacity":100,"free":60},"nvme":{"capacity":1000,"free":1000},"keys":3}"#
         );
         assert_eq!(serde_json::from_str::<Member>(&json).unwrap(), member);
     }

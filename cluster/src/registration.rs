@@ -30,6 +30,9 @@ pub struct ClusterConfig {
     pub lease_ttl: Duration,
     /// The node's zone; empty: unlabelled.
     pub zone: String,
+    /// The most replicas a put asks for in this cluster: the node owns a key among its first this many
+    /// nodes, and answers MOVED for the others (`ownership.rs`).
+    pub max_replicas: usize,
 }
 
 /// What the node registers, and where the registration reports.
@@ -163,6 +166,7 @@ impl Subject {
                 capacity: usage.nvme_capacity,
                 free: usage.nvme_capacity.saturating_sub(usage.nvme_used),
             },
+            keys: usage.keys,
         }
     }
 

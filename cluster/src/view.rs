@@ -66,6 +66,7 @@ mod tests {
             epoch: 1,
             dram: TierSpace { capacity: 1 << 30, free },
             nvme: TierSpace::default(),
+            keys: 0,
         }
     }
 

@@ -46,8 +46,12 @@ impl WatchConfig {
     }
 }
 
+/// Called with each view whose epoch moved, on the watch's thread.
+pub type OnChange = Box<dyn Fn(&View) + Send + Sync>;
+
 struct Shared {
     config: WatchConfig,
+    on_change: Option<OnChange>,
     view: Mutex<Arc<View>>,
     /// Bumped each time the view's epoch changes.
     generation: AtomicU64,
@@ -65,20 +69,7 @@ pub struct MembersWatch {
 impl MembersWatch {
     /// Starts watching, and waits (up to `config.timeout`) for a view with at least one serving member.
     pub fn start(config: WatchConfig) -> Result<MembersWatch, ClusterError> {
-        validate_name("cluster name", &config.cluster)?;
-        let shared = Arc::new(Shared {
-            config,
-            view: Mutex::new(Arc::new(View::default())),
-            generation: AtomicU64::new(0),
-            failure: Mutex::new(None),
-            stopping: AtomicBool::new(false),
-            wake: Notify::new(),
-        });
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let running = Arc::clone(&shared);
-        let thread =
-            std::thread::Builder::new().name("strata-members".into()).spawn(move || runtime.block_on(running.run()))?;
-        let watch = MembersWatch { shared, thread: Some(thread) };
+        let watch = Self::spawn(config, None)?;
         let waited = watch.shared.config.timeout;
         let deadline = Instant::now() + waited;
         while watch.view().serving().next().is_none() {
@@ -89,6 +80,26 @@ impl MembersWatch {
             std::thread::sleep(Duration::from_millis(5));
         }
         Ok(watch)
+    }
+
+    /// Starts watching without waiting for a first view; `on_change` (if any) is called with each view
+    /// whose epoch moved.
+    pub fn spawn(config: WatchConfig, on_change: Option<OnChange>) -> Result<MembersWatch, ClusterError> {
+        validate_name("cluster name", &config.cluster)?;
+        let shared = Arc::new(Shared::new(config, on_change, View::default()));
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let running = Arc::clone(&shared);
+        let thread =
+            std::thread::Builder::new().name("strata-members".into()).spawn(move || runtime.block_on(running.run()))?;
+        Ok(MembersWatch { shared, thread: Some(thread) })
+    }
+
+    /// A watch that never reads etcd and always holds `view`: a client routed by members given to it (or
+    /// a test's client with an old view).
+    pub fn fixed(view: View) -> MembersWatch {
+        let shared = Arc::new(Shared::new(WatchConfig::new(Vec::new(), "fixed"), None, view));
+        shared.generation.store(1, Ordering::Release);
+        MembersWatch { shared, thread: None }
     }
 
     /// The last view read.
@@ -122,6 +133,28 @@ impl Drop for MembersWatch {
     }
 }
 
+/// Reads cluster `config.cluster`'s members once, every call bounded by `config.timeout` (on a runtime of
+/// its own: for tools, not for a caller already inside tokio). The view's epoch is its revision.
+pub fn read_members(config: &WatchConfig) -> Result<View, ClusterError> {
+    validate_name("cluster name", &config.cluster)?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let limit = config.timeout;
+        let options = ConnectOptions::new().with_connect_timeout(limit);
+        let mut client = bounded(limit, Client::connect(&config.endpoints, Some(options))).await?;
+        let (revision, members) = read_prefix(&mut client, &members_prefix(&config.cluster), limit).await?;
+        Ok(View::next(&View::default(), revision, members))
+    })
+}
+
+/// The members under `prefix` and the revision they were read at.
+async fn read_prefix(client: &mut Client, prefix: &str, limit: Duration) -> Result<(i64, Vec<Member>), ClusterError> {
+    let answer = bounded(limit, client.get(prefix, Some(GetOptions::new().with_prefix()))).await?;
+    let revision = answer.header().map_or(0, |header| header.revision());
+    let members = answer.kvs().iter().filter_map(|entry| parse(prefix, entry.key(), entry.value())).collect();
+    Ok((revision, members))
+}
+
 /// What woke the watch.
 enum Wake {
     Watched(Result<Option<etcd_client::WatchResponse>, etcd_client::Error>),
@@ -129,6 +162,18 @@ enum Wake {
 }
 
 impl Shared {
+    fn new(config: WatchConfig, on_change: Option<OnChange>, view: View) -> Self {
+        Shared {
+            config,
+            on_change,
+            view: Mutex::new(Arc::new(view)),
+            generation: AtomicU64::new(0),
+            failure: Mutex::new(None),
+            stopping: AtomicBool::new(false),
+            wake: Notify::new(),
+        }
+    }
+
     async fn run(self: Arc<Self>) {
         while !self.stopping.load(Ordering::SeqCst) {
             if let Err(error) = self.session().await {
@@ -170,17 +215,17 @@ impl Shared {
 
     /// Reads every member and publishes the view; returns the revision read at.
     async fn read(&self, client: &mut Client) -> Result<i64, ClusterError> {
-        let prefix = self.prefix();
-        let answer =
-            bounded(self.config.timeout, client.get(prefix.as_str(), Some(GetOptions::new().with_prefix()))).await?;
-        let revision = answer.header().map_or(0, |header| header.revision());
-        let members = answer.kvs().iter().filter_map(|entry| parse(&prefix, entry.key(), entry.value())).collect();
+        let (revision, members) = read_prefix(client, &self.prefix(), self.config.timeout).await?;
         let mut view = self.view.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let next = View::next(&view, revision, members);
         let moved = next.epoch != view.epoch;
-        *view = Arc::new(next);
+        let next = Arc::new(next);
+        *view = Arc::clone(&next);
         drop(view);
         if moved {
+            if let Some(on_change) = &self.on_change {
+                on_change(&next);
+            }
             self.generation.fetch_add(1, Ordering::AcqRel);
         }
         *self.failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;

@@ -73,6 +73,8 @@ pub struct EngineConfig {
     pub peers: crate::peer_limits::PeerLimits,
     /// Reports of the parts outside the shards (cluster membership), served in `/metrics` and `/healthz`.
     pub reports: crate::reports::Reports,
+    /// In a cluster, which keys the node owns (published by the members' watch); none alone.
+    pub ownership: Option<std::sync::Arc<crate::ownership::Ownership>>,
 }
 
 impl Default for EngineConfig {
@@ -107,6 +109,7 @@ impl Default for EngineConfig {
             stall_timeout: Duration::from_secs(30),
             peers: crate::peer_limits::PeerLimits::default(),
             reports: crate::reports::Reports::default(),
+            ownership: None,
         }
     }
 }

@@ -27,6 +27,7 @@ pub(crate) mod links;
 pub(crate) mod log;
 pub mod metrics;
 pub mod node;
+pub mod ownership;
 pub mod peer_limits;
 pub mod record;
 pub mod reports;

@@ -56,6 +56,8 @@ pub struct ShardMetrics {
     pub auth_failures: AtomicU64,
     /// Items that arrived at the wrong shard and were forwarded.
     pub forwarded: AtomicU64,
+    /// Items answered MOVED: sent under an older cluster membership for keys the node no longer owns.
+    pub moved: AtomicU64,
     /// Bytes received in values.
     pub bytes_in: AtomicU64,
     /// Bytes sent in values.
@@ -293,7 +295,7 @@ fn render_tiers(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
 /// The node-wide counters and gauges.
 fn render_counters(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
     let sum = |field: Field| sum_of(shards, field);
-    let counters: [(&str, &str, Field); 32] = [
+    let counters: [(&str, &str, Field); 33] = [
         ("strata_misses_total", "Lookups that found no object.", |s| &s.ops[Opcode::Get as usize - 1].misses),
         ("strata_promotions_total", "Objects promoted from NVMe to DRAM.", |s| &s.promotions),
         ("strata_promotions_skipped_total", "NVMe hits due for promotion that found no DRAM room at once.", |s| {
@@ -311,6 +313,11 @@ fn render_counters(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
         }),
         ("strata_io_errors_total", "Device errors.", |s| &s.io_errors),
         ("strata_forwarded_total", "Items that reached the wrong shard and were forwarded.", |s| &s.forwarded),
+        (
+            "strata_moved_total",
+            "Items answered MOVED: an older cluster membership's request for a key owned elsewhere.",
+            |s| &s.moved,
+        ),
         (
             "strata_cascade_removals_total",
             "Objects that left because their parent or a member of their group left.",
@@ -435,6 +442,8 @@ pub struct TierUsage {
     pub nvme_capacity: u64,
     /// NVMe bytes in regions in use.
     pub nvme_used: u64,
+    /// Keys in the shards' indexes.
+    pub keys: u64,
 }
 
 /// The tiers' capacity and use now, from the shards' gauges.
@@ -446,6 +455,7 @@ pub fn tier_usage(shards: &[std::sync::Arc<ShardMetrics>]) -> TierUsage {
         usage.dram_used += get(&shard.dram_bytes);
         usage.nvme_capacity += get(&shard.nvme_regions) * region_bytes;
         usage.nvme_used += get(&shard.nvme_regions_used) * region_bytes;
+        usage.keys += get(&shard.index_objects);
     }
     usage
 }

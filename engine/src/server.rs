@@ -37,6 +37,7 @@ use strata_proto::{
 use crate::event_sender::EventSenders;
 use crate::forward::{ForwardOp, ForwardReply, Forwarder};
 use crate::metrics::{add, is_error};
+use crate::ownership::OwnershipCache;
 use crate::peer_limits::PeerBudget;
 use crate::shard::Shard;
 use crate::tenants::Scope;
@@ -56,6 +57,8 @@ pub struct ShardServer {
     peers: Arc<PeerBudget>,
     /// The open client connections, for the stall sweeper.
     watches: RefCell<Vec<Weak<ConnectionWatch>>>,
+    /// This shard's copy of the node's ownership in a cluster.
+    ownership: OwnershipCache,
 }
 
 impl ShardServer {
@@ -66,7 +69,21 @@ impl ShardServer {
         event_senders: Arc<EventSenders>,
         peers: Arc<PeerBudget>,
     ) -> Rc<Self> {
-        Rc::new(Self { shard, forwarder, event_senders, peers, watches: RefCell::new(Vec::new()) })
+        let ownership = OwnershipCache::new(shard.config.ownership.clone());
+        Rc::new(Self { shard, forwarder, event_senders, peers, watches: RefCell::new(Vec::new()), ownership })
+    }
+
+    /// The answer for an item of `key` sent under cluster epoch `epoch`, when it is MOVED: the node does
+    /// not own the key under its own, newer epoch (see `ownership.rs`).
+    fn moved(&self, key: &[u8], epoch: u64) -> Option<ResponseItemHeader> {
+        let node_epoch = self.ownership.moved(key, epoch)?;
+        add(&self.shard.metrics.moved, 1);
+        Some(ResponseItemHeader {
+            status: Status::Moved,
+            data_len: 0,
+            data_crc: (node_epoch >> 32) as u32,
+            object_len: node_epoch as u32,
+        })
     }
 
     /// The shard that owns `key`, if not this one (the item is then forwarded).
@@ -164,6 +181,7 @@ pub async fn serve(server: Rc<ShardServer>, stream: TcpStream) {
                 count: 0,
                 status,
                 body_len: 0,
+                epoch: 0,
             };
             connection.output.clear();
             reply.encode_into(&mut connection.output);
@@ -183,9 +201,16 @@ pub async fn serve(server: Rc<ShardServer>, stream: TcpStream) {
 /// Tells a peer past the connection limit why it is closed: one error frame, sent within a bound of time
 /// (a peer that reads nothing cannot hold the task), then the end of the stream.
 async fn refuse_connection(shard: &Shard, stream: &mut Socket) {
-    let refusal =
-        FrameHeader { opcode: Opcode::Hello, flags: 0, request_id: 0, count: 0, status: Status::Quota, body_len: 0 }
-            .encode();
+    let refusal = FrameHeader {
+        opcode: Opcode::Hello,
+        flags: 0,
+        request_id: 0,
+        count: 0,
+        status: Status::Quota,
+        body_len: 0,
+        epoch: 0,
+    }
+    .encode();
     let bound = shard.config.peers.frame_grace.max(Duration::from_millis(100));
     let _ = futures_lite::future::or(async { stream.write_all(&refusal).await.is_ok() }, async {
         glommio::timer::sleep(bound).await;
@@ -237,11 +262,11 @@ async fn handle_frame(
     let statuses = match header.opcode {
         Opcode::Get | Opcode::GetRange => return get::handle_get(server, connection, header, &items, scope).await,
         Opcode::Subscribe => return subscribe::handle_subscribe(server, connection, header, &items, scope).await,
-        Opcode::Exists => lookup::exists(server, &items, scope, false).await,
-        Opcode::Locate => lookup::locate(server, &items, scope).await,
-        Opcode::PrefixMatch => lookup::exists(server, &items, scope, true).await,
+        Opcode::Exists => lookup::exists(server, &items, scope, (false, header.epoch)).await,
+        Opcode::Locate => lookup::locate(server, &items, scope, header.epoch).await,
+        Opcode::PrefixMatch => lookup::exists(server, &items, scope, (true, header.epoch)).await,
         Opcode::RemoveMatching => lookup::remove_all_matching(server, &items, scope).await,
-        _ => lookup::remove(server, &items, scope).await,
+        _ => lookup::remove(server, &items, scope, header.epoch).await,
     };
     reply_statuses(connection, header, &statuses).await
 }
@@ -260,6 +285,7 @@ async fn reply_statuses(
         count: statuses.len() as u32,
         status: Status::Ok,
         body_len: (statuses.len() * RESPONSE_ITEM_BYTES) as u64,
+        epoch: 0,
     };
     reply.encode_into(&mut connection.output);
     for item in statuses {
@@ -310,6 +336,7 @@ async fn handle_hello(
         count: 1,
         status: Status::Ok,
         body_len: strata_proto::HELLO_REPLY_BYTES as u64,
+        epoch: 0,
     }
     .encode_into(&mut connection.output);
     reply.encode_into(&mut connection.output);

@@ -122,6 +122,10 @@ pub enum Status {
     Exists = 11,
     /// Over a limit of the node (e.g. its bytes of pinned objects); nothing was stored.
     Quota = 12,
+    /// The request named an older cluster epoch than the node's, and under the node's the key lives
+    /// elsewhere; nothing was done. The item's `object len` and `data crc` carry the node's epoch (low and
+    /// high 32 bits): the client re-reads the members and retries once.
+    Moved = 13,
 }
 
 impl Status {
@@ -141,6 +145,7 @@ impl Status {
             10 => Status::ShuttingDown,
             11 => Status::Exists,
             12 => Status::Quota,
+            13 => Status::Moved,
             _ => return None,
         })
     }
@@ -161,6 +166,7 @@ impl Status {
             Status::ShuttingDown => "shutting_down",
             Status::Exists => "exists",
             Status::Quota => "quota",
+            Status::Moved => "moved",
         }
     }
 }

@@ -6,13 +6,19 @@
 //! ```
 //! `crc` is the crc32c of bytes 0..32. `count` is the number of items in the body; `status` is zero in
 //! requests and, in responses, the status of the frame as a whole (an item's own status is in its item
-//! header).
+//! header). A request of a cluster client sets flag [`FRAME_EPOCH`] and carries its cluster epoch, 48
+//! bits: the low 32 in bytes 36..40, the high 16 in bytes 22..24.
 
 use crate::codes::{Opcode, PROTOCOL_VERSION, ProtoError, Status, u16_at, u32_at, u64_at};
 use crate::limits::Limits;
 
 /// Bytes of a frame header.
 pub const FRAME_HEADER_BYTES: usize = 40;
+/// Frame flag: the request carries the client's cluster epoch (see the module's header).
+pub const FRAME_EPOCH: u16 = 1;
+/// The largest epoch a frame carries.
+pub const MAX_FRAME_EPOCH: u64 = (1 << 48) - 1;
+
 /// `STKV`, little endian.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"STKV");
 
@@ -31,12 +37,22 @@ pub struct FrameHeader {
     pub status: Status,
     /// Bytes after the header.
     pub body_len: u64,
+    /// The client's cluster epoch (requests with [`FRAME_EPOCH`]; 0: none, a client of one node).
+    pub epoch: u64,
 }
 
 impl FrameHeader {
     /// A request header.
     pub fn request(opcode: Opcode, request_id: u64, count: u32, body_len: u64) -> Self {
-        Self { opcode, flags: 0, request_id, count, status: Status::Ok, body_len }
+        Self { opcode, flags: 0, request_id, count, status: Status::Ok, body_len, epoch: 0 }
+    }
+
+    /// The same header carrying cluster epoch `epoch` (0: none; at most [`MAX_FRAME_EPOCH`], above it is
+    /// cut to it).
+    pub fn with_epoch(self, epoch: u64) -> Self {
+        let epoch = epoch.min(MAX_FRAME_EPOCH);
+        let flags = if epoch == 0 { self.flags & !FRAME_EPOCH } else { self.flags | FRAME_EPOCH };
+        Self { flags, epoch, ..self }
     }
 
     /// Appends the 40 bytes.
@@ -49,11 +65,11 @@ impl FrameHeader {
         out.extend_from_slice(&self.request_id.to_le_bytes());
         out.extend_from_slice(&self.count.to_le_bytes());
         out.extend_from_slice(&(self.status as u16).to_le_bytes());
-        out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(&((self.epoch >> 32) as u16).to_le_bytes());
         out.extend_from_slice(&self.body_len.to_le_bytes());
         let crc = crc32c::crc32c(&out[start..start + 32]);
         out.extend_from_slice(&crc.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&(self.epoch as u32).to_le_bytes());
     }
 
     /// The 40 bytes.
@@ -82,27 +98,37 @@ impl FrameHeader {
             return Err(ProtoError::Version(bytes[4]));
         }
         let opcode = Opcode::from_u8(bytes[5]).ok_or(ProtoError::Opcode(bytes[5]))?;
-        if u16_at(bytes, 22) != 0 || u32_at(bytes, 36) != 0 {
+        let flags = u16_at(bytes, 6);
+        let epoch = if flags & FRAME_EPOCH != 0 {
+            let epoch = u64::from(u32_at(bytes, 36)) | u64::from(u16_at(bytes, 22)) << 32;
+            if epoch == 0 {
+                return Err(ProtoError::Field("an epoch flag with no epoch"));
+            }
+            epoch
+        } else if u16_at(bytes, 22) != 0 || u32_at(bytes, 36) != 0 {
             return Err(ProtoError::Field("reserved bytes of the frame header"));
-        }
+        } else {
+            0
+        };
         let status_value = u16_at(bytes, 20);
         let status = Status::from_u16(status_value).ok_or(ProtoError::Status(status_value))?;
         Ok(Self {
             opcode,
-            flags: u16_at(bytes, 6),
+            flags,
             request_id: u64_at(bytes, 8),
             count: u32_at(bytes, 16),
             status,
             body_len: u64_at(bytes, 24),
+            epoch,
         })
     }
 
-    /// The bounds a node applies to a request header before reading its body: no frame flags (none are
-    /// defined) and no status (replies carry one), an item count in `1..=max_batch_items`, and a body no
-    /// longer than the opcode can need.
+    /// The bounds a node applies to a request header before reading its body: no frame flag but
+    /// [`FRAME_EPOCH`] and no status (replies carry one), an item count in `1..=max_batch_items`, and a
+    /// body no longer than the opcode can need.
     pub fn check_request(&self, limits: &Limits) -> Result<(), ProtoError> {
-        if self.flags != 0 {
-            return Err(ProtoError::Field("frame flags (none are defined)"));
+        if self.flags & !FRAME_EPOCH != 0 {
+            return Err(ProtoError::Field("frame flags (only bit 0, the epoch, is defined)"));
         }
         if self.status != Status::Ok {
             return Err(ProtoError::Field("status of a request (only replies carry one)"));
@@ -133,6 +159,7 @@ mod tests {
             count: 32,
             status: Status::NoSpace,
             body_len: 1 << 33,
+            epoch: 0,
         };
         let bytes = header.encode();
         assert_eq!(&bytes[0..4], b"STKV");
@@ -161,7 +188,7 @@ mod tests {
         let limits = Limits::default();
         let good = FrameHeader::request(Opcode::Get, 7, 1, 20);
         assert_eq!(good.check_request(&limits), Ok(()));
-        let flagged = FrameHeader { flags: 1, ..good };
+        let flagged = FrameHeader { flags: 2, ..good };
         assert!(matches!(FrameHeader::decode(&flagged.encode()).map(|h| h.check_request(&limits)), Ok(Err(_))));
         let with_status = FrameHeader { status: Status::NotFound, ..good };
         assert!(matches!(with_status.check_request(&limits), Err(ProtoError::Field(_))));
@@ -178,6 +205,20 @@ mod tests {
             bytes[at] = 0x80;
             assert!(matches!(FrameHeader::decode(&bytes), Err(ProtoError::Field(_))), "byte {at}");
         }
+    }
+
+    #[test]
+    fn a_cluster_request_carries_its_epoch() {
+        let limits = Limits::default();
+        let header = FrameHeader::request(Opcode::Put, 9, 1, 40).with_epoch(0x1234_8765_4321);
+        assert_eq!(header.flags, FRAME_EPOCH);
+        let bytes = header.encode();
+        assert_eq!(u32_at(&bytes, 36), 0x8765_4321);
+        assert_eq!(u16_at(&bytes, 22), 0x1234);
+        assert_eq!(FrameHeader::decode(&bytes), Ok(header));
+        assert_eq!(header.check_request(&limits), Ok(()));
+        assert_eq!(header.with_epoch(u64::MAX).epoch, MAX_FRAME_EPOCH);
+        assert_eq!(header.with_epoch(0), FrameHeader::request(Opcode::Put, 9, 1, 40));
     }
 
     #[test]

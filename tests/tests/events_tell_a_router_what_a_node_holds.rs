@@ -205,7 +205,12 @@ fn batches_borrow_their_keys_and_say_what_owned_events_say() {
             {
                 assert_eq!(parent, Some(&b"root"[..]), "the parent borrowed from the frame");
             }
-            seen.push(ShardEvent { shard: batch.shard(), sequence, event: event.to_event() });
+            seen.push(ShardEvent {
+                node: batch.node().into(),
+                shard: batch.shard(),
+                sequence,
+                event: event.to_event(),
+            });
         }
         assert_eq!(seen.len() - before, batch.len());
     }

@@ -6,7 +6,8 @@ use strata_cluster::{ClusterConfig, etcd_endpoints};
 
 use crate::pool::parse_duration;
 
-/// The `--cluster*` flags, or the `[cluster]` table (`etcd`, `name`, `node-id`, `lease-ttl`, `zone`).
+/// The `--cluster*` flags, or the `[cluster]` table (`etcd`, `name`, `node-id`, `lease-ttl`, `zone`,
+/// `max-replicas`).
 #[derive(Clone, Debug, Default, PartialEq, clap::Args, serde::Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ClusterSettings {
@@ -25,6 +26,10 @@ pub struct ClusterSettings {
     /// The node's zone: replicas go to distinct zones first. [default: none]
     #[arg(long = "zone", id = "zone")]
     pub zone: Option<String>,
+    /// The most replicas a put asks for in the cluster: the node owns the keys it is among the first this
+    /// many nodes of, and answers MOVED to an older membership's requests for the others. [default: 3]
+    #[arg(long = "max-replicas", id = "max_replicas")]
+    pub max_replicas: Option<usize>,
 }
 
 impl ClusterSettings {
@@ -36,6 +41,7 @@ impl ClusterSettings {
             node_id: self.node_id.or(file.node_id),
             lease_ttl: self.lease_ttl.or(file.lease_ttl),
             zone: self.zone.or(file.zone),
+            max_replicas: self.max_replicas.or(file.max_replicas),
         }
     }
 
@@ -43,7 +49,10 @@ impl ClusterSettings {
     pub fn config(&self) -> anyhow::Result<Option<ClusterConfig>> {
         let Some(etcd) = &self.etcd else {
             if *self != ClusterSettings::default() {
-                bail!("the cluster settings (--node-id, --cluster-name, --lease-ttl, --zone) need --cluster etcd://…");
+                bail!(
+                    "the cluster settings (--node-id, --cluster-name, --lease-ttl, --zone, --max-replicas) need \
+                     --cluster etcd://…"
+                );
             }
             return Ok(None);
         };
@@ -59,6 +68,7 @@ impl ClusterSettings {
             node_id,
             lease_ttl,
             zone: self.zone.clone().unwrap_or_default(),
+            max_replicas: self.max_replicas.unwrap_or(3).max(1),
         }))
     }
 }

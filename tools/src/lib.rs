@@ -9,6 +9,7 @@ pub mod alloc_bench;
 pub mod block_bench;
 pub mod byte_size;
 pub mod cluster_settings;
+pub mod cluster_status;
 pub mod file_dirs;
 pub mod kv_bench;
 pub mod kv_events;

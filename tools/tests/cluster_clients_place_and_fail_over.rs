@@ -3,7 +3,9 @@
 //! two nodes that weighted rendezvous placement names, and while one node is killed under a steady get and
 //! put load, no get of a key with a live replica fails and every acknowledged put reads back. With etcd
 //! down the client keeps routing by its last view; when the killed node comes back (empty, a new run), a
-//! third of the keys (1/N ± 20 %) move to it and read as misses, never as other bytes.
+//! third of the keys (1/N ± 20 %) move to it and read as misses, never as other bytes. `strata-pool cluster
+//! status` shows the members and the keys each holds, and a subscription through the cluster client tags
+//! each event with the node it happened on.
 
 mod common;
 
@@ -13,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::NodeProcess;
 use common::etcd::{Etcd, free_port};
-use strata_client::{Client, ClientError, ClientOptions, ClusterOptions, MembersWatch, PutOptions};
+use strata_client::{Client, ClientError, ClientOptions, ClusterOptions, Event, EventStream, MembersWatch, PutOptions};
 use strata_cluster::{View, WatchConfig};
 use strata_proto::placement;
 
@@ -27,6 +29,7 @@ fn start_node(id: &str, listen: u16, etcd: u16) -> NodeProcess {
             .args(["--cores", "1", "--cpus", "0", "--dram", "64MiB", "--dram-only"])
             .args(["--cluster", &format!("etcd://127.0.0.1:{etcd}"), "--cluster-name", "test"])
             .args(["--node-id", id, "--lease-ttl", &format!("{TTL_SECONDS}s"), "--zone", &format!("zone-{id}")])
+            .args(["--max-replicas", "2"])
     });
     assert!(summary.contains(&format!("cluster: {id} in cluster test")), "{summary}");
     NodeProcess(child)
@@ -64,6 +67,64 @@ fn replica_ids(view: &View, key: &[u8], count: usize) -> Vec<String> {
     placement::replicas(key, &candidates, count).into_iter().map(|index| ids[index].clone()).collect()
 }
 
+/// `strata-pool cluster status` lists the three nodes, serving, with the keys each holds (`held`) once their
+/// entries are refreshed (every third of the lease's TTL).
+fn check_status(etcd: &str, held: &HashMap<String, usize>) {
+    let status = |format: &str| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_strata-pool"))
+            .args(["cluster", "status", "--cluster", etcd, "--cluster-name", "test", format])
+            .output()
+            .expect("strata-pool runs");
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8(output.stdout).expect("UTF-8")
+    };
+    let started = Instant::now();
+    loop {
+        let json: serde_json::Value = serde_json::from_str(&status("--output-format=json")).expect("JSON");
+        let members = json["members"].as_array().expect("members");
+        let keys: HashMap<String, usize> = members
+            .iter()
+            .map(|member| {
+                (member["id"].as_str().unwrap_or("").to_string(), member["keys"].as_u64().unwrap_or(0) as usize)
+            })
+            .collect();
+        assert!(members.iter().all(|member| member["state"] == "serving"), "{json}");
+        if keys == *held {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(TTL_SECONDS * 5), "status says {keys:?}, nodes hold {held:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let table = status("--output-format=normal");
+    assert!(table.starts_with("cluster test: 3 members, 3 serving"), "{table}");
+    for (id, count) in held {
+        let line = table.lines().find(|line| line.starts_with(&format!("{id} "))).expect("a line per member");
+        assert!(line.ends_with(&format!(" {count}")), "{line}");
+    }
+}
+
+/// The cluster's events name the node each put was stored on: every key's two replicas, once each.
+fn check_events(events: &EventStream, keys: &[Vec<u8>], holders: &[Vec<String>]) {
+    let index_of: HashMap<&[u8], usize> = keys.iter().enumerate().map(|(index, key)| (key.as_slice(), index)).collect();
+    let mut stored_on: Vec<Vec<String>> = vec![Vec::new(); keys.len()];
+    let mut count = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count < 2 * keys.len() && Instant::now() < deadline {
+        let Some(event) = events.next_timeout(Duration::from_millis(100)) else { continue };
+        let event = event.expect("the event streams stay up");
+        if let Event::BlockStored { keys: stored, .. } = event.event {
+            for key in stored {
+                stored_on[index_of[key.as_slice()]].push(event.node.to_string());
+                count += 1;
+            }
+        }
+    }
+    for (index, nodes) in stored_on.iter_mut().enumerate() {
+        nodes.sort();
+        assert_eq!(*nodes, holders[index], "the events of key {index} name its replicas");
+    }
+}
+
 #[test]
 fn keys_land_on_their_replicas_and_survive_a_kill() {
     let data = common::fresh_directory("etcd-cluster");
@@ -93,6 +154,7 @@ fn keys_land_on_their_replicas_and_survive_a_kill() {
     let keys: Vec<Vec<u8>> = (0..KEYS).map(key).collect();
     let values: Vec<Vec<u8>> = (0..KEYS).map(value).collect();
     let items: Vec<(&[u8], &[u8])> = keys.iter().zip(&values).map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
+    let events = client.subscribe_events(None).expect("a subscription to every node");
     for result in client.batch_put_replicas(&items, PutOptions::default()) {
         assert_eq!(result, Ok(2), "both replicas stored the put");
     }
@@ -121,6 +183,8 @@ fn keys_land_on_their_replicas_and_survive_a_kill() {
     for (index, got) in client.batch_get(&key_refs).into_iter().enumerate() {
         assert_eq!(got.expect("get"), values[index], "key {index}");
     }
+    check_status(&endpoint, &held);
+    check_events(&events, &keys, &holders);
 
     // Kill b under a steady load of gets (of the keys above) and puts (of new keys), bounded by count and
     // time; the load runs until b's lease expired and the client routes without it.
@@ -154,8 +218,8 @@ fn keys_land_on_their_replicas_and_survive_a_kill() {
     assert!(killed_at.is_some(), "the load reached the kill");
     assert_eq!(client.shard_count(), 2, "b left the view after its lease expired");
     assert_eq!(failed_puts, 0, "a put stores on its live replica while the other is down");
-    let view = wait_for_view(&watch, &["a", "c"], Duration::from_secs(1));
-    assert_eq!(client.cluster_epoch(), Some(view.epoch));
+    let two_nodes = wait_for_view(&watch, &["a", "c"], Duration::from_secs(1));
+    assert_eq!(client.cluster_epoch(), Some(two_nodes.epoch));
     eprintln!("{gets} gets, {} puts acknowledged around the kill", acknowledged.len());
 
     // Every acknowledged put reads back, and every first put too: each had a replica on a or c.
@@ -194,4 +258,49 @@ fn keys_land_on_their_replicas_and_survive_a_kill() {
     let moved = missed as f64 / stored.len() as f64;
     assert!((moved - 1.0 / 3.0).abs() < 0.2 / 3.0, "the join moved {moved:.3} of the keys, not 1/3 ± 20 %");
     eprintln!("the join moved {missed} of {} keys", stored.len());
+
+    // A client still routing by the two-node view: a node that no longer owns a key answers MOVED rather
+    // than store it where no reader will look, so a put lands only on its owners under the new view.
+    let three_nodes = watch.view();
+    let stale = ClusterOptions { down_for: Duration::from_millis(100), ..options.clone() };
+    let mut stale = Client::connect_watched(Arc::new(MembersWatch::fixed((*two_nodes).clone())), &stale)
+        .expect("a client of the old view");
+    assert_eq!(stale.cluster_epoch(), Some(two_nodes.epoch));
+    let mut direct: HashMap<String, Client> = three_nodes
+        .serving()
+        .map(|member| (member.id.clone(), Client::connect(member.shards[0], ClientOptions::default()).expect("direct")))
+        .collect();
+    let (mut partly, mut wholly) = (0, 0);
+    for index in 0..60 {
+        let key = format!("late-{index}").into_bytes();
+        let owners = replica_ids(&three_nodes, &key, 2);
+        let stored = stale.batch_put_replicas(&[(&key, b"late")], PutOptions::default()).remove(0);
+        if owners.contains(&"b".to_string()) {
+            assert_eq!(stored, Ok(1), "late-{index}: only the owner of a and c stored it");
+            partly += 1;
+        } else {
+            assert_eq!(stored, Ok(2), "late-{index}: a and c both own it");
+            wholly += 1;
+        }
+        for (id, node) in direct.iter_mut().filter(|(id, _)| *id != "b") {
+            let held = node.exists(&key).expect("exists");
+            assert_eq!(held, owners.contains(id), "late-{index} on {id}");
+        }
+    }
+    assert!(partly > 0 && wholly > 0, "both kinds of key were tried: {partly} and {wholly}");
+    // Its reads of keys stored under the new view find them or miss, never fail or read other bytes.
+    let mut found = 0;
+    for index in 0..60 {
+        let key = format!("fresh-{index}").into_bytes();
+        client.put(&key, &value(KEYS + index)).expect("a put under the new view");
+        match stale.get(&key) {
+            Ok(got) => {
+                assert_eq!(got, value(KEYS + index), "fresh-{index}");
+                found += 1;
+            }
+            Err(ClientError::NotFound) => {}
+            Err(error) => panic!("fresh-{index} from the old view: {error}"),
+        }
+    }
+    assert!(found > 0, "the old view still finds the keys whose owners it knows");
 }

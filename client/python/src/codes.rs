@@ -28,9 +28,11 @@ pub const CHECKSUM_MISMATCH: i64 = -2001;
 pub const STORAGE_ERROR: i64 = -2002;
 /// Strata: over a limit of the node (e.g. its pinned bytes).
 pub const QUOTA_EXCEEDED: i64 = -2003;
+/// Strata: in a cluster, the key moved to other nodes, and a retry under the new membership moved again.
+pub const KEY_MOVED: i64 = -2004;
 
 /// Every code with its name, for the Python module's constants and `error_name`.
-pub const ALL: [(&str, i64); 13] = [
+pub const ALL: [(&str, i64); 14] = [
     ("OK", OK),
     ("INTERNAL_ERROR", INTERNAL_ERROR),
     ("NO_AVAILABLE_HANDLE", NO_AVAILABLE_HANDLE),
@@ -43,6 +45,7 @@ pub const ALL: [(&str, i64); 13] = [
     ("CHECKSUM_MISMATCH", CHECKSUM_MISMATCH),
     ("STORAGE_ERROR", STORAGE_ERROR),
     ("QUOTA_EXCEEDED", QUOTA_EXCEEDED),
+    ("KEY_MOVED", KEY_MOVED),
     ("TRANSFER_FAIL", -800),
 ];
 
@@ -55,6 +58,7 @@ pub fn of(error: &ClientError) -> i64 {
         ClientError::Io => STORAGE_ERROR,
         ClientError::NoSpace => NO_AVAILABLE_HANDLE,
         ClientError::Quota => QUOTA_EXCEEDED,
+        ClientError::Moved { .. } => KEY_MOVED,
         ClientError::TooLarge(_) | ClientError::Invalid(_) | ClientError::BufferTooSmall { .. } => INVALID_PARAMS,
         ClientError::Timeout | ClientError::Connection(_) => RPC_FAIL,
         ClientError::Unauthenticated => ILLEGAL_CLIENT,

@@ -49,6 +49,7 @@ fn key_object<'py>(py: Python<'py>, key: &[u8]) -> Bound<'py, PyAny> {
 
 fn event_dict<'py>(py: Python<'py>, event: &ShardEvent) -> PyResult<Bound<'py, PyDict>> {
     let dict = PyDict::new(py);
+    dict.set_item("node", &*event.node)?;
     dict.set_item("shard", event.shard)?;
     dict.set_item("sequence", event.sequence)?;
     match &event.event {

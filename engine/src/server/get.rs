@@ -71,7 +71,16 @@ pub(super) async fn handle_get<'a>(
         let range = (header.opcode == Opcode::GetRange).then_some((item.header.offset, item.header.value_len));
         read_item(server, scope, item.key, range, item.header.wait())
     };
-    let results: Vec<Result<ReadHit, Status>> = if items.iter().any(|item| !item.header.wait().is_zero()) {
+    // Items MOVED (a cluster client under an older membership, see `ownership.rs`) are answered so, unread.
+    let moved: Vec<Option<ResponseItemHeader>> =
+        items.iter().map(|item| server.moved(item.key, header.epoch)).collect();
+    let results: Vec<Result<ReadHit, Status>> = if moved.iter().any(Option::is_some) {
+        let reads = items.iter().zip(&moved).map(|(item, moved)| match moved {
+            Some(_) => Box::pin(async { Err(Status::Moved) }) as Pin<Box<dyn Future<Output = _> + '_>>,
+            None => Box::pin(read(item)) as Pin<Box<dyn Future<Output = _> + '_>>,
+        });
+        join_in_order(reads.collect()).await
+    } else if items.iter().any(|item| !item.header.wait().is_zero()) {
         // Items that may wait for their keys wait together: a batch of layers of several requests whose
         // prefills are still sending takes as long as the slowest, not the sum.
         join_in_order(items.iter().map(|item| Box::pin(read(item)) as Pin<Box<dyn Future<Output = _> + '_>>).collect())
@@ -100,21 +109,24 @@ pub(super) async fn handle_get<'a>(
         count: results.len() as u32,
         status: Status::Ok,
         body_len,
+        epoch: 0,
     }
     .encode_into(&mut connection.output);
     // The reply goes out in one vectored write (a few, past IOV_MAX pieces): the headers from one buffer,
     // each value from its own memory (the DRAM segment, pinned, or the NVMe read's buffers), no copy.
     let mut heads: Vec<usize> = Vec::with_capacity(results.len());
-    for result in &results {
-        match result {
-            Ok(hit) => ResponseItemHeader {
+    for (result, moved) in results.iter().zip(&moved) {
+        match (result, moved) {
+            (Ok(hit), _) => ResponseItemHeader {
                 status: Status::Ok,
                 data_len: hit.len() as u32,
                 data_crc: hit.data_crc,
                 object_len: hit.object_len,
             }
             .encode_into(&mut connection.output),
-            Err(status) => ResponseItemHeader::status(*status).encode_into(&mut connection.output),
+            // MOVED carries the node's epoch.
+            (Err(_), Some(answer)) => answer.encode_into(&mut connection.output),
+            (Err(status), None) => ResponseItemHeader::status(*status).encode_into(&mut connection.output),
         }
         heads.push(connection.output.len());
     }

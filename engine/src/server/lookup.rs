@@ -15,12 +15,13 @@ use crate::tenants::Scope;
 ///
 /// A prefix match looks keys up in order and stops at each chain's first miss: the rest of that chain is
 /// useless to the caller (a suffix without its prefix), so it is answered NOT_FOUND without a lookup. The
-/// blocks it finds are held for a read lease, so that the load that follows finds them still there.
+/// blocks it finds are held for a read lease, so that the load that follows finds them still there. An item
+/// MOVED (`epoch`, see `ownership.rs`) does not break its chain: the client asks its new owner.
 pub(super) async fn exists(
     server: &ShardServer,
     items: &[RequestItem<'_>],
     scope: &Scope,
-    prefix: bool,
+    (prefix, epoch): (bool, u64),
 ) -> Vec<ResponseItemHeader> {
     let shard = &server.shard;
     let mut broken_chains: HashSet<u32> = HashSet::new();
@@ -32,6 +33,10 @@ pub(super) async fn exists(
         prefetch_stages(shard, &hashes, at + 1, &[Prefetch::Entry, Prefetch::IndexSlot]);
         let user_key = item.key;
         let chain = item.header.offset;
+        if let Some(moved) = server.moved(user_key, epoch) {
+            statuses.push(moved);
+            continue;
+        }
         if prefix && !broken_chains.is_empty() && broken_chains.contains(&chain) {
             statuses.push(ResponseItemHeader::status(Status::NotFound));
             continue;
@@ -57,9 +62,18 @@ pub(super) async fn exists(
 }
 
 /// The answers of a LOCATE frame's items: each value's length and the tiers that hold it.
-pub(super) async fn locate(server: &ShardServer, items: &[RequestItem<'_>], scope: &Scope) -> Vec<ResponseItemHeader> {
+pub(super) async fn locate(
+    server: &ShardServer,
+    items: &[RequestItem<'_>],
+    scope: &Scope,
+    epoch: u64,
+) -> Vec<ResponseItemHeader> {
     let mut answers = Vec::with_capacity(items.len());
     for user_key in items.iter().map(|item| item.key) {
+        if let Some(moved) = server.moved(user_key, epoch) {
+            answers.push(moved);
+            continue;
+        }
         let key = scope.scoped(user_key);
         let found = match server.other_owner(user_key) {
             None => server.shard.locate(&key).map_err(|error| error.status()),
@@ -79,9 +93,18 @@ pub(super) async fn locate(server: &ShardServer, items: &[RequestItem<'_>], scop
 }
 
 /// The statuses of a REMOVE frame's items.
-pub(super) async fn remove(server: &ShardServer, items: &[RequestItem<'_>], scope: &Scope) -> Vec<ResponseItemHeader> {
+pub(super) async fn remove(
+    server: &ShardServer,
+    items: &[RequestItem<'_>],
+    scope: &Scope,
+    epoch: u64,
+) -> Vec<ResponseItemHeader> {
     let mut statuses = Vec::with_capacity(items.len());
     for user_key in items.iter().map(|item| item.key) {
+        if let Some(moved) = server.moved(user_key, epoch) {
+            statuses.push(moved);
+            continue;
+        }
         let key = scope.scoped(user_key);
         let status = match server.other_owner(user_key) {
             None => server.shard.remove(&key).await.err().map_or(Status::Ok, |error| error.status()),

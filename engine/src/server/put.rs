@@ -36,12 +36,13 @@ pub(super) async fn handle_put(
             return Err(ProtoError::BodyMismatch { items: body.len + 1, body: body.len }.into());
         };
         body.take(head.len as u64 + u64::from(head.header.value_len))?;
-        match put_item(server, connection, scope, head, &mut body).await? {
+        match put_item(server, connection, (scope, header.epoch), head, &mut body).await? {
             Stored::Durable(point) => {
                 durable.push((statuses.len(), point));
                 statuses.push(ResponseItemHeader::status(Status::Ok));
             }
             Stored::Answered(status) => statuses.push(ResponseItemHeader::status(status)),
+            Stored::Moved(answer) => statuses.push(answer),
         }
     }
     if body.consumed != body.len {
@@ -78,6 +79,8 @@ enum Stored {
     Durable(DurablePoint),
     /// Answered now.
     Answered(Status),
+    /// Not this node's key under a newer membership: MOVED, with the node's epoch.
+    Moved(ResponseItemHeader),
 }
 
 /// Receives and stores one put item whose head was read: here through the shard's put pipeline, or at the
@@ -85,7 +88,7 @@ enum Stored {
 async fn put_item(
     server: &ShardServer,
     connection: &mut Connection,
-    scope: &Scope,
+    (scope, epoch): (&Scope, u64),
     head: OwnedHead,
     body: &mut BodyCursor,
 ) -> Result<Stored, ConnectionError> {
@@ -94,6 +97,10 @@ async fn put_item(
     if u64::from(item.value_len) > shard.config.limits.max_value_bytes {
         skip_value(connection, &item, body).await?;
         return Ok(Stored::Answered(Status::TooLarge));
+    }
+    if let Some(moved) = server.moved(&head.key, epoch) {
+        skip_value(connection, &item, body).await?;
+        return Ok(Stored::Moved(moved));
     }
     let owner = server.other_owner(&head.key);
     let key = scope.scoped_owned(head.key);

@@ -48,6 +48,7 @@ pub(super) async fn handle_subscribe(
         count: 0,
         status: Status::Ok,
         body_len: 0,
+        epoch: 0,
     };
     on_socket(&connection.watch, connection.stream.write_all(&ready.encode())).await?;
     // Frames go to a thread of their own off the shard's core where the node has a CPU for it
@@ -90,6 +91,7 @@ pub(super) async fn handle_subscribe(
             count,
             status: Status::Ok,
             body_len: body_len as u64,
+            epoch: 0,
         }
         .encode();
         frame[..FRAME_HEADER_BYTES].copy_from_slice(&head);

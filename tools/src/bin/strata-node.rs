@@ -27,6 +27,9 @@ fn main() -> anyhow::Result<()> {
     let config = settings.engine_config()?;
     let kv_events = settings.kv_events_config()?;
     let cluster = settings.cluster.config()?;
+    let mut config = config;
+    let ownership = cluster.as_ref().map(|_| std::sync::Arc::new(strata_engine::ownership::Ownership::default()));
+    config.ownership = ownership.clone();
     let reports = config.reports.clone();
     block_stop_signals()?;
     let node = strata_engine::start(config)?;
@@ -38,6 +41,11 @@ fn main() -> anyhow::Result<()> {
     if let Some(publisher) = &publisher {
         say(format_args!("  kv events (vLLM KVEventBatch) on {}", publisher.endpoint()));
     }
+    // The ownership feed first: the node answers MOVED under the membership it has seen, not before.
+    let ownership_feed = match (&cluster, ownership) {
+        (Some(config), Some(ownership)) => Some(strata_cluster::feed_ownership(config, ownership)?),
+        _ => None,
+    };
     let registration = cluster.map(|config| register(config, &node, reports)).transpose()?;
     say(format_args!("  ready; SIGINT or SIGTERM stops it cleanly"));
     tracing::info!(listen = %node.summary().listen, shards = node.summary().cpus.len(), "serving");
@@ -47,6 +55,7 @@ fn main() -> anyhow::Result<()> {
     if let Some(registration) = registration {
         registration.stop();
     }
+    drop(ownership_feed);
     if let Some(publisher) = publisher {
         publisher.stop();
     }

@@ -1,6 +1,6 @@
 //! `strata-pool`: Strata's NVMe-oF pool tool. `target` serves subsystems over NVMe/TCP; `discover` prints
 //! a discovery log like `nvme discover`; `create`, `add`, `remove` and `status` manage a pool of namespaces
-//! and its description file.
+//! and its description file; `cluster status` shows a cluster's members as etcd holds them.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -16,6 +16,8 @@ usage: strata-pool target --listen ADDR:PORT --subsystem NQN --namespace SPEC ..
        strata-pool add POOL.toml --ns SPEC [--ns SPEC ...] [--force] [--create-dirs]
        strata-pool remove POOL.toml --ns SPEC
        strata-pool status POOL.toml [--output-format=normal|json]
+       strata-pool cluster status --cluster etcd://HOST:PORT[,...] [--cluster-name NAME]
+       [--output-format=normal|json]
   SPEC: file:PATH[,size=SIZE] | nvmf:trtype=tcp,traddr=ADDR,trsvcid=PORT,subnqn=NQN,ns=N";
 
 fn main() -> ExitCode {
@@ -24,6 +26,7 @@ fn main() -> ExitCode {
         Some("target") => target(&args[1..]),
         Some("discover") => discover(&args[1..]),
         Some(command @ ("create" | "add" | "remove" | "status")) => manage(command, &args[1..]),
+        Some("cluster") => cluster(&args[1..]),
         _ => Err(anyhow::anyhow!("{USAGE}")),
     };
     match result {
@@ -54,6 +57,33 @@ fn target(args: &[String]) -> anyhow::Result<()> {
         summary.join(", ")
     );
     handle.wait();
+    Ok(())
+}
+
+fn cluster(args: &[String]) -> anyhow::Result<()> {
+    let (mut etcd, mut name, mut json) = (None, "strata".to_string(), false);
+    let mut iter = args.iter();
+    if iter.next().map(String::as_str) != Some("status") {
+        anyhow::bail!("{USAGE}");
+    }
+    while let Some(arg) = iter.next() {
+        match arg.as_str() {
+            "--cluster" => etcd = Some(iter.next().ok_or_else(|| anyhow::anyhow!("--cluster needs etcd://…"))?),
+            "--cluster-name" => {
+                name = iter.next().cloned().ok_or_else(|| anyhow::anyhow!("--cluster-name needs a name"))?
+            }
+            "--output-format=json" => json = true,
+            "--output-format=normal" => json = false,
+            other => anyhow::bail!("unknown option {other}\n{USAGE}"),
+        }
+    }
+    let etcd = etcd.ok_or_else(|| anyhow::anyhow!("cluster status needs --cluster etcd://…"))?;
+    let view = strata_tools::cluster_status::read(etcd, &name)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&strata_tools::cluster_status::to_json(&name, &view))?);
+    } else {
+        print!("{}", strata_tools::cluster_status::format(&name, &view));
+    }
     Ok(())
 }
 

@@ -12,7 +12,7 @@ engine that uses Mooncake switches by changing its import alone::
 Puts return 0 or a negative code; reads into buffers return the bytes read or a negative code; ``get``
 returns empty bytes on failure; ``is_exist`` returns 1, 0 or a negative code. The codes are Mooncake's
 where Mooncake has one (``OBJECT_NOT_FOUND`` = -704, ``OBJECT_ALREADY_EXISTS`` = -705, ...) and Strata's
-below -2000 otherwise (``CHECKSUM_MISMATCH``, ``STORAGE_ERROR``, ``QUOTA_EXCEEDED``). Every call releases
+below -2000 otherwise (``CHECKSUM_MISMATCH``, ``STORAGE_ERROR``, ``QUOTA_EXCEEDED``, ``KEY_MOVED``). Every call releases
 the GIL while it waits on the network.
 """
 
@@ -21,6 +21,7 @@ from ._strata import (  # noqa: F401  (re-exported)
     ILLEGAL_CLIENT,
     INTERNAL_ERROR,
     INVALID_PARAMS,
+    KEY_MOVED,
     NO_AVAILABLE_HANDLE,
     OBJECT_ALREADY_EXISTS,
     OBJECT_NOT_FOUND,
@@ -56,6 +57,7 @@ __all__ = [
     "CHECKSUM_MISMATCH",
     "STORAGE_ERROR",
     "QUOTA_EXCEEDED",
+    "KEY_MOVED",
 ]
 
 
