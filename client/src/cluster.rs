@@ -277,13 +277,19 @@ impl Client {
     }
 
     /// Asks the watch to re-read the members and waits (at most `down_for`) until its view reaches
-    /// `epoch`, a node's, then routes by it.
+    /// `epoch`, a node's, or until one read came back without reaching it (the same placement, numbered
+    /// from another etcd revision by a node that started later), then routes by it.
     fn catch_up(&mut self, epoch: u64) {
         let Some(routing) = self.cluster.as_deref() else { return };
+        let read_before = routing.watch.view().revision;
         routing.watch.refresh();
         let deadline = Instant::now() + routing.down_for;
-        while u64::try_from(routing.watch.view().epoch).unwrap_or(0) < epoch && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(2));
+        while Instant::now() < deadline {
+            let view = routing.watch.view();
+            if u64::try_from(view.epoch).unwrap_or(0) >= epoch || view.revision > read_before {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
         self.sync_membership();
     }
