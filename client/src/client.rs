@@ -153,7 +153,7 @@ impl ShardConnection {
         Ok(header)
     }
 
-    fn read_item(&mut self) -> Result<ResponseItemHeader, ClientError> {
+    pub(crate) fn read_item(&mut self) -> Result<ResponseItemHeader, ClientError> {
         let mut bytes = [0u8; RESPONSE_ITEM_BYTES];
         self.reader.read_exact(&mut bytes).map_err(|error| ClientError::from_io(&error))?;
         ResponseItemHeader::decode(&bytes).map_err(|error| ClientError::Protocol(error.to_string()))

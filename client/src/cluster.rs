@@ -149,6 +149,12 @@ impl Client {
         Ok(client)
     }
 
+    /// The watch this client of a cluster routes by: more clients of the same cluster share it
+    /// ([`Client::connect_watched`]).
+    pub fn members_watch(&self) -> Option<Arc<MembersWatch>> {
+        self.cluster.as_ref().map(|routing| Arc::clone(&routing.watch))
+    }
+
     /// The cluster epoch this client routes by (the etcd revision at which placement last changed); none
     /// for a client of one node.
     pub fn cluster_epoch(&self) -> Option<i64> {

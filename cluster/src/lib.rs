@@ -29,5 +29,5 @@ pub use member::{Member, MemberState, NameError, TierSpace, member_key, members_
 pub use ownership::{feed_ownership, owns_under};
 #[cfg(feature = "node")]
 pub use registration::{ClusterConfig, Registration};
-pub use view::{View, weight};
-pub use watch::{MembersWatch, OnChange, WatchConfig, read_members};
+pub use view::{MembersDocument, View, weight};
+pub use watch::{Fetch, MembersWatch, OnChange, WatchConfig, read_members};

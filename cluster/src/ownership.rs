@@ -27,11 +27,12 @@ pub fn owns_under(view: &View, me: &str, max_replicas: usize) -> Owns {
 
 /// Starts a members' watch that publishes the node's ownership into `ownership` at each new epoch.
 pub fn feed_ownership(config: &ClusterConfig, ownership: Arc<Ownership>) -> Result<MembersWatch, ClusterError> {
-    let (me, max_replicas) = (config.node_id.clone(), config.max_replicas.max(1));
+    let (me, max_replicas, cluster) = (config.node_id.clone(), config.max_replicas.max(1), config.cluster.clone());
     let watch =
         WatchConfig { timeout: config.lease_ttl, ..WatchConfig::new(config.endpoints.clone(), &config.cluster) };
     let publish = move |view: &View| {
-        ownership.publish(view.epoch.max(0) as u64, owns_under(view, &me, max_replicas));
+        let members = serde_json::to_vec(&view.document(&cluster)).unwrap_or_default();
+        ownership.publish(view.epoch.max(0) as u64, owns_under(view, &me, max_replicas), members);
     };
     MembersWatch::spawn(watch, Some(Box::new(publish)))
 }

@@ -37,6 +37,48 @@ impl View {
     }
 }
 
+/// The members as a node answers MEMBERS and `strata-pool cluster status --output-format=json` prints them.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MembersDocument {
+    /// The cluster's name.
+    pub cluster: String,
+    /// The view's epoch.
+    pub epoch: i64,
+    /// The etcd revision it was read at.
+    pub revision: i64,
+    /// Every registered node, sorted by id.
+    pub members: Vec<Member>,
+}
+
+impl View {
+    /// The view as a document of cluster `cluster`.
+    pub fn document(&self, cluster: &str) -> MembersDocument {
+        MembersDocument {
+            cluster: cluster.to_string(),
+            epoch: self.epoch,
+            revision: self.revision,
+            members: self.members.clone(),
+        }
+    }
+}
+
+impl MembersDocument {
+    /// The view it describes, keeping only members that can be routed to (an id that is a name, 1 to
+    /// 1,024 shards): a node's answer is input, not trusted.
+    pub fn into_view(self) -> View {
+        let mut members: Vec<Member> = self
+            .members
+            .into_iter()
+            .filter(|member| {
+                crate::member::validate_name("node id", &member.id).is_ok()
+                    && (1..=crate::watch::MAX_SHARDS_PER_MEMBER).contains(&member.shards.len())
+            })
+            .collect();
+        members.sort_by(|a, b| a.id.cmp(&b.id));
+        View { epoch: self.epoch, revision: self.revision, members }
+    }
+}
+
 /// A member's placement weight: its capacity over both tiers, in MiB (at least 1 for a serving node, so
 /// a node with no tier sizes reported still takes keys).
 pub fn weight(member: &Member) -> u64 {

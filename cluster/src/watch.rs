@@ -19,7 +19,7 @@ use crate::member::{Member, members_prefix, validate_name};
 use crate::view::View;
 
 /// Shards a member may list: a bound on what one etcd entry makes a client allocate.
-const MAX_SHARDS_PER_MEMBER: usize = 1024;
+pub(crate) const MAX_SHARDS_PER_MEMBER: usize = 1024;
 
 /// Where a watch reads, and how patiently.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,6 +48,10 @@ impl WatchConfig {
 
 /// Called with each view whose epoch moved, on the watch's thread.
 pub type OnChange = Box<dyn Fn(&View) + Send + Sync>;
+
+/// Fetches the members some other way than from etcd (a MEMBERS request to a node), given the last view;
+/// `None` when no source answered.
+pub type Fetch = Box<dyn Fn(&View) -> Option<View> + Send + Sync>;
 
 struct Shared {
     config: WatchConfig,
@@ -91,6 +95,21 @@ impl MembersWatch {
         let running = Arc::clone(&shared);
         let thread =
             std::thread::Builder::new().name("strata-members".into()).spawn(move || runtime.block_on(running.run()))?;
+        Ok(MembersWatch { shared, thread: Some(thread) })
+    }
+
+    /// A watch that starts from `initial` and asks `fetch` for the members every `resync` and whenever
+    /// asked ([`MembersWatch::refresh`]): for a client that learnt the cluster from a node, not from etcd.
+    /// A view fetched is taken as it is, its epoch the node's.
+    pub fn polled(initial: View, fetch: Fetch, resync: Duration) -> Result<MembersWatch, ClusterError> {
+        let config = WatchConfig { resync, ..WatchConfig::new(Vec::new(), "polled") };
+        let shared = Arc::new(Shared::new(config, None, initial));
+        shared.generation.store(1, Ordering::Release);
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let running = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("strata-members".into())
+            .spawn(move || runtime.block_on(running.poll(fetch)))?;
         Ok(MembersWatch { shared, thread: Some(thread) })
     }
 
@@ -180,6 +199,28 @@ impl Shared {
                 tracing::warn!(%error, cluster = %self.config.cluster, "members' watch lost etcd; routing by the last view");
                 *self.failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(error.to_string());
                 let _ = tokio::time::timeout(self.config.resync, self.wake.notified()).await;
+            }
+        }
+    }
+
+    /// Fetches the members every resync or request, until stopped.
+    async fn poll(self: Arc<Self>, fetch: Fetch) {
+        loop {
+            let _ = tokio::time::timeout(self.config.resync, self.wake.notified()).await;
+            if self.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            let last = Arc::clone(&self.view.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+            let Some(next) = fetch(&last) else {
+                *self.failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
+                    Some("no node answered MEMBERS".into());
+                continue;
+            };
+            let moved = next.epoch != last.epoch;
+            *self.view.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(next);
+            *self.failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+            if moved {
+                self.generation.fetch_add(1, Ordering::AcqRel);
             }
         }
     }

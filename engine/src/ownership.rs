@@ -13,10 +13,19 @@ use std::sync::{Arc, Mutex};
 /// Whether this node owns a key (a user key, as the client placed it).
 pub type Owns = Box<dyn Fn(&[u8]) -> bool + Send + Sync>;
 
-/// One view: its cluster epoch and what the node owns under it.
+/// One view: its cluster epoch, what the node owns under it, and the members as the MEMBERS request
+/// answers them (JSON).
 pub struct OwnershipView {
     epoch: u64,
     owns: Owns,
+    members: Vec<u8>,
+}
+
+impl OwnershipView {
+    /// The members as JSON.
+    pub fn members(&self) -> &[u8] {
+        &self.members
+    }
 }
 
 /// The node's latest view, shared by its shards.
@@ -34,10 +43,11 @@ impl std::fmt::Debug for Ownership {
 }
 
 impl Ownership {
-    /// Makes `owns` the node's ownership from cluster epoch `epoch` on.
-    pub fn publish(&self, epoch: u64, owns: Owns) {
+    /// Makes `owns` the node's ownership from cluster epoch `epoch` on, and `members` (JSON) the answer to
+    /// MEMBERS.
+    pub fn publish(&self, epoch: u64, owns: Owns, members: Vec<u8>) {
         *self.view.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
-            Some(Arc::new(OwnershipView { epoch, owns }));
+            Some(Arc::new(OwnershipView { epoch, owns, members }));
         self.generation.fetch_add(1, Ordering::Release);
     }
 
@@ -60,19 +70,31 @@ impl OwnershipCache {
         Self { source, seen: Cell::new(0), view: RefCell::new(None) }
     }
 
-    /// `Some(the node's epoch)` when an item for `key` sent under `request_epoch` must be answered MOVED:
-    /// the request names an epoch (cluster clients do), an older one than the node's, and the node does
-    /// not own the key under its own. A request under the node's epoch or a newer one is served: the node
-    /// may be the one behind.
-    pub(crate) fn moved(&self, key: &[u8], request_epoch: u64) -> Option<u64> {
-        let source = self.source.as_ref().filter(|_| request_epoch != 0)?;
+    /// The latest view, fetched if it changed.
+    fn current(&self) -> Option<Arc<OwnershipView>> {
+        let source = self.source.as_ref()?;
         let generation = source.generation.load(Ordering::Acquire);
         if generation != self.seen.get() {
             *self.view.borrow_mut() = source.view.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
             self.seen.set(generation);
         }
-        let view = self.view.borrow();
-        let view = view.as_ref()?;
+        self.view.borrow().clone()
+    }
+
+    /// The members as the node last saw them (JSON), for MEMBERS; `None` alone or before the first view.
+    pub(crate) fn members(&self) -> Option<Arc<OwnershipView>> {
+        self.current().filter(|view| !view.members.is_empty())
+    }
+
+    /// `Some(the node's epoch)` when an item for `key` sent under `request_epoch` must be answered MOVED:
+    /// the request names an epoch (cluster clients do), an older one than the node's, and the node does
+    /// not own the key under its own. A request under the node's epoch or a newer one is served: the node
+    /// may be the one behind.
+    pub(crate) fn moved(&self, key: &[u8], request_epoch: u64) -> Option<u64> {
+        if request_epoch == 0 {
+            return None;
+        }
+        let view = self.current()?;
         (request_epoch < view.epoch && !(view.owns)(key)).then_some(view.epoch)
     }
 }
@@ -86,13 +108,13 @@ mod tests {
         let ownership = Arc::new(Ownership::default());
         let cache = OwnershipCache::new(Some(Arc::clone(&ownership)));
         assert_eq!(cache.moved(b"b-key", 5), None, "no view yet: serve");
-        ownership.publish(10, Box::new(|key: &[u8]| key.starts_with(b"a")));
+        ownership.publish(10, Box::new(|key: &[u8]| key.starts_with(b"a")), b"{}".to_vec());
         assert_eq!(cache.moved(b"b-key", 5), Some(10));
         assert_eq!(cache.moved(b"a-key", 5), None, "owned");
         assert_eq!(cache.moved(b"b-key", 10), None, "the same epoch: the node agrees with the client");
         assert_eq!(cache.moved(b"b-key", 12), None, "a newer epoch: the node is behind");
         assert_eq!(cache.moved(b"b-key", 0), None, "a client of one node names no epoch");
-        ownership.publish(20, Box::new(|_: &[u8]| true));
+        ownership.publish(20, Box::new(|_: &[u8]| true), b"{}".to_vec());
         assert_eq!(cache.moved(b"b-key", 12), None, "a new view is seen at once");
         assert_eq!(ownership.epoch(), 20);
         assert_eq!(OwnershipCache::new(None).moved(b"b-key", 5), None, "no cluster: serve");

@@ -266,9 +266,47 @@ async fn handle_frame(
         Opcode::Locate => lookup::locate(server, &items, scope, header.epoch).await,
         Opcode::PrefixMatch => lookup::exists(server, &items, scope, (true, header.epoch)).await,
         Opcode::RemoveMatching => lookup::remove_all_matching(server, &items, scope).await,
+        Opcode::Members => return members(server, connection, header).await,
         _ => lookup::remove(server, &items, scope, header.epoch).await,
     };
     reply_statuses(connection, header, &statuses).await
+}
+
+/// Answers a MEMBERS frame: each item gets the members as the node last saw them (JSON, its crc32c in
+/// `data crc`), or NOT_FOUND from a node that runs alone.
+async fn members(
+    server: &ShardServer,
+    connection: &mut Connection,
+    header: FrameHeader,
+) -> Result<(u64, u64), ConnectionError> {
+    let view = server.ownership.members();
+    let json = view.as_ref().map_or(&[][..], |view| view.members());
+    let item = match &view {
+        Some(_) => ResponseItemHeader {
+            status: Status::Ok,
+            data_len: json.len() as u32,
+            data_crc: crc32c::crc32c(json),
+            object_len: json.len() as u32,
+        },
+        None => ResponseItemHeader::status(Status::NotFound),
+    };
+    let count = header.count as u64;
+    let reply = FrameHeader {
+        opcode: header.opcode,
+        flags: 0,
+        request_id: header.request_id,
+        count: header.count,
+        status: Status::Ok,
+        body_len: count * (RESPONSE_ITEM_BYTES as u64 + u64::from(item.data_len)),
+        epoch: 0,
+    };
+    reply.encode_into(&mut connection.output);
+    for _ in 0..header.count {
+        item.encode_into(&mut connection.output);
+        connection.output.extend_from_slice(if view.is_some() { json } else { &[] });
+    }
+    connection.flush().await?;
+    Ok((0, if view.is_some() { 0 } else { count }))
 }
 
 /// Answers a frame whose items have a status each and no data; returns (failed items, missed items).

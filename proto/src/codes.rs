@@ -36,6 +36,9 @@ pub enum Opcode {
     /// Where each key is stored: the reply's `object len` is the value's length and its `data crc` names
     /// the tiers that hold the object ([`LOCATED_IN_DRAM`], [`LOCATED_ON_NVME`]); no value is sent.
     Locate = 10,
+    /// The node's view of its cluster: one item (its key is not looked at), answered with the members as
+    /// JSON in the reply's data (`data crc` its crc32c), or `NotFound` from a node that runs alone.
+    Members = 11,
 }
 
 /// In a LOCATE reply's `data crc`: the object has a copy in DRAM.
@@ -57,6 +60,7 @@ impl Opcode {
             8 => Opcode::RemoveMatching,
             9 => Opcode::Subscribe,
             10 => Opcode::Locate,
+            11 => Opcode::Members,
             _ => return None,
         })
     }
@@ -74,11 +78,12 @@ impl Opcode {
             Opcode::RemoveMatching => "remove_matching",
             Opcode::Subscribe => "subscribe",
             Opcode::Locate => "locate",
+            Opcode::Members => "members",
         }
     }
 
     /// Every opcode, in wire order.
-    pub const ALL: [Opcode; 10] = [
+    pub const ALL: [Opcode; 11] = [
         Opcode::Hello,
         Opcode::Put,
         Opcode::Get,
@@ -89,6 +94,7 @@ impl Opcode {
         Opcode::RemoveMatching,
         Opcode::Subscribe,
         Opcode::Locate,
+        Opcode::Members,
     ];
 }
 

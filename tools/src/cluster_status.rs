@@ -13,9 +13,10 @@ pub fn read(etcd: &str, cluster: &str) -> anyhow::Result<View> {
     read_members(&config).with_context(|| format!("reading cluster {cluster:?} from {etcd}"))
 }
 
-/// The members as JSON: the cluster, the revision read at, and each member's entry.
+/// The members as JSON: the cluster, the epoch and revision read at, and each member's entry (the
+/// document a node answers MEMBERS with).
 pub fn to_json(cluster: &str, view: &View) -> serde_json::Value {
-    serde_json::json!({ "cluster": cluster, "revision": view.revision, "members": view.members })
+    serde_json::to_value(view.document(cluster)).unwrap_or_default()
 }
 
 /// The members as a table, one line each.

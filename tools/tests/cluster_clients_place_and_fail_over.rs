@@ -186,6 +186,15 @@ fn keys_land_on_their_replicas_and_survive_a_kill() {
     check_status(&endpoint, &held);
     check_events(&events, &keys, &holders);
 
+    // A client given one node's address learns the cluster from it (MEMBERS) and routes like the others.
+    let mut learnt = Client::connect_learning(&[format!("127.0.0.1:{}", ports[2])], &options).expect("learnt");
+    assert_eq!(learnt.shard_count(), 3, "the three nodes, learnt from c");
+    let document = learnt.members().expect("MEMBERS").expect("c is in a cluster");
+    assert_eq!((document.cluster.as_str(), document.members.len()), ("test", 3));
+    for (index, got) in learnt.batch_get(&key_refs).into_iter().enumerate() {
+        assert_eq!(got.expect("a get through the learnt view"), values[index], "key {index}");
+    }
+
     // Kill b under a steady load of gets (of the keys above) and puts (of new keys), bounded by count and
     // time; the load runs until b's lease expired and the client routes without it.
     let started = Instant::now();

@@ -79,11 +79,32 @@ impl ClientPool {
     }
 
     /// Connects to the first of `addresses` that answers and makes it the pool's target; the clients of
-    /// an earlier target are closed.
-    pub fn setup(&self, addresses: Vec<String>, options: ClientOptions) -> Result<(), ClientError> {
-        let (client, answered) = connect_any(&addresses, &options)?;
-        self.replace(Target::Node { options, answered }, client);
-        Ok(())
+    /// an earlier target are closed. A node in a cluster makes the cluster the target (unless
+    /// `single_node`): its members, as the node reports them, and then as the nodes report them
+    /// (`Client::connect_learning`).
+    pub fn setup(&self, addresses: Vec<String>, options: ClusterOptions, single_node: bool) -> Result<(), ClientError> {
+        let mut last = ClientError::Connection("no address given".into());
+        for answered in addresses {
+            let connected = if single_node {
+                Client::connect(answered.as_str(), options.client.clone())
+            } else {
+                Client::connect_learning(std::slice::from_ref(&answered), &options)
+            };
+            let client = match connected {
+                Ok(client) => client,
+                Err(error) => {
+                    last = error;
+                    continue;
+                }
+            };
+            let target = match client.members_watch() {
+                Some(watch) => Target::Cluster { options, watch },
+                None => Target::Node { options: options.client, answered },
+            };
+            self.replace(target, client);
+            return Ok(());
+        }
+        Err(last)
     }
 
     /// Connects to the cluster `options` names, through etcd, and makes it the pool's target.
@@ -124,6 +145,10 @@ impl ClientPool {
     pub fn node_address(&self) -> Option<String> {
         self.state().target.as_ref().map(|target| match target {
             Target::Node { answered, .. } => answered.clone(),
+            // A cluster learnt from its nodes names no etcd: one of its nodes then.
+            Target::Cluster { options, watch } if options.etcd.is_empty() => {
+                watch.view().serving().next().map(|member| member.shards[0].to_string()).unwrap_or_default()
+            }
             Target::Cluster { options, .. } => options.etcd.clone(),
         })
     }

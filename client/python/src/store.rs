@@ -177,7 +177,8 @@ impl StrataStore {
     /// order; or to a cluster: `"etcd://host:port[,host:port…]"`. Options by keyword: `token` (str or
     /// bytes), `timeout_seconds` (30), `verify_checksums` (True), `spin_microseconds` (busy-poll replies
     /// before sleeping; 0); for a cluster, `cluster_name` ("strata"), `replicas` (per put, 1) and
-    /// `min_replicas` (1). Returns 0 or a negative code.
+    /// `min_replicas` (1). A node of a cluster makes this a client of its cluster (members learnt from
+    /// it), unless `single_node=True`. Returns 0 or a negative code.
     #[pyo3(signature = (address, **options))]
     fn setup(&self, py: Python<'_>, address: &Bound<'_, PyAny>, options: Option<&Bound<'_, PyDict>>) -> PyResult<i64> {
         let addresses: Vec<String> = if let Ok(one) = address.extract::<String>() {
@@ -187,11 +188,13 @@ impl StrataStore {
         };
         let mut client_options = ClientOptions::default();
         let mut cluster = ClusterOptions::new(addresses.first().map_or("", String::as_str));
+        let mut single_node = false;
         if let Some(options) = options {
             for (name, value) in options.iter() {
                 let name: String = name.extract()?;
                 match name.as_str() {
                     "cluster_name" => cluster.cluster = value.extract()?,
+                    "single_node" => single_node = value.extract()?,
                     "replicas" => cluster.replicas = value.extract()?,
                     "min_replicas" => cluster.min_replicas = value.extract()?,
                     "token" => client_options.token = Some(key_of(&value)?),
@@ -213,10 +216,11 @@ impl StrataStore {
         }
         let in_cluster = addresses.len() == 1 && addresses[0].starts_with("etcd://");
         let connected = py.detach(|| {
+            let options = ClusterOptions { client: client_options, ..cluster };
             if in_cluster {
-                self.clients.setup_cluster(ClusterOptions { client: client_options, ..cluster })
+                self.clients.setup_cluster(options)
             } else {
-                self.clients.setup(addresses, client_options)
+                self.clients.setup(addresses, options, single_node)
             }
         });
         Ok(match connected {

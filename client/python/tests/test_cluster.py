@@ -94,7 +94,7 @@ def test_mooncake_setup_with_etcd_replicates_and_fails_over(tmp_path, etcd):
         direct = []
         for node in nodes:
             one = StrataStore()
-            assert one.setup(node.address) == 0
+            assert one.setup(node.address, single_node=True) == 0
             direct.append(one)
         for one in direct:
             assert one.batch_is_exist(list(values)) == [1] * len(values)
@@ -102,6 +102,13 @@ def test_mooncake_setup_with_etcd_replicates_and_fails_over(tmp_path, etcd):
         # One replica by default (no config): exactly one node holds it.
         assert store.put("single", b"x" * 100) == 0
         assert sum(one.is_exist("single") for one in direct) == 1
+
+        # Strata's form with one node's address: the store learns the cluster from the node (MEMBERS).
+        learnt = StrataStore()
+        assert learnt.setup(nodes[0].address) == 0
+        assert learnt.put("learnt", b"y" * 200, ReplicateConfig(replica_num=2)) == 0
+        assert [one.is_exist("learnt") for one in direct] == [1, 1]
+        learnt.close()
 
         nodes[1].process.kill()
         nodes[1].process.wait()

@@ -9,7 +9,8 @@ Engines call Mooncake's store in several forms; each is accepted here, so that r
   too), with ``tenant_id=``; ``setup(config_dict)`` with the same keys (LMCache); ``setup_dummy(mem_pool_size,
   local_buffer_size, server_address)`` (SGLang); and Strata's own ``setup("host:port" or a list, **options)``.
   ``master_server_address`` (or ``server_address``) names the Strata node: ``"host:port"``, a list of them,
-  or a comma-separated string, tried in order. The segment and buffer sizes, the protocol and the devices
+  or a comma-separated string, tried in order; a node of a cluster makes the store a client of the whole
+  cluster, whose members it learns from the node (Strata's option ``single_node=True``: that node alone). The segment and buffer sizes, the protocol and the devices
   are accepted and unused: the node owns its memory, and transfers go over TCP. ``engine`` (a Mooncake
   ``TransferEngine`` to share, which SGLang passes eighth, usually None) is accepted and unused: Strata has
   its own transport. ``tenant_id``, when not empty, is the tenant's token (the node's ``--tenant`` list).
@@ -46,6 +47,7 @@ _STRATA_OPTIONS = (
     "cluster_name",
     "replicas",
     "min_replicas",
+    "single_node",
 )
 
 
