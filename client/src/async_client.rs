@@ -105,12 +105,25 @@ fn gone() -> ClientError {
 impl AsyncClient {
     /// Connects to the node at `addr` (any shard's port), on the client's own I/O thread.
     pub async fn connect(addr: SocketAddr, options: ClientOptions) -> Result<Self, ClientError> {
+        Self::start(move || Client::connect(addr, options)).await
+    }
+
+    /// Connects to the cluster `options` names ([`Client::connect_cluster`]), on the client's own I/O
+    /// thread.
+    pub async fn connect_cluster(options: crate::ClusterOptions) -> Result<Self, ClientError> {
+        Self::start(move || Client::connect_cluster(&options)).await
+    }
+
+    /// Runs `connect` on a new I/O thread, which then serves this client's calls.
+    async fn start(
+        connect: impl FnOnce() -> Result<Client, ClientError> + Send + 'static,
+    ) -> Result<Self, ClientError> {
         let (jobs, queue) = mpsc::channel::<Job>();
         let (ready, connected) = reply_channel::<Result<(), ClientError>>();
         let worker = std::thread::Builder::new()
             .name("strata-client".into())
             .spawn(move || {
-                let mut client = match Client::connect(addr, options) {
+                let mut client = match connect() {
                     Ok(client) => {
                         ready.send(Ok(()));
                         client

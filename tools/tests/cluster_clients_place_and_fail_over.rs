@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use common::NodeProcess;
 use common::etcd::{Etcd, free_port};
-use strata_client::{Client, ClientError, ClientOptions, ClusterOptions, Event, EventStream, MembersWatch, PutOptions};
+use strata_client::{
+    AsyncClient, Client, ClientError, ClientOptions, ClusterOptions, Event, EventStream, MembersWatch, PutOptions,
+};
 use strata_cluster::{View, WatchConfig};
 use strata_proto::placement;
 
@@ -194,6 +196,12 @@ fn keys_land_on_their_replicas_and_survive_a_kill() {
     for (index, got) in learnt.batch_get(&key_refs).into_iter().enumerate() {
         assert_eq!(got.expect("a get through the learnt view"), values[index], "key {index}");
     }
+    // The async client of a cluster: the same client on its own I/O thread.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    runtime.block_on(async {
+        let asynchronous = AsyncClient::connect_cluster(options.clone()).await.expect("an async cluster client");
+        assert_eq!(asynchronous.get(keys[7].clone()).await.expect("an async get"), values[7]);
+    });
 
     // Kill b under a steady load of gets (of the keys above) and puts (of new keys), bounded by count and
     // time; the load runs until b's lease expired and the client routes without it.
