@@ -187,7 +187,8 @@ impl StrataStore {
             address.extract::<Vec<String>>().map_err(|_| PyTypeError::new_err("address is a str or a list of str"))?
         };
         let mut client_options = ClientOptions::default();
-        let mut cluster = ClusterOptions::new(addresses.first().map_or("", String::as_str));
+        let in_cluster = addresses.len() == 1 && addresses[0].starts_with("etcd://");
+        let mut cluster = ClusterOptions::new(if in_cluster { &addresses[0] } else { "" });
         let mut single_node = false;
         if let Some(options) = options {
             for (name, value) in options.iter() {
@@ -214,7 +215,6 @@ impl StrataStore {
                 }
             }
         }
-        let in_cluster = addresses.len() == 1 && addresses[0].starts_with("etcd://");
         let connected = py.detach(|| {
             let options = ClusterOptions { client: client_options, ..cluster };
             if in_cluster {
