@@ -272,13 +272,17 @@ async fn handle_frame(
     reply_statuses(connection, header, &statuses).await
 }
 
-/// Answers a MEMBERS frame: each item gets the members as the node last saw them (JSON, its crc32c in
+/// Answers a MEMBERS frame (one item) with the members as the node last saw them (JSON, its crc32c in
 /// `data crc`), or NOT_FOUND from a node that runs alone.
 async fn members(
     server: &ShardServer,
     connection: &mut Connection,
     header: FrameHeader,
 ) -> Result<(u64, u64), ConnectionError> {
+    // One item: each would carry a copy of the view, and a peer must not make the node build many.
+    if header.count != 1 {
+        return Err(ConnectionError::Protocol(Status::Invalid, "MEMBERS takes one item".into()));
+    }
     let view = server.ownership.members();
     let json = view.as_ref().map_or(&[][..], |view| view.members());
     let item = match &view {

@@ -36,8 +36,9 @@ pub enum Opcode {
     /// Where each key is stored: the reply's `object len` is the value's length and its `data crc` names
     /// the tiers that hold the object ([`LOCATED_IN_DRAM`], [`LOCATED_ON_NVME`]); no value is sent.
     Locate = 10,
-    /// The node's view of its cluster: one item (its key is not looked at), answered with the members as
-    /// JSON in the reply's data (`data crc` its crc32c), or `NotFound` from a node that runs alone.
+    /// The node's view of its cluster: exactly one item (its key is not looked at), answered with the
+    /// members as JSON in the reply's data (`data crc` its crc32c), or `NotFound` from a node that runs
+    /// alone.
     Members = 11,
 }
 

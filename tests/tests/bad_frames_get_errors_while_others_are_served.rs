@@ -337,6 +337,21 @@ fn frame_flags_statuses_and_reserved_bytes_in_requests_are_refused() {
         stream.write_all(&frame).expect("send");
         assert_eq!(error_then_close(stream).status, Status::Invalid, "{what}");
     }
+    // MEMBERS takes one item: a frame of two would have the node copy its view twice.
+    let mut members = FrameHeader::request(Opcode::Members, 12, 2, 2 * body.len() as u64).encode().to_vec();
+    members.extend_from_slice(&body);
+    members.extend_from_slice(&body);
+    let mut stream = raw(&node);
+    stream.write_all(&members).expect("send");
+    assert_eq!(error_then_close(stream).status, Status::Invalid, "two MEMBERS items");
+    // One is answered: NOT_FOUND from a node that runs alone.
+    let mut members = FrameHeader::request(Opcode::Members, 13, 1, body.len() as u64).encode().to_vec();
+    members.extend_from_slice(&body);
+    let mut stream = raw(&node);
+    stream.write_all(&members).expect("send");
+    let mut reply = [0u8; FRAME_HEADER_BYTES + 16];
+    stream.read_exact(&mut reply).expect("reply");
+    assert_eq!(ResponseItemHeader::decode(&reply[FRAME_HEADER_BYTES..]).expect("item").status, Status::NotFound);
     // The same frame with every reserved field zero is answered.
     let mut frame = good.encode().to_vec();
     frame.extend_from_slice(&body);
