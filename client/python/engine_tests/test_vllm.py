@@ -105,6 +105,19 @@ def kv_cache_config(kv_heads=None):
     return KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=tensors, kv_cache_groups=[KVCacheGroupSpec(LAYERS, spec)])
 
 
+def schedule_request(scheduler, request_id, tokens):
+    """Adds a one-token request for ``tokens`` (blocks hashed as vLLM hashes them) and schedules it."""
+    request = Request(
+        request_id,
+        prompt_token_ids=tokens,
+        sampling_params=SamplingParams(max_tokens=1),
+        pooling_params=None,
+        block_hasher=get_request_block_hasher(BLOCK, sha256),
+    )
+    scheduler.add_request(request)
+    return scheduler.schedule()
+
+
 class Instance:
     """One vLLM instance: its real scheduler (which loads the connector's scheduler side) and a worker-side
     connector over CPU KV caches ``[k|v, block, token, head, dim]``."""
@@ -120,15 +133,7 @@ class Instance:
         self.worker.register_kv_caches(self.kv)
 
     def schedule(self, request_id, tokens):
-        request = Request(
-            request_id,
-            prompt_token_ids=tokens,
-            sampling_params=SamplingParams(max_tokens=1),
-            pooling_params=None,
-            block_hasher=get_request_block_hasher(BLOCK, sha256),
-        )
-        self.scheduler.add_request(request)
-        return self.scheduler.schedule()
+        return schedule_request(self.scheduler, request_id, tokens)
 
     def run_forward(self, output, compute=None, before_load=None):
         """The worker's part of a step: loads layer by layer, then 'computes' and saves each layer."""

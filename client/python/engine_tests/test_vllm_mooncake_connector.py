@@ -31,15 +31,12 @@ from test_vllm import (  # noqa: E402
     PROMPT,
     engine_config,
     kv_cache_config,
+    schedule_request,
     write_model,
 )
 from vllm.config import KVTransferConfig, set_current_vllm_config  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
-from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.utils.hashing import sha256  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 
@@ -117,15 +114,7 @@ class MooncakeInstance:
         self.worker.register_kv_caches(self.kv)
 
     def schedule(self, request_id, tokens):
-        request = Request(
-            request_id,
-            prompt_token_ids=tokens,
-            sampling_params=SamplingParams(max_tokens=1),
-            pooling_params=None,
-            block_hasher=get_request_block_hasher(BLOCK, sha256),
-        )
-        self.scheduler.add_request(request)
-        return self.scheduler.schedule()
+        return schedule_request(self.scheduler, request_id, tokens)
 
     def save(self, output):
         """The save half of a step: ``wait_for_save`` without its CUDA event, then until the send thread has
