@@ -153,6 +153,42 @@ impl ShardConnection {
         Ok(header)
     }
 
+    /// Sends a frame of one item (`item`, and a one-byte key the node does not look at) and reads its
+    /// one reply item and data (at most `max_data` bytes, crc checked); an item status other than OK or
+    /// NOT_FOUND is an error.
+    pub(crate) fn ask_one(
+        &mut self,
+        opcode: Opcode,
+        request_id: u64,
+        item: RequestItemHeader,
+        max_data: u32,
+    ) -> Result<(ResponseItemHeader, Vec<u8>), ClientError> {
+        let io = |error: std::io::Error| ClientError::from_io(&error);
+        let mut frame = Vec::new();
+        FrameHeader::request(opcode, request_id, 1, REQUEST_ITEM_BYTES as u64 + 1).encode_into(&mut frame);
+        RequestItemHeader { key_len: 1, ..item }.encode_into(&mut frame);
+        frame.push(b'*');
+        self.send(&frame).map_err(io)?;
+        self.flush().map_err(io)?;
+        let header = self.read_header(opcode, request_id)?;
+        if header.status != Status::Ok {
+            return Err(ClientError::from_status(header.status));
+        }
+        let reply = self.read_item()?;
+        if reply.status != Status::Ok && reply.status != Status::NotFound {
+            return Err(ClientError::from_status(reply.status));
+        }
+        if reply.data_len > max_data {
+            return Err(ClientError::Protocol(format!("a {} answer of {} bytes", opcode.name(), reply.data_len)));
+        }
+        let mut data = vec![0u8; reply.data_len as usize];
+        self.reader.read_exact(&mut data).map_err(io)?;
+        if crc32c::crc32c(&data) != reply.data_crc {
+            return Err(ClientError::Checksum);
+        }
+        Ok((reply, data))
+    }
+
     pub(crate) fn read_item(&mut self) -> Result<ResponseItemHeader, ClientError> {
         let mut bytes = [0u8; RESPONSE_ITEM_BYTES];
         self.reader.read_exact(&mut bytes).map_err(|error| ClientError::from_io(&error))?;

@@ -1,13 +1,12 @@
 //! Learning a cluster from one of its nodes: the MEMBERS request, and a client that starts from node
 //! addresses and keeps its view current by asking the nodes again (no etcd address needed).
 
-use std::io::Read;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
 use strata_cluster::{MembersDocument, MembersWatch, View};
-use strata_proto::{FrameHeader, Opcode, REQUEST_ITEM_BYTES, RequestItemHeader, Status};
+use strata_proto::{Opcode, RequestItemHeader, Status};
 
 use crate::client::{Client, ClientOptions};
 use crate::cluster::ClusterOptions;
@@ -25,31 +24,10 @@ impl Client {
         let request_id = self.next_request_id;
         self.next_request_id += 1;
         let connection = self.connection(0)?;
-        let io = |error: std::io::Error| ClientError::from_io(&error);
-        let mut frame = Vec::new();
-        FrameHeader::request(Opcode::Members, request_id, 1, REQUEST_ITEM_BYTES as u64 + 1).encode_into(&mut frame);
-        RequestItemHeader { key_len: 1, ..Default::default() }.encode_into(&mut frame);
-        frame.push(b'*');
-        connection.send(&frame).map_err(io)?;
-        connection.flush().map_err(io)?;
-        let header = connection.read_header(Opcode::Members, request_id)?;
-        if header.status != Status::Ok {
-            return Err(ClientError::from_status(header.status));
-        }
-        let item = connection.read_item()?;
+        let (item, json) =
+            connection.ask_one(Opcode::Members, request_id, RequestItemHeader::default(), MAX_MEMBERS_BYTES)?;
         if item.status == Status::NotFound {
             return Ok(None);
-        }
-        if item.status != Status::Ok {
-            return Err(ClientError::from_status(item.status));
-        }
-        if item.data_len > MAX_MEMBERS_BYTES {
-            return Err(ClientError::Protocol(format!("a MEMBERS answer of {} bytes", item.data_len)));
-        }
-        let mut json = vec![0u8; item.data_len as usize];
-        connection.reader.read_exact(&mut json).map_err(io)?;
-        if crc32c::crc32c(&json) != item.data_crc {
-            return Err(ClientError::Checksum);
         }
         serde_json::from_slice(&json).map(Some).map_err(|error| ClientError::Protocol(format!("MEMBERS: {error}")))
     }

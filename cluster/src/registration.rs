@@ -6,6 +6,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -44,6 +45,7 @@ struct Subject {
     stopping: AtomicBool,
     wake: Notify,
     registrations: AtomicU64,
+    state: Mutex<MemberState>,
 }
 
 /// A running registration; [`Registration::stop`] ends it and removes the entry.
@@ -74,6 +76,7 @@ impl Registration {
             stopping: AtomicBool::new(false),
             wake: Notify::new(),
             registrations: AtomicU64::new(0),
+            state: Mutex::new(MemberState::Serving),
         });
         subject.report(None, Some("not registered yet".to_string()));
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -81,6 +84,15 @@ impl Registration {
         let thread =
             std::thread::Builder::new().name("strata-etcd".into()).spawn(move || runtime.block_on(running.run()))?;
         Ok(Registration { subject, thread: Some(thread) })
+    }
+
+    /// Marks the node draining in its entry, at once rather than at the next keep-alive: placement leaves
+    /// it out from the next epoch on, so clients stop sending it keys while it moves its own away.
+    pub fn drain(&self) {
+        if let Ok(mut state) = self.subject.state.lock() {
+            *state = MemberState::Draining;
+        }
+        self.subject.wake.notify_one();
     }
 
     /// Revokes the lease (at most one TTL of waiting) and ends the thread.
@@ -156,7 +168,7 @@ impl Subject {
             id: self.config.node_id.clone(),
             shards: self.shards.clone(),
             zone: self.config.zone.clone(),
-            state: MemberState::Serving,
+            state: self.state.lock().map_or(MemberState::Serving, |state| *state),
             epoch,
             dram: TierSpace {
                 capacity: usage.dram_capacity,

@@ -238,6 +238,21 @@ impl Index {
         entry
     }
 
+    /// How many ids were ever handed out: every live id is below it, so a scan by id covers
+    /// `0..id_space()`. Ids are stable for an entry's life, where table positions move as it grows.
+    pub fn id_space(&self) -> u32 {
+        (self.chunks.len().saturating_sub(1) * CHUNK_ENTRIES + self.chunks.last().map_or(0, Vec::len)) as u32
+    }
+
+    /// The entry `id`, if it is live (a freed id keeps its last entry, which the table no longer names).
+    pub fn live(&self, id: u32) -> Option<&Entry> {
+        if id >= self.id_space() {
+            return None;
+        }
+        let entry = self.get(id);
+        (self.find(entry.hash) == Some(id)).then_some(entry)
+    }
+
     /// Every live entry id (for scans at shutdown and in tests).
     pub fn ids(&self) -> impl Iterator<Item = u32> + '_ {
         self.slots.iter().filter(|&&slot| slot != EMPTY_SLOT).map(|slot| (slot >> 32) as u32)

@@ -18,6 +18,7 @@ mod connection;
 mod get;
 mod lookup;
 mod put;
+mod scan;
 mod subscribe;
 mod watch;
 
@@ -267,6 +268,7 @@ async fn handle_frame(
         Opcode::PrefixMatch => lookup::exists(server, &items, scope, (true, header.epoch)).await,
         Opcode::RemoveMatching => lookup::remove_all_matching(server, &items, scope).await,
         Opcode::Members => return members(server, connection, header).await,
+        Opcode::Scan => return scan::handle_scan(server, connection, header, &items, scope).await,
         _ => lookup::remove(server, &items, scope, header.epoch).await,
     };
     reply_statuses(connection, header, &statuses).await
@@ -283,34 +285,41 @@ async fn members(
     if header.count != 1 {
         return Err(ConnectionError::Protocol(Status::Invalid, "MEMBERS takes one item".into()));
     }
-    let view = server.ownership.members();
-    let json = view.as_ref().map_or(&[][..], |view| view.members());
-    let item = match &view {
-        Some(_) => ResponseItemHeader {
-            status: Status::Ok,
-            data_len: json.len() as u32,
-            data_crc: crc32c::crc32c(json),
-            object_len: json.len() as u32,
-        },
-        None => ResponseItemHeader::status(Status::NotFound),
+    let Some(view) = server.ownership.members() else {
+        reply_one(connection, header, ResponseItemHeader::status(Status::NotFound), &[]).await?;
+        return Ok((0, 1));
     };
-    let count = header.count as u64;
+    let json = view.members();
+    let item = ResponseItemHeader {
+        status: Status::Ok,
+        data_len: json.len() as u32,
+        data_crc: crc32c::crc32c(json),
+        object_len: json.len() as u32,
+    };
+    reply_one(connection, header, item, json).await.map(|()| (0, 0))
+}
+
+/// Answers a frame of one item with that item and its data.
+async fn reply_one(
+    connection: &mut Connection,
+    header: FrameHeader,
+    item: ResponseItemHeader,
+    data: &[u8],
+) -> Result<(), ConnectionError> {
     let reply = FrameHeader {
         opcode: header.opcode,
         flags: 0,
         request_id: header.request_id,
-        count: header.count,
+        count: 1,
         status: Status::Ok,
-        body_len: count * (RESPONSE_ITEM_BYTES as u64 + u64::from(item.data_len)),
+        body_len: (RESPONSE_ITEM_BYTES + data.len()) as u64,
         epoch: 0,
     };
     reply.encode_into(&mut connection.output);
-    for _ in 0..header.count {
-        item.encode_into(&mut connection.output);
-        connection.output.extend_from_slice(if view.is_some() { json } else { &[] });
-    }
+    item.encode_into(&mut connection.output);
+    connection.output.extend_from_slice(data);
     connection.flush().await?;
-    Ok((0, if view.is_some() { 0 } else { count }))
+    Ok(())
 }
 
 /// Answers a frame whose items have a status each and no data; returns (failed items, missed items).

@@ -43,6 +43,7 @@ mod reads;
 mod reclaim;
 mod recovery;
 mod removal;
+mod scan;
 mod usage;
 
 pub use cascade::{Cascade, CascadeKind, LinkState};

@@ -40,6 +40,12 @@ pub enum Opcode {
     /// members as JSON in the reply's data (`data crc` its crc32c), or `NotFound` from a node that runs
     /// alone.
     Members = 11,
+    /// The receiving shard's keys, a page at a time: exactly one item, whose `offset` is the cursor (0 to
+    /// begin) and `value len` the most keys wanted (1 to [`MAX_SCAN_KEYS`]); its key is not looked at. The
+    /// reply's data is the page's entries ([`scan`](crate::scan)), `data crc` their crc32c, and `object len`
+    /// the cursor of the next page ([`SCAN_DONE`] after the last). A key stored for the whole scan is
+    /// listed once; one put or removed during it may or may not be.
+    Scan = 12,
 }
 
 /// In a LOCATE reply's `data crc`: the object has a copy in DRAM.
@@ -62,6 +68,7 @@ impl Opcode {
             9 => Opcode::Subscribe,
             10 => Opcode::Locate,
             11 => Opcode::Members,
+            12 => Opcode::Scan,
             _ => return None,
         })
     }
@@ -80,11 +87,12 @@ impl Opcode {
             Opcode::Subscribe => "subscribe",
             Opcode::Locate => "locate",
             Opcode::Members => "members",
+            Opcode::Scan => "scan",
         }
     }
 
     /// Every opcode, in wire order.
-    pub const ALL: [Opcode; 11] = [
+    pub const ALL: [Opcode; 12] = [
         Opcode::Hello,
         Opcode::Put,
         Opcode::Get,
@@ -96,6 +104,7 @@ impl Opcode {
         Opcode::Subscribe,
         Opcode::Locate,
         Opcode::Members,
+        Opcode::Scan,
     ];
 }
 

@@ -364,7 +364,8 @@ impl RequestItemHeader {
         if header.flags & ITEM_WAIT != 0 && header.value_crc > MAX_ITEM_WAIT_MS {
             return Err(ProtoError::Field("a read's wait (at most 60,000 ms)"));
         }
-        if opcode != Opcode::Put && opcode != Opcode::GetRange && header.value_len != 0 {
+        // GET_RANGE's is the bytes wanted, SCAN's the keys wanted.
+        if !matches!(opcode, Opcode::Put | Opcode::GetRange | Opcode::Scan) && header.value_len != 0 {
             return Err(ProtoError::Field("value length of an item that carries no value"));
         }
         Ok(header)

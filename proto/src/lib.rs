@@ -25,6 +25,7 @@ mod items;
 mod limits;
 pub mod placement;
 mod request;
+pub mod scan;
 
 pub use codes::{LOCATED_IN_DRAM, LOCATED_ON_NVME, Opcode, PROTOCOL_VERSION, ProtoError, Status};
 pub use events::{Event, EventRef, Keys, KeysIter, MAX_EVENT_KEYS, MIN_EVENT_BYTES, OpenEvent, RemovalReason, Tier};
@@ -40,3 +41,4 @@ pub use request::{
     ItemHead, RequestFrame, RequestItem, decode_item_head, decode_request_body, decode_request_frame,
     max_item_head_bytes,
 };
+pub use scan::{MAX_SCAN_KEYS, SCAN_DONE};

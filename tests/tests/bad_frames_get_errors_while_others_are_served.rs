@@ -352,6 +352,31 @@ fn frame_flags_statuses_and_reserved_bytes_in_requests_are_refused() {
     let mut reply = [0u8; FRAME_HEADER_BYTES + 16];
     stream.read_exact(&mut reply).expect("reply");
     assert_eq!(ResponseItemHeader::decode(&reply[FRAME_HEADER_BYTES..]).expect("item").status, Status::NotFound);
+    // SCAN takes one item too: a frame of two would have the shard walk its index twice.
+    let mut scan_body = Vec::new();
+    RequestItemHeader { key_len: 3, value_len: 16, ..Default::default() }.encode_into(&mut scan_body);
+    scan_body.extend_from_slice(b"abc");
+    let mut scans = FrameHeader::request(Opcode::Scan, 14, 2, 2 * scan_body.len() as u64).encode().to_vec();
+    scans.extend_from_slice(&scan_body);
+    scans.extend_from_slice(&scan_body);
+    let mut stream = raw(&node);
+    stream.write_all(&scans).expect("send");
+    assert_eq!(error_then_close(stream).status, Status::Invalid, "two SCAN items");
+    // A page of 0 keys, or of more than MAX_SCAN_KEYS, is refused for that item; the connection serves on.
+    let mut stream = raw(&node);
+    for (id, wanted) in [(15, 0), (16, strata_proto::MAX_SCAN_KEYS + 1), (17, 16)] {
+        let mut frame = Vec::new();
+        FrameHeader::request(Opcode::Scan, id, 1, scan_body.len() as u64).encode_into(&mut frame);
+        RequestItemHeader { key_len: 3, value_len: wanted, ..Default::default() }.encode_into(&mut frame);
+        frame.extend_from_slice(b"abc");
+        stream.write_all(&frame).expect("send");
+        let mut reply = [0u8; FRAME_HEADER_BYTES + 16];
+        stream.read_exact(&mut reply).expect("reply");
+        let item = ResponseItemHeader::decode(&reply[FRAME_HEADER_BYTES..]).expect("item");
+        let status = if wanted == 16 { Status::Ok } else { Status::Invalid };
+        assert_eq!(item.status, status, "a page of {wanted} keys");
+        assert_eq!(item.data_len, 0, "an empty node lists no key");
+    }
     // The same frame with every reserved field zero is answered.
     let mut frame = good.encode().to_vec();
     frame.extend_from_slice(&body);

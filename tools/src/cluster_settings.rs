@@ -4,10 +4,12 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use strata_cluster::{ClusterConfig, etcd_endpoints};
 
+use crate::byte_size::parse_byte_size;
 use crate::pool::parse_duration;
+use crate::rebalance::RebalanceConfig;
 
 /// The `--cluster*` flags, or the `[cluster]` table (`etcd`, `name`, `node-id`, `lease-ttl`, `zone`,
-/// `max-replicas`).
+/// `max-replicas`, `replicas`, `repair-rate`).
 #[derive(Clone, Debug, Default, PartialEq, clap::Args, serde::Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ClusterSettings {
@@ -30,6 +32,14 @@ pub struct ClusterSettings {
     /// many nodes of, and answers MOVED to an older membership's requests for the others. [default: 3]
     #[arg(long = "max-replicas", id = "max_replicas")]
     pub max_replicas: Option<usize>,
+    /// The cluster's replica count: the node re-creates a key's lost replicas, from the first survivor
+    /// that holds it, until it has this many. [default: 1]
+    #[arg(long = "replicas", id = "replicas")]
+    pub replicas: Option<usize>,
+    /// Bytes per second that repairs and migrations may copy, e.g. 256MiB; 0 turns them off (a drain
+    /// still moves every key). [default: 256MiB]
+    #[arg(long = "repair-rate", id = "repair_rate")]
+    pub repair_rate: Option<String>,
 }
 
 impl ClusterSettings {
@@ -42,6 +52,8 @@ impl ClusterSettings {
             lease_ttl: self.lease_ttl.or(file.lease_ttl),
             zone: self.zone.or(file.zone),
             max_replicas: self.max_replicas.or(file.max_replicas),
+            replicas: self.replicas.or(file.replicas),
+            repair_rate: self.repair_rate.or(file.repair_rate),
         }
     }
 
@@ -50,8 +62,8 @@ impl ClusterSettings {
         let Some(etcd) = &self.etcd else {
             if *self != ClusterSettings::default() {
                 bail!(
-                    "the cluster settings (--node-id, --cluster-name, --lease-ttl, --zone, --max-replicas) need \
-                     --cluster etcd://…"
+                    "the cluster settings (--node-id, --cluster-name, --lease-ttl, --zone, --max-replicas, \
+                     --replicas, --repair-rate) need --cluster etcd://…"
                 );
             }
             return Ok(None);
@@ -70,6 +82,21 @@ impl ClusterSettings {
             zone: self.zone.clone().unwrap_or_default(),
             max_replicas: self.max_replicas.unwrap_or(3).max(1),
         }))
+    }
+}
+
+impl ClusterSettings {
+    /// The rebalancer's settings (meaningful with `--cluster`).
+    pub fn rebalance_config(&self) -> anyhow::Result<RebalanceConfig> {
+        let rate = match &self.repair_rate {
+            Some(text) => parse_byte_size(text).with_context(|| format!("--repair-rate {text}"))?,
+            None => 256 << 20,
+        };
+        let replicas = self.replicas.unwrap_or(1).max(1);
+        if replicas > self.max_replicas.unwrap_or(3).max(1) {
+            bail!("--replicas {replicas} is more than --max-replicas: the extra replicas would not own their keys");
+        }
+        Ok(RebalanceConfig { replicas, rate, settle: Duration::from_secs(1) })
     }
 }
 
@@ -96,5 +123,11 @@ mod tests {
         let config = two.config().unwrap().unwrap();
         assert_eq!(config.endpoints, ["http://127.0.0.1:2379", "http://127.0.0.2:2379"]);
         assert_eq!((config.cluster.as_str(), config.lease_ttl), ("strata", Duration::from_secs(2)));
+        let rebalance = two.rebalance_config().unwrap();
+        assert_eq!((rebalance.replicas, rebalance.rate), (1, 256 << 20));
+        let too_many = ClusterSettings { replicas: Some(4), ..two.clone() };
+        assert!(too_many.rebalance_config().is_err());
+        let off = ClusterSettings { repair_rate: Some("0".into()), replicas: Some(2), ..two };
+        assert_eq!(off.rebalance_config().unwrap().rate, 0);
     }
 }

@@ -16,5 +16,6 @@ pub mod kv_events;
 pub mod logging;
 pub mod node;
 pub mod pool;
+pub mod rebalance;
 pub mod stall_bench;
 pub mod subscribe_windows;

@@ -359,8 +359,8 @@ impl NodeSettings {
     }
 }
 
-/// Blocks SIGINT and SIGTERM in this thread (and the threads it starts afterwards), so that
-/// [`wait_for_stop_signal`] receives them instead of the default handler killing the process.
+/// Blocks SIGINT, SIGTERM and SIGUSR1 (drain) in this thread (and the threads it starts afterwards), so
+/// that [`wait_for_stop_signal`] receives them instead of the default handler killing the process.
 pub fn block_stop_signals() -> anyhow::Result<()> {
     // SAFETY: sigset operations on a local set, and pthread_sigmask on the calling thread.
     #[allow(unsafe_code)]
@@ -369,15 +369,16 @@ pub fn block_stop_signals() -> anyhow::Result<()> {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGUSR1);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
     };
     if result != 0 {
-        bail!("blocking SIGINT/SIGTERM: error {result}");
+        bail!("blocking SIGINT/SIGTERM/SIGUSR1: error {result}");
     }
     Ok(())
 }
 
-/// Waits for SIGINT or SIGTERM; returns its name.
+/// Waits for SIGINT, SIGTERM or SIGUSR1; returns its name.
 pub fn wait_for_stop_signal() -> &'static str {
     // SAFETY: sigwait on a local set of signals blocked by `block_stop_signals`.
     #[allow(unsafe_code)]
@@ -386,11 +387,16 @@ pub fn wait_for_stop_signal() -> &'static str {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGUSR1);
         let mut signal: libc::c_int = 0;
         libc::sigwait(&set, &mut signal);
         signal
     };
-    if signal == libc::SIGINT { "SIGINT" } else { "SIGTERM" }
+    match signal {
+        libc::SIGINT => "SIGINT",
+        libc::SIGUSR1 => "SIGUSR1",
+        _ => "SIGTERM",
+    }
 }
 
 #[cfg(test)]

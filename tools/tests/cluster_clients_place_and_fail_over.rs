@@ -31,7 +31,9 @@ fn start_node(id: &str, listen: u16, etcd: u16) -> NodeProcess {
             .args(["--cores", "1", "--cpus", "0", "--dram", "64MiB", "--dram-only"])
             .args(["--cluster", &format!("etcd://127.0.0.1:{etcd}"), "--cluster-name", "test"])
             .args(["--node-id", id, "--lease-ttl", &format!("{TTL_SECONDS}s"), "--zone", &format!("zone-{id}")])
-            .args(["--max-replicas", "2"])
+            // Repair and rebalance off: this test is the clients' (cluster_repairs_rebalances_and_drains is
+            // the nodes'), and a join's moved keys must read as misses here, not be migrated.
+            .args(["--max-replicas", "2", "--repair-rate", "0"])
     });
     assert!(summary.contains(&format!("cluster: {id} in cluster test")), "{summary}");
     NodeProcess(child)

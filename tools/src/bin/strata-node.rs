@@ -8,6 +8,10 @@ use strata_engine::reports::Reports;
 use strata_tools::kv_events::KvEventsPublisher;
 use strata_tools::logging::say;
 use strata_tools::node::{NodeSettings, block_stop_signals, wait_for_stop_signal};
+use strata_tools::rebalance::{RebalanceConfig, Rebalancer, Subject};
+
+/// The longest a drain (SIGUSR1) moves keys before the node stops with what is left.
+const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(600);
 
 #[derive(Parser, Debug)]
 #[command(name = "strata-node", version, about = "A Strata storage node (KV cache store for LLM inference)")]
@@ -27,6 +31,11 @@ fn main() -> anyhow::Result<()> {
     let config = settings.engine_config()?;
     let kv_events = settings.kv_events_config()?;
     let cluster = settings.cluster.config()?;
+    let rebalance = settings.cluster.rebalance_config()?;
+    let tokens: Vec<Option<Vec<u8>>> = match config.tenants.is_empty() {
+        true => vec![None],
+        false => config.tenants.iter().map(|tenant| Some(tenant.token.clone())).collect(),
+    };
     let mut config = config;
     let ownership = cluster.as_ref().map(|_| std::sync::Arc::new(strata_engine::ownership::Ownership::default()));
     config.ownership = ownership.clone();
@@ -46,12 +55,31 @@ fn main() -> anyhow::Result<()> {
         (Some(config), Some(ownership)) => Some(strata_cluster::feed_ownership(config, ownership)?),
         _ => None,
     };
+    let rebalancer = match &cluster {
+        Some(config) => Some(start_rebalancer(rebalance, config, &node, tokens, reports.clone())?),
+        None => None,
+    };
     let registration = cluster.map(|config| register(config, &node, reports)).transpose()?;
-    say(format_args!("  ready; SIGINT or SIGTERM stops it cleanly"));
+    say(format_args!("  ready; SIGINT or SIGTERM stops it cleanly, SIGUSR1 drains it first"));
     tracing::info!(listen = %node.summary().listen, shards = node.summary().cpus.len(), "serving");
-    let signal = wait_for_stop_signal();
+    let signal = loop {
+        let signal = wait_for_stop_signal();
+        if signal != "SIGUSR1" {
+            break signal;
+        }
+        match (&registration, &rebalancer) {
+            (Some(registration), Some(rebalancer)) => {
+                drain(registration, rebalancer);
+                break signal;
+            }
+            _ => say(format_args!("strata-node: SIGUSR1: not in a cluster, nothing to drain; serving on")),
+        }
+    };
     say(format_args!("strata-node: {signal}: stopping (flushing open regions)"));
     tracing::info!(signal, "stopping");
+    if let Some(rebalancer) = rebalancer {
+        rebalancer.stop();
+    }
     if let Some(registration) = registration {
         registration.stop();
     }
@@ -62,6 +90,35 @@ fn main() -> anyhow::Result<()> {
     node.shutdown()?;
     say(format_args!("strata-node: stopped"));
     Ok(())
+}
+
+/// Marks the node draining, so placement leaves it out, and moves its keys to their replicas.
+fn drain(registration: &Registration, rebalancer: &Rebalancer) {
+    say(format_args!("strata-node: SIGUSR1: draining (moving every key to its replicas)"));
+    registration.drain();
+    match rebalancer.drain(DRAIN_LIMIT) {
+        Some(report) if report.complete => {
+            say(format_args!("strata-node: drained: {} keys moved", report.moved.removed));
+        }
+        Some(report) => say(format_args!(
+            "strata-node: drain incomplete: {} keys moved, {} left (no replica took them)",
+            report.moved.removed, report.moved.left
+        )),
+        None => say(format_args!("strata-node: drain did not end within {DRAIN_LIMIT:?}; stopping anyway")),
+    }
+}
+
+/// Starts the node's rebalancer (repair, migration, drain), a client of its first shard.
+fn start_rebalancer(
+    config: RebalanceConfig,
+    cluster: &ClusterConfig,
+    node: &Node,
+    tokens: Vec<Option<Vec<u8>>>,
+    reports: Reports,
+) -> anyhow::Result<Rebalancer> {
+    let listen = node.summary().listen;
+    let subject = Subject { cluster: cluster.clone(), local: listen, tokens, reports };
+    Rebalancer::start(config, subject)
 }
 
 /// Starts the node's registration in its cluster: its shards' addresses (shard i on port + i), its tiers'

@@ -1,0 +1,138 @@
+//! Listing a shard's keys a page at a time (SCAN): what a node's rebalancer walks to find the keys to copy
+//! or give up when its cluster changes.
+
+use std::rc::Rc;
+
+use strata_proto::SCAN_DONE;
+
+use super::Shard;
+use crate::backend::Backend;
+use crate::index::{Entry, NONE_U32, NONE_U64};
+
+/// Ids looked at per key wanted, at most: a page over a sparse id space ends early (with a cursor to go
+/// on from) rather than walking every free id in one frame.
+const IDS_PER_KEY: usize = 16;
+
+/// One key of a page.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScannedKey {
+    /// The key without the scope's prefix.
+    pub key: Vec<u8>,
+    /// Bytes of its value.
+    pub value_len: u32,
+    /// The tiers that hold it (`LOCATED_IN_DRAM`, `LOCATED_ON_NVME`).
+    pub tiers: u32,
+}
+
+/// A page of keys, and where the next one starts ([`SCAN_DONE`] after the last).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScanPage {
+    /// The keys.
+    pub keys: Vec<ScannedKey>,
+    /// The next page's cursor.
+    pub next: u32,
+}
+
+impl<E: Backend> Shard<E> {
+    /// The keys of `scope` (a tenant's prefix, stripped) from entry id `cursor` on: at most `max_keys`, and
+    /// no more once the page's keys pass `max_bytes`. A key read from the NVMe tier costs a small read of its
+    /// record's head, as `remove_matching`: an administrative walk, linear in the shard's objects.
+    pub async fn scan(self: &Rc<Self>, scope: &[u8], cursor: u32, max_keys: usize, max_bytes: usize) -> ScanPage {
+        let mut page = ScanPage::default();
+        let (mut id, mut bytes) = (cursor, 0usize);
+        let examine = max_keys.saturating_mul(IDS_PER_KEY);
+        let mut examined = 0usize;
+        while page.keys.len() < max_keys && bytes < max_bytes && examined < examine {
+            if id >= self.index.borrow().id_space() {
+                return ScanPage { next: SCAN_DONE, ..page };
+            }
+            let entry = self.index.borrow().live(id).copied();
+            (id, examined) = (id + 1, examined + 1);
+            let Some(entry) = entry else { continue };
+            let Some(key) = self.stored_key(entry).await else { continue };
+            // The entry may have gone, or been replaced, while its key was read.
+            let Some(tiers) = self.index.borrow().live(id - 1).filter(|now| now.hash == entry.hash).map(tiers_of)
+            else {
+                continue;
+            };
+            let Some(user_key) = key.strip_prefix(scope) else { continue };
+            bytes += user_key.len() + strata_proto::scan::SCAN_ENTRY_HEAD_BYTES;
+            page.keys.push(ScannedKey { key: user_key.to_vec(), value_len: entry.value_len, tiers });
+        }
+        let done = id >= self.index.borrow().id_space();
+        ScanPage { next: if done { SCAN_DONE } else { id }, ..page }
+    }
+}
+
+fn tiers_of(entry: &Entry) -> u32 {
+    let mut tiers = 0;
+    if entry.dram != NONE_U32 {
+        tiers |= strata_proto::LOCATED_IN_DRAM;
+    }
+    if entry.nvme != NONE_U64 {
+        tiers |= strata_proto::LOCATED_ON_NVME;
+    }
+    tiers
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use strata_proto::{Pin, SCAN_DONE, WritePolicy};
+
+    use crate::sim::testing::{TestTier, put, value};
+
+    #[test]
+    fn pages_list_every_key_once_with_its_tier() {
+        let tier = TestTier::new(|_| {});
+        tier.life(async |shard, _| {
+            let keys: BTreeSet<Vec<u8>> = (0..300).map(|at| format!("key-{at}").into_bytes()).collect();
+            for key in &keys {
+                put(&shard, key, &value(1, 1000), WritePolicy::Durable, Pin::None).await.expect("put");
+            }
+            shard.remove(b"key-7").await.expect("remove");
+            let mut seen = Vec::new();
+            let mut cursor = 0;
+            for _page in 0..100 {
+                let page = shard.scan(b"", cursor, 64, 1 << 20).await;
+                assert!(page.keys.len() <= 64);
+                seen.extend(page.keys.iter().map(|key| key.key.clone()));
+                assert!(page.keys.iter().all(|key| key.value_len == 1000 && key.tiers != 0));
+                if page.next == SCAN_DONE {
+                    break;
+                }
+                cursor = page.next;
+            }
+            let listed: BTreeSet<Vec<u8>> = seen.iter().cloned().collect();
+            assert_eq!(seen.len(), listed.len(), "a key listed twice");
+            let mut expected = keys.clone();
+            expected.remove(&b"key-7"[..]);
+            assert_eq!(listed, expected);
+        });
+        // After a restart the keys come from the records' heads on the tier.
+        tier.crash();
+        tier.life(async |shard, _| {
+            let page = shard.scan(b"", 0, 1024, 1 << 20).await;
+            assert_eq!((page.keys.len(), page.next), (299, SCAN_DONE));
+            assert!(page.keys.iter().all(|key| key.tiers == strata_proto::LOCATED_ON_NVME));
+        });
+    }
+
+    #[test]
+    fn a_scope_lists_its_own_keys_without_its_prefix() {
+        let tier = TestTier::new(|_| {});
+        tier.life(async |shard, _| {
+            for key in [&b"AAAAone"[..], b"AAAAtwo", b"BBBBthree"] {
+                put(&shard, key, &value(1, 10), WritePolicy::WriteBack, Pin::None).await.expect("put");
+            }
+            let page = shard.scan(b"AAAA", 0, 16, 1 << 20).await;
+            let mut keys: Vec<Vec<u8>> = page.keys.into_iter().map(|key| key.key).collect();
+            keys.sort();
+            assert_eq!(keys, vec![b"one".to_vec(), b"two".to_vec()]);
+            let page = shard.scan(b"", 0, 2, 1 << 20).await;
+            assert_eq!(page.keys.len(), 2, "a page stops at its count");
+            assert_ne!(page.next, SCAN_DONE);
+        });
+    }
+}
