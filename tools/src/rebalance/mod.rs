@@ -10,6 +10,9 @@
 
 mod pass;
 mod plan;
+#[cfg(test)]
+mod sim;
+mod store;
 mod throttle;
 
 use std::net::SocketAddr;
@@ -22,7 +25,8 @@ use strata_cluster::{ClusterConfig, MemberState, MembersWatch, View, WatchConfig
 use strata_engine::reports::{Report, Reports};
 
 pub use pass::PassReport;
-use pass::{Nodes, PassContext, run_pass};
+use pass::{PassContext, run_pass};
+use store::Nodes;
 use throttle::Throttle;
 
 /// How often the thread looks at the view.

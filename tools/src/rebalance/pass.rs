@@ -3,15 +3,15 @@
 //! `plan.rs` say (throttled), and give up the keys the node no longer owns.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use strata_client::{Client, ClientError, ClientOptions, ScanEntry};
+use strata_client::{ClientError, ScanEntry};
 use strata_cluster::{Member, View};
 use strata_proto::placement;
 
 use super::plan::{Decision, Removal, Role, decide, role, to_ask};
+use super::store::{Directory, KeyStore};
 use super::throttle::Throttle;
 
 /// Keys per SCAN page.
@@ -60,50 +60,16 @@ impl PassReport {
     }
 }
 
-/// Clients of the cluster's nodes as one tenant, each connected when first needed and dropped when it
-/// fails.
-pub struct Nodes {
-    options: ClientOptions,
-    clients: HashMap<String, (SocketAddr, Client)>,
-}
-
-impl Nodes {
-    /// No clients yet; each will connect with `options`.
-    pub fn new(options: ClientOptions) -> Self {
-        Self { options, clients: HashMap::new() }
-    }
-
-    fn client(&mut self, member: &Member) -> Option<&mut Client> {
-        let address = *member.shards.first()?;
-        if self.clients.get(&member.id).is_none_or(|(known, _)| *known != address) {
-            match Client::connect(address, self.options.clone()) {
-                Ok(client) => {
-                    self.clients.insert(member.id.clone(), (address, client));
-                }
-                Err(error) => {
-                    tracing::debug!(node = %member.id, %error, "rebalance: node unreachable");
-                    return None;
-                }
-            }
-        }
-        self.clients.get_mut(&member.id).map(|(_, client)| client)
-    }
-
-    fn forget(&mut self, member: &Member) {
-        self.clients.remove(&member.id);
-    }
-}
-
 /// Runs one pass over every shard of `local` (this node, as one tenant).
 pub fn run_pass(
     context: &PassContext<'_>,
-    local: &mut Client,
-    nodes: &mut Nodes,
+    local: &mut impl KeyStore,
+    nodes: &mut impl Directory,
     throttle: &mut Throttle,
 ) -> Result<PassReport, ClientError> {
     let serving: Vec<&Member> = context.view.serving().collect();
     let mut report = PassReport::default();
-    for shard in 0..local.shard_count() as usize {
+    for shard in 0..local.shard_count() {
         let mut cursor = 0;
         loop {
             if context.stop.load(Ordering::Relaxed) {
@@ -129,7 +95,13 @@ struct Page<'a> {
 }
 
 impl Page<'_> {
-    fn carry_out(&self, local: &mut Client, nodes: &mut Nodes, throttle: &mut Throttle, report: &mut PassReport) {
+    fn carry_out(
+        &self,
+        local: &mut impl KeyStore,
+        nodes: &mut impl Directory,
+        throttle: &mut Throttle,
+        report: &mut PassReport,
+    ) {
         report.scanned += self.entries.len() as u64;
         let roles = self.roles();
         let answers = self.ask(&roles, nodes);
@@ -176,7 +148,7 @@ impl Page<'_> {
 
     /// Asks each node the roles need whether it holds their keys: (entry, node) → holds. A node that
     /// fails answers nothing.
-    fn ask(&self, roles: &[Role], nodes: &mut Nodes) -> HashMap<(usize, usize), bool> {
+    fn ask(&self, roles: &[Role], nodes: &mut impl Directory) -> HashMap<(usize, usize), bool> {
         let mut asked: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
         for (entry, role) in roles.iter().enumerate() {
             for &node in to_ask(role) {
@@ -186,7 +158,7 @@ impl Page<'_> {
         let mut answers = HashMap::new();
         for (node, entries) in asked {
             let member = self.serving[node];
-            let Some(client) = nodes.client(member) else { continue };
+            let Some(client) = nodes.node(member) else { continue };
             let keys: Vec<&[u8]> = entries.iter().map(|&entry| self.entries[entry].key.as_slice()).collect();
             let results = client.batch_exists(&keys);
             if results.iter().any(|result| matches!(result, Err(ClientError::Connection(_) | ClientError::Timeout))) {
@@ -206,8 +178,8 @@ impl Page<'_> {
     fn copy(
         &self,
         decisions: &[Decision],
-        local: &mut Client,
-        nodes: &mut Nodes,
+        local: &mut impl KeyStore,
+        nodes: &mut impl Directory,
         throttle: &mut Throttle,
         report: &mut PassReport,
     ) -> (HashMap<usize, bool>, u64) {
@@ -230,7 +202,7 @@ impl Page<'_> {
             let mut sent = 0u64;
             for (node, ats) in targets {
                 let member = self.serving[node];
-                let Some(client) = nodes.client(member) else {
+                let Some(client) = nodes.node(member) else {
                     failed += ats.len() as u64;
                     continue;
                 };

@@ -1,0 +1,98 @@
+//! What a pass needs of the nodes, as traits: the client implements them over the network, and the
+//! seeded simulation (`sim.rs`) over nodes in memory, so that the same pass code runs in both.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use strata_client::{Client, ClientError, ClientOptions, ScanPage};
+use strata_cluster::Member;
+
+/// The calls a pass makes of one node.
+pub trait KeyStore {
+    /// Shards of the node.
+    fn shard_count(&self) -> usize;
+    /// A page of a shard's keys.
+    fn scan_shard(&mut self, shard: usize, cursor: u32, max_keys: u32) -> Result<ScanPage, ClientError>;
+    /// Whether each key is stored.
+    fn batch_exists(&mut self, keys: &[&[u8]]) -> Vec<Result<bool, ClientError>>;
+    /// Each key's value.
+    fn batch_get(&mut self, keys: &[&[u8]]) -> Vec<Result<Vec<u8>, ClientError>>;
+    /// Stores each value unless its key is stored (`Exists`).
+    fn batch_put(&mut self, items: &[(&[u8], &[u8])]) -> Vec<Result<(), ClientError>>;
+    /// Removes each key.
+    fn batch_remove(&mut self, keys: &[&[u8]]) -> Vec<Result<(), ClientError>>;
+}
+
+impl KeyStore for Client {
+    fn shard_count(&self) -> usize {
+        Client::shard_count(self) as usize
+    }
+
+    fn scan_shard(&mut self, shard: usize, cursor: u32, max_keys: u32) -> Result<ScanPage, ClientError> {
+        Client::scan_shard(self, shard, cursor, max_keys)
+    }
+
+    fn batch_exists(&mut self, keys: &[&[u8]]) -> Vec<Result<bool, ClientError>> {
+        Client::batch_exists(self, keys)
+    }
+
+    fn batch_get(&mut self, keys: &[&[u8]]) -> Vec<Result<Vec<u8>, ClientError>> {
+        Client::batch_get(self, keys)
+    }
+
+    fn batch_put(&mut self, items: &[(&[u8], &[u8])]) -> Vec<Result<(), ClientError>> {
+        Client::batch_put(self, items)
+    }
+
+    fn batch_remove(&mut self, keys: &[&[u8]]) -> Vec<Result<(), ClientError>> {
+        Client::batch_remove(self, keys)
+    }
+}
+
+/// The other nodes of the cluster.
+pub trait Directory {
+    /// How a node is reached.
+    type Store: KeyStore;
+    /// `member`, if it can be reached.
+    fn node(&mut self, member: &Member) -> Option<&mut Self::Store>;
+    /// Drops what is held for `member` after it failed.
+    fn forget(&mut self, member: &Member);
+}
+
+/// Clients of the cluster's nodes as one tenant, each connected when first needed and dropped when it
+/// fails.
+pub struct Nodes {
+    options: ClientOptions,
+    clients: HashMap<String, (SocketAddr, Client)>,
+}
+
+impl Nodes {
+    /// No clients yet; each will connect with `options`.
+    pub fn new(options: ClientOptions) -> Self {
+        Self { options, clients: HashMap::new() }
+    }
+}
+
+impl Directory for Nodes {
+    type Store = Client;
+
+    fn node(&mut self, member: &Member) -> Option<&mut Client> {
+        let address = *member.shards.first()?;
+        if self.clients.get(&member.id).is_none_or(|(known, _)| *known != address) {
+            match Client::connect(address, self.options.clone()) {
+                Ok(client) => {
+                    self.clients.insert(member.id.clone(), (address, client));
+                }
+                Err(error) => {
+                    tracing::debug!(node = %member.id, %error, "rebalance: node unreachable");
+                    return None;
+                }
+            }
+        }
+        self.clients.get_mut(&member.id).map(|(_, client)| client)
+    }
+
+    fn forget(&mut self, member: &Member) {
+        self.clients.remove(&member.id);
+    }
+}
