@@ -19,28 +19,7 @@ cargo build --release -q --bin strata-node --bin strata-bench
 BENCH=target/release/strata-bench
 mkdir -p "$DIR"
 
-pids=()
-stop_all() {
-  for pid in "${pids[@]}"; do kill -INT "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
-  pids=()
-}
-trap stop_all EXIT
-
-rm -rf "$DIR/etcd"
-etcd --name bench --data-dir "$DIR/etcd" --listen-client-urls "http://127.0.0.1:$ETCD_PORT" \
-  --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" --listen-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
-  --initial-advertise-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
-  --initial-cluster "bench=http://127.0.0.1:$((ETCD_PORT + 1))" > "$DIR/etcd.log" 2>&1 &
-pids+=($!)
-CLUSTER="etcd://127.0.0.1:$ETCD_PORT"
-
-start_node() { # id port
-  taskset -c 1 target/release/strata-node --listen "127.0.0.1:$2" --cores 1 --cpus 1 --metrics off --dram 1GiB \
-    --dram-only --cluster "$CLUSTER" --cluster-name bench --node-id "$1" > "$DIR/node-$1.log" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 600); do grep -q "registered in the cluster" "$DIR/node-$1.log" 2>/dev/null && return; sleep 0.1; done
-  cat "$DIR/node-$1.log" >&2; echo "node $1 did not register" >&2; exit 1
-}
+source scripts/cluster-common.sh
 
 field() { python3 -c "import json,sys; r=json.load(sys.stdin); print(eval('r' + sys.argv[1]))" "$1"; }
 kv() { # strata-bench kv flags...: prints "p50_us keys_per_s", and fails on any error
@@ -50,7 +29,7 @@ kv() { # strata-bench kv flags...: prints "p50_us keys_per_s", and fails on any 
 }
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 
-start_node a 7710
+start_node a 7710 bench
 taskset -c 0 "$BENCH" kv --server 127.0.0.1:7710 --metrics off --op put --keys 10000 --once --output-format=json \
   > /dev/null
 direct=() cluster=()
@@ -65,8 +44,8 @@ printf 'overhead: 4 KiB get p50  cluster %s us  direct %s us  ratio %.3f  (runs:
 one=$(kv --server 127.0.0.1:7710 --op prefix-match --batch 1000 --keys 10000 | cut -d' ' -f1)
 one_cluster=$(kv --cluster "$CLUSTER" --cluster-name bench --no-preload --op prefix-match --batch 1000 --keys 10000 \
   | cut -d' ' -f1)
-start_node b 7720
-start_node c 7730
+start_node b 7720 bench
+start_node c 7730 bench
 taskset -c 0 "$BENCH" kv --cluster "$CLUSTER" --cluster-name bench --metrics off --op put --keys 10000 --once \
   --output-format=json > /dev/null
 three=$(kv --cluster "$CLUSTER" --cluster-name bench --no-preload --op prefix-match --batch 1000 --keys 10000 \

@@ -21,6 +21,7 @@ use strata_client::{BlockPut, Client, ClientError, ClientOptions, ClusterOptions
 use crate::block_bench::options::RandomDistribution;
 use crate::block_bench::workload::BlockPicker;
 use crate::byte_size::parse_byte_size;
+use crate::kv_timeline::{self, IntervalReport, Timeline};
 use crate::subscribe_windows::{Completions, WindowReport};
 
 /// What to do.
@@ -126,6 +127,10 @@ pub struct KvArgs {
     /// of it (the shape of prefix chains, so an eviction cascades down the rest of its chain).
     #[arg(long, value_name = "CHAIN_LENGTH")]
     pub link_parents: Option<u64>,
+    /// Also report the run in intervals of this many ms (fio's log_avg_msec): calls, errors and latency
+    /// percentiles per interval (the report's `intervals`).
+    #[arg(long, value_name = "MS")]
+    pub log_avg_msec: Option<u64>,
 }
 
 /// Latency percentiles in nanoseconds.
@@ -192,6 +197,8 @@ pub struct KvReport {
     pub subscriber_cpu_ns_per_event: Option<f64>,
     /// With --subscribe-windows: puts/s with and without a subscriber, windows interleaved.
     pub windows: Option<WindowReport>,
+    /// With --log-avg-msec: the run interval by interval.
+    pub intervals: Option<Vec<IntervalReport>>,
 }
 
 /// The key of index `index`.
@@ -283,9 +290,23 @@ struct ThreadResult {
     not_found: u64,
     mismatches: u64,
     samples: Vec<String>,
+    timeline: Option<Timeline>,
+}
+
+impl ThreadResult {
+    /// A call that took `elapsed_ns` completed.
+    fn record(&mut self, elapsed_ns: u64) {
+        self.histogram.saturating_record(elapsed_ns.max(1));
+        if let Some(timeline) = &mut self.timeline {
+            timeline.record(elapsed_ns);
+        }
+    }
 }
 
 fn record_error(result: &mut ThreadResult, error: &ClientError) {
+    if let Some(timeline) = &mut result.timeline {
+        timeline.record_error();
+    }
     if *error == ClientError::NotFound {
         result.not_found += 1;
     }
@@ -483,7 +504,9 @@ pub fn run(args: &KvArgs, show_progress: bool) -> anyhow::Result<KvReport> {
     let mut histogram = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).context("histogram")?;
     let (mut keys, mut calls, mut bytes, mut errors, mut not_found, mut mismatches) = (0, 0, 0, 0, 0, 0);
     let mut samples = Vec::new();
+    let mut timelines = Vec::new();
     for result in results {
+        timelines.extend(result.timeline);
         histogram.add(&result.histogram).context("merging histograms")?;
         keys += result.keys;
         calls += result.calls;
@@ -528,6 +551,7 @@ pub fn run(args: &KvArgs, show_progress: bool) -> anyhow::Result<KvReport> {
         subscriber_cpu_ns_per_event: (args.subscribe && event_counts.0 > 0)
             .then(|| event_counts.3 as f64 / event_counts.0 as f64),
         windows,
+        intervals: args.log_avg_msec.map(|_| kv_timeline::merge(&timelines)).transpose()?,
     })
 }
 
@@ -560,6 +584,7 @@ fn run_thread(
         not_found: 0,
         mismatches: 0,
         samples: Vec::new(),
+        timeline: args.log_avg_msec.map(|ms| Timeline::new(started, Duration::from_millis(ms))),
     };
     let value_len = args.value_size as usize;
     let mut buffers: Vec<Vec<u8>> = vec![vec![0u8; value_len]; args.batch];
@@ -636,7 +661,7 @@ fn run_thread(
         if args.op == KvOp::PrefixMatch {
             let matched = client.prefix_match(&key_refs);
             let elapsed = scheduled.elapsed().as_nanos() as u64;
-            result.histogram.saturating_record(elapsed.max(1));
+            result.record(elapsed);
             match matched {
                 Ok(count) if count == key_refs.len() => {}
                 Ok(count) => record_error(
@@ -648,7 +673,7 @@ fn run_thread(
         } else if args.op == KvOp::Exists {
             let replies = client.batch_exists(&key_refs);
             let elapsed = scheduled.elapsed().as_nanos() as u64;
-            result.histogram.saturating_record(elapsed.max(1));
+            result.record(elapsed);
             for reply in replies {
                 match reply {
                     Ok(true) => {}
@@ -661,7 +686,7 @@ fn run_thread(
                 buffers.iter_mut().take(indices.len()).map(|buffer| &mut buffer[..]).collect();
             let replies = client.batch_get_into(&key_refs, &mut slices);
             let elapsed = scheduled.elapsed().as_nanos() as u64;
-            result.histogram.saturating_record(elapsed.max(1));
+            result.record(elapsed);
             for ((reply, &index), buffer) in replies.into_iter().zip(&indices).zip(&buffers) {
                 match reply {
                     Ok(len) => {
@@ -695,7 +720,7 @@ fn run_thread(
                 client.batch_put_with(&items, upserts(policy))
             };
             let elapsed = scheduled.elapsed().as_nanos() as u64;
-            result.histogram.saturating_record(elapsed.max(1));
+            result.record(elapsed);
             for reply in replies {
                 match reply {
                     Ok(()) => result.bytes += value_len as u64,

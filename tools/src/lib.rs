@@ -13,6 +13,7 @@ pub mod cluster_status;
 pub mod file_dirs;
 pub mod kv_bench;
 pub mod kv_events;
+pub mod kv_timeline;
 pub mod logging;
 pub mod node;
 pub mod pool;

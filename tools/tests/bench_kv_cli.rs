@@ -100,10 +100,31 @@ fn bench_kv_writes_verifies_and_reports_with_the_nodes_cpu_and_events() {
     let other = bench_kv(
         &server,
         "off",
-        &["--op", "get", "--value-size", "4k", "--keys", "100", "--seed", "9", "--no-preload", "--once", "--verify"],
+        &[
+            "--op",
+            "get",
+            "--value-size",
+            "4k",
+            "--keys",
+            "100",
+            "--seed",
+            "9",
+            "--no-preload",
+            "--once",
+            "--verify",
+            "--log-avg-msec",
+            "20",
+        ],
         false,
     );
     assert_eq!((count(&other, "not_found"), count(&other, "errors")), (100, 100), "{other}");
+    // In intervals (--log-avg-msec): every call and every failed key falls in one, each in order.
+    let intervals = other["intervals"].as_array().unwrap_or_else(|| panic!("intervals: {other}"));
+    let sum = |field: &str| intervals.iter().map(|interval| count(interval, field)).sum::<u64>();
+    assert_eq!((sum("calls"), sum("errors")), (100, 100), "{other}");
+    let starts: Vec<u64> = intervals.iter().map(|interval| count(interval, "start_ms")).collect();
+    assert!(starts.iter().enumerate().all(|(at, &start)| start == 20 * at as u64), "{starts:?}");
+    assert!(get["intervals"].is_null(), "no intervals unless asked: {get}");
     assert_eq!(count(&other, "mismatches"), 0, "{other}");
     assert!(other["server_cpu_ns_per_op"].is_null(), "metrics off: no node CPU figure: {other}");
 

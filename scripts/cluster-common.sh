@@ -1,0 +1,29 @@
+# Sourced by the cluster benchmarks: a real etcd (Debian's etcd-server) on loopback and strata-node
+# processes registered in it, pinned to CPU 1, all stopped when the script exits. Needs DIR and ETCD_PORT;
+# sets CLUSTER and node_pid[ID].
+pids=()
+stop_all() {
+  for pid in "${pids[@]}"; do kill -INT "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  pids=()
+}
+trap stop_all EXIT
+
+rm -rf "$DIR/etcd"
+etcd --name bench --data-dir "$DIR/etcd" --listen-client-urls "http://127.0.0.1:$ETCD_PORT" \
+  --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" --listen-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
+  --initial-advertise-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
+  --initial-cluster "bench=http://127.0.0.1:$((ETCD_PORT + 1))" > "$DIR/etcd.log" 2>&1 &
+pids+=($!)
+CLUSTER="etcd://127.0.0.1:$ETCD_PORT"
+
+declare -A node_pid
+start_node() { # id port cluster-name [strata-node flags...]: returns once the node is registered
+  local id=$1 port=$2 name=$3
+  shift 3
+  taskset -c 1 target/release/strata-node --listen "127.0.0.1:$port" --cores 1 --cpus 1 --metrics off --dram 1GiB \
+    --dram-only --cluster "$CLUSTER" --cluster-name "$name" --node-id "$id" "$@" > "$DIR/node-$id.log" 2>&1 &
+  pids+=($!)
+  node_pid[$id]=$!
+  for _ in $(seq 600); do grep -q "registered in the cluster" "$DIR/node-$id.log" 2>/dev/null && return; sleep 0.1; done
+  cat "$DIR/node-$id.log" >&2; echo "node $id did not register" >&2; exit 1
+}
