@@ -2,10 +2,12 @@
 //! and tokio runtime of its own, so that callers only read the last view (one atomic load tells them it
 //! changed).
 //!
-//! etcd's watch on the members' prefix wakes the thread; it then re-reads the prefix whole, as it does
-//! every `resync` and whenever a caller asks ([`MembersWatch::refresh`]). Members are few, a read of the
-//! prefix is one consistent snapshot, and no watch event has to be interpreted. When etcd cannot be
-//! reached the last view stands, and callers route by it.
+//! The thread reads the prefix whole, then applies the events of etcd's watch on it (each a member's
+//! entry put or deleted, in revision order, with no gap while the watch lasts), and reads it whole again
+//! every `resync` and whenever a caller asks ([`MembersWatch::refresh`]). Applying rather than re-reading
+//! matters at scale: every node rewrites its entry as its free space changes (every third of its lease's
+//! TTL), and a read per event per client would make etcd serve nodes × clients range reads every few
+//! seconds. When etcd cannot be reached the last view stands, and callers route by it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -225,7 +227,8 @@ impl Shared {
         }
     }
 
-    /// One connection's life: read, watch, re-read on every event, request or resync; Err when etcd fails.
+    /// One connection's life: read, watch and apply its events, re-read on request or resync; Err when
+    /// etcd fails.
     async fn session(&self) -> Result<(), ClusterError> {
         let limit = self.config.timeout;
         let options = ConnectOptions::new().with_connect_timeout(limit);
@@ -248,17 +251,56 @@ impl Shared {
                 }
                 Wake::Watched(Ok(None)) => return Err(ClusterError::WatchEnded("the stream closed".into())),
                 Wake::Watched(Err(error)) => return Err(error.into()),
-                Wake::Watched(Ok(Some(_))) | Wake::Asked => {}
+                Wake::Watched(Ok(Some(answer))) => self.apply(&answer),
+                Wake::Asked => {
+                    self.read(&mut client).await?;
+                }
             }
-            self.read(&mut client).await?;
         }
     }
 
     /// Reads every member and publishes the view; returns the revision read at.
     async fn read(&self, client: &mut Client) -> Result<i64, ClusterError> {
         let (revision, members) = read_prefix(client, &self.prefix(), self.config.timeout).await?;
+        self.publish(revision, |_| members);
+        Ok(revision)
+    }
+
+    /// Applies a watch answer's events to the view: a put replaces (or adds) its member, a delete removes
+    /// it, and an entry that is not a well-formed member removes what was under its id, as a read would
+    /// not list it. The view is then the members at the last event's revision, not at the answer header's:
+    /// events up to the header's revision may still be on their way, and an epoch must never name a
+    /// placement older than one seen at a smaller revision.
+    fn apply(&self, answer: &etcd_client::WatchResponse) {
+        let prefix = self.prefix();
+        // Events a re-read already saw (it ran at a later revision than they) are not applied again: an
+        // older entry would stand in for a newer one until the newer's event came.
+        let read_at = self.view.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).revision;
+        let fresh = |event: &&etcd_client::Event| event.kv().is_some_and(|kv| kv.mod_revision() > read_at);
+        let Some(revision) =
+            answer.events().iter().filter(fresh).filter_map(|event| event.kv()).map(|kv| kv.mod_revision()).max()
+        else {
+            return;
+        };
+        self.publish(revision, |mut members| {
+            for event in answer.events().iter().filter(fresh) {
+                let Some(entry) = event.kv() else { continue };
+                let Some(id) = entry.key().strip_prefix(prefix.as_bytes()) else { continue };
+                members.retain(|member| member.id.as_bytes() != id);
+                if event.event_type() == etcd_client::EventType::Put
+                    && let Some(member) = parse(&prefix, entry.key(), entry.value())
+                {
+                    members.push(member);
+                }
+            }
+            members
+        });
+    }
+
+    /// Publishes the view of the members `change` makes of the last ones, at `revision`.
+    fn publish(&self, revision: i64, change: impl FnOnce(Vec<Member>) -> Vec<Member>) {
         let mut view = self.view.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let next = View::next(&view, revision, members);
+        let next = View::next(&view, revision, change(view.members.clone()));
         let moved = next.epoch != view.epoch;
         let next = Arc::new(next);
         *view = Arc::clone(&next);
@@ -270,7 +312,6 @@ impl Shared {
             self.generation.fetch_add(1, Ordering::AcqRel);
         }
         *self.failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
-        Ok(revision)
     }
 
     fn prefix(&self) -> String {
