@@ -1,5 +1,6 @@
 //! Interoperability with the Linux kernel's NVMe/TCP, booted in QEMU by `tests/lab/kernel-nvmf`:
-//! the kernel initiator discovers, connects to, identifies and fio-verifies Strata's target; Strata's host
+//! the kernel initiator discovers, connects to, identifies and fio-verifies Strata's target, and takes and
+//! clears a reservation on it with nvme-cli (register, acquire, report, write, clear); Strata's host
 //! (`strata-bench --ioengine=nvmf --verify=crc32c`) runs against the kernel's nvmet target. Where QEMU cannot
 //! run, these tests fail and say why: they never pass without the kernel having spoken to us.
 
@@ -58,6 +59,24 @@ fn the_linux_initiator_discovers_identifies_and_verifies_our_target() {
     assert!(has("KLAB: id-ctrl mn        : Strata NVMe/TCP target"), "{text}");
     assert!(has("KLAB: id-ns nsze    : 0x4000"), "64 MiB in 4 KiB blocks:\n{text}");
     assert!(has("KLAB: fio verify passed errors=0"), "the kernel's fio crc32c verify job failed:\n{text}");
+    // Reservations from nvme-cli through the kernel: the report names the kernel host's key and the type it
+    // acquired, the holder writes, and a clear leaves no registrant.
+    let field = |prefix: &str, name: &str, values: &[&str]| {
+        lines.iter().any(|line| {
+            line.strip_prefix(prefix).is_some_and(|rest| {
+                let mut parts = rest.splitn(2, ':');
+                parts.next().is_some_and(|key| key.trim() == name)
+                    && parts.next().is_some_and(|value| values.contains(&value.trim()))
+            })
+        })
+    };
+    assert!(field("KLAB: resv-report ", "rtype", &["4"]), "Exclusive Access - Registrants Only held:\n{text}");
+    assert!(field("KLAB: resv-report ", "regctl", &["1"]), "one registrant:\n{text}");
+    // nvme-cli 2.4 prints the key in hex without "0x"; other versions in decimal or with it.
+    assert!(field("KLAB: resv-report ", "rkey", &["1234", "0x1234", "4660"]), "the kernel host's key:\n{text}");
+    assert!(field("KLAB: resv-report ", "rcsts", &["1", "0x1"]), "the registrant holds it:\n{text}");
+    assert!(has("KLAB: resv holder wrote"), "the holder's write:\n{text}");
+    assert!(field("KLAB: resv-after-clear ", "regctl", &["0"]), "no registrant after a clear:\n{text}");
     assert!(has("KLAB: END rc=0"), "{text}");
 }
 

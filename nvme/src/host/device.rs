@@ -204,6 +204,30 @@ impl NvmfDevice {
         (result, buffer)
     }
 
+    /// The namespace this device is.
+    pub(crate) fn nsid(&self) -> u32 {
+        self.share.address.nsid
+    }
+
+    /// Sends a command that is not a block transfer (the Reservation commands): its status as an error
+    /// named for `name`, and the buffer back.
+    pub(crate) async fn submit_raw(
+        &self,
+        name: &'static str,
+        command: Command,
+        write: Option<IoBuffer>,
+        read: Option<IoBuffer>,
+    ) -> Result<Option<IoBuffer>, NvmfError> {
+        let _pending = crate::tcp::stream::ReactorIo::start();
+        let queue = self.queue().await?;
+        let (result, buffer) = queue.submit(command, write, read).await;
+        let completion = result?;
+        if !completion.status.is_success() {
+            return Err(NvmfError::Status { command: name, status: completion.status });
+        }
+        Ok(buffer)
+    }
+
     fn command(&self, opcode: IoOpcode, offset: u64, len: u64) -> Command {
         let mut command = Command::new(opcode as u8, 0);
         command.nsid = self.share.address.nsid;

@@ -11,6 +11,7 @@
 mod controller;
 mod device;
 mod queue;
+mod reservations;
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;

@@ -36,6 +36,14 @@ pub enum IoOpcode {
     WriteZeroes = 0x08,
     /// Dataset Management (deallocate).
     DatasetManagement = 0x09,
+    /// Reservation Register.
+    ReservationRegister = 0x0d,
+    /// Reservation Report.
+    ReservationReport = 0x0e,
+    /// Reservation Acquire.
+    ReservationAcquire = 0x11,
+    /// Reservation Release.
+    ReservationRelease = 0x15,
 }
 
 /// The opcode of every Fabrics command; the command type is in byte 4 (FCTYPE).

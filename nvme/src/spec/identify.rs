@@ -97,6 +97,8 @@ impl ControllerIdentity {
     pub const ONCS_DSM: u16 = 1 << 2;
     /// ONCS bit: Write Zeroes.
     pub const ONCS_WRITE_ZEROES: u16 = 1 << 3;
+    /// ONCS bit: Reservations.
+    pub const ONCS_RESERVATIONS: u16 = 1 << 5;
     /// SGLS: SGLs supported with no alignment requirement (bits 1:0 = 01b) and the SGL offset of in-capsule
     /// data (bit 20).
     pub const SGLS_FABRICS: u32 = 1 | (1 << 20);
@@ -189,6 +191,11 @@ pub struct NamespaceIdentity {
     pub ncap: u64,
     /// Bytes 16..24: namespace utilisation in logical blocks.
     pub nuse: u64,
+    /// Byte 30: multi-path I/O and namespace sharing (bit 0: may be attached to several controllers).
+    pub nmic: u8,
+    /// Byte 31: reservation capabilities (bits 6:1: the types supported; bit 7: Ignore Existing Key as
+    /// NVMe 1.3 defines it; bit 0: persist through power loss).
+    pub rescap: u8,
     /// Byte 33: deallocate logical block features (bits 2:0 = 001b: deallocated blocks read as zeroes;
     /// bit 3: Write Zeroes can deallocate).
     pub dlfeat: u8,
@@ -207,6 +214,8 @@ impl NamespaceIdentity {
         put_u64(&mut bytes, 16, self.nuse);
         bytes[25] = 0; // NLBAF: one format (0's based)
         bytes[26] = 0; // FLBAS: format 0, no metadata
+        bytes[30] = self.nmic;
+        bytes[31] = self.rescap;
         bytes[33] = self.dlfeat;
         bytes[104..120].copy_from_slice(&self.nguid);
         put_u32(&mut bytes, 128, u32::from(self.lba_shift) << 16);
@@ -225,6 +234,8 @@ impl NamespaceIdentity {
             nsze: get_u64(bytes, 0),
             ncap: get_u64(bytes, 8),
             nuse: get_u64(bytes, 16),
+            nmic: bytes[30],
+            rescap: bytes[31],
             dlfeat: bytes[33],
             nguid,
             lba_shift: bytes[128 + 4 * format + 2],
@@ -324,11 +335,20 @@ mod tests {
 
     #[test]
     fn identify_namespace_fields_sit_at_the_offsets_of_figure_97() {
-        let identity =
-            NamespaceIdentity { nsze: 1 << 21, ncap: 1 << 21, nuse: 5, dlfeat: 0x09, nguid: [0xab; 16], lba_shift: 12 };
+        let identity = NamespaceIdentity {
+            nsze: 1 << 21,
+            ncap: 1 << 21,
+            nuse: 5,
+            nmic: 1,
+            rescap: 0xfe,
+            dlfeat: 0x09,
+            nguid: [0xab; 16],
+            lba_shift: 12,
+        };
         let bytes = identity.encode();
         assert_eq!(&bytes[0..8], &(1u64 << 21).to_le_bytes());
         assert_eq!(&bytes[16..24], &5u64.to_le_bytes());
+        assert_eq!((bytes[30], bytes[31]), (1, 0xfe), "NMIC, RESCAP");
         assert_eq!(bytes[33], 0x09);
         assert_eq!(&bytes[104..120], &[0xab; 16]);
         assert_eq!(bytes[130], 12, "LBADS of LBA format 0");

@@ -10,6 +10,7 @@ mod command;
 mod fabrics;
 mod identify;
 mod log;
+mod reservation;
 mod status;
 
 pub use command::{AdminOpcode, Command, Completion, FABRICS_OPCODE, FabricsType, IoOpcode, SglDescriptor};
@@ -18,6 +19,10 @@ pub use identify::{
     ControllerIdentity, ControllerType, NamespaceIdentity, active_namespace_list, namespace_descriptors,
 };
 pub use log::{DiscoveryEntry, DiscoveryLog, ErrorLogEntry, LogPage, SmartLog};
+pub use reservation::{
+    AcquireAction, RESERVATION_KEYS_BYTES, RegisterAction, Registrant, ReleaseAction, ReservationStatus,
+    ReservationType, decode_keys, encode_keys, reservation_cdw10,
+};
 pub use status::{NvmeStatus, StatusType};
 
 pub use bytes::{get_u16, get_u32, get_u64};

@@ -70,6 +70,10 @@ impl NvmeStatus {
     pub const LBA_OUT_OF_RANGE: Self = Self::generic(0x80);
     /// Namespace Not Ready.
     pub const NAMESPACE_NOT_READY: Self = Self::generic(0x82);
+    /// The command conflicts with a reservation held on the namespace.
+    pub const RESERVATION_CONFLICT: Self = Self::generic(0x83);
+    /// A Reservation Report asked for 64-bit host identifiers where hosts have 128-bit ones.
+    pub const HOST_ID_INCONSISTENT_FORMAT: Self = Self::generic(0x20);
     /// Invalid Queue Identifier (command specific).
     pub const INVALID_QUEUE_ID: Self = Self::specific(0x01);
     /// Invalid Queue Size (command specific).

@@ -123,7 +123,11 @@ fn controller_identity(queue: &Rc<Queue>, connected: Connected) -> ControllerIde
         cqes: if discovery { 0 } else { 0x44 },
         maxcmd: config.queue_entries,
         nn: subsystem.namespaces.len() as u32,
-        oncs: if discovery { 0 } else { ControllerIdentity::ONCS_DSM | ControllerIdentity::ONCS_WRITE_ZEROES },
+        oncs: if discovery {
+            0
+        } else {
+            ControllerIdentity::ONCS_DSM | ControllerIdentity::ONCS_WRITE_ZEROES | ControllerIdentity::ONCS_RESERVATIONS
+        },
         vwc: if discovery { 0 } else { 1 },
         sgls: ControllerIdentity::SGLS_FABRICS,
         subnqn: subsystem.nqn.clone(),
@@ -148,6 +152,10 @@ fn identify(queue: &Rc<Queue>, command: &Command, connected: Connected) -> Reply
                         nsze: blocks,
                         ncap: blocks,
                         nuse: blocks,
+                        // Shared by every controller of the subsystem; every reservation type, Ignore
+                        // Existing Key as NVMe 1.3 defines it, no persistence through power loss.
+                        nmic: 1,
+                        rescap: 0xfe,
                         dlfeat: 0x09,
                         nguid: info.nguid,
                         lba_shift: info.block_bytes.trailing_zeros() as u8,

@@ -18,6 +18,7 @@ use super::admin;
 use super::buffers::BufferPool;
 use super::io;
 use super::registry::{Controller, QueueCounters, Shared};
+use super::reservations::Reservations;
 use crate::any_device::AnyDevice;
 use crate::buffer::IoBuffer;
 use crate::device::BlockDevice;
@@ -76,6 +77,8 @@ pub(crate) struct Connected {
     pub(crate) qid: u16,
     pub(crate) entries: u32,
     pub(crate) sqflow_disabled: bool,
+    /// The host's Host Identifier (Connect data): who its reservations belong to.
+    pub(crate) host_id: [u8; 16],
 }
 
 /// A write waiting for its data (R2T sent).
@@ -224,6 +227,14 @@ impl Queue {
         let subsystem = &self.ctx.shared.subsystems[self.connected()?.subsystem];
         let info = subsystem.namespaces.get((nsid as usize).checked_sub(1)?)?;
         Some((info.block_bytes, info.capacity_bytes))
+    }
+
+    /// Namespace `nsid`'s reservation, and the Host Identifier this queue acts for.
+    pub(crate) fn reservations(&self, nsid: u32) -> Option<(&Reservations, [u8; 16])> {
+        let connected = self.connected()?;
+        let subsystem = &self.ctx.shared.subsystems[connected.subsystem];
+        let info = subsystem.namespaces.get((nsid as usize).checked_sub(1)?)?;
+        Some((&info.reservations, connected.host_id))
     }
 
     pub(crate) fn device(&self, nsid: u32) -> Option<Rc<AnyDevice>> {
@@ -578,6 +589,7 @@ fn connect(queue: &Rc<Queue>, command: &Command, data: Option<IoBuffer>) -> Repl
             Controller {
                 subsystem,
                 hostnqn: connect_data.hostnqn.clone(),
+                host_id: connect_data.host_id,
                 cc: 0,
                 csts: 0,
                 kato_ms,
@@ -593,7 +605,10 @@ fn connect(queue: &Rc<Queue>, command: &Command, data: Option<IoBuffer>) -> Repl
     } else {
         let cntlid = connect_data.cntlid;
         let valid = registry.controllers.get(&cntlid).filter(|controller| {
-            controller.subsystem == subsystem && controller.hostnqn == connect_data.hostnqn && controller.ready()
+            controller.subsystem == subsystem
+                && controller.hostnqn == connect_data.hostnqn
+                && controller.host_id == connect_data.host_id
+                && controller.ready()
         });
         let Some(controller) = valid else {
             return Reply {
@@ -618,8 +633,14 @@ fn connect(queue: &Rc<Queue>, command: &Command, data: Option<IoBuffer>) -> Repl
         // Spawned with the registry unlocked: glommio may run a new task before `spawn_local` returns.
         glommio::spawn_local(watch_keep_alive(Arc::clone(shared), cntlid)).detach();
     }
-    queue.state.borrow_mut().connected =
-        Some(Connected { cntlid, subsystem, qid, entries: sqsize + 1, sqflow_disabled: cattr & (1 << 2) != 0 });
+    queue.state.borrow_mut().connected = Some(Connected {
+        cntlid,
+        subsystem,
+        qid,
+        entries: sqsize + 1,
+        sqflow_disabled: cattr & (1 << 2) != 0,
+        host_id: connect_data.host_id,
+    });
     Reply::success(u32::from(cntlid))
 }
 

@@ -1,5 +1,6 @@
-//! The I/O queues: Read, Write (in-capsule or R2T-driven), Flush, Write Zeroes and Dataset Management,
-//! each command in its own task so that a slow device does not hold up the queue.
+//! The I/O queues: Read, Write (in-capsule or R2T-driven), Flush, Write Zeroes, Dataset Management and
+//! the Reservation commands, each command in its own task so that a slow device does not hold up the
+//! queue. Every data command first passes its namespace's reservation (`reservations.rs`).
 
 use std::rc::Rc;
 
@@ -9,7 +10,9 @@ use crate::any_device::AnyDevice;
 use crate::buffer::IoBuffer;
 use crate::device::{BlockDevice, Geometry};
 use crate::error::{BlockError, BlockErrorKind, BlockOp};
-use crate::spec::{Command, IoOpcode, NvmeStatus, SglDescriptor, get_u32, get_u64};
+use crate::spec::{
+    Command, IoOpcode, NvmeStatus, RESERVATION_KEYS_BYTES, SglDescriptor, decode_keys, get_u32, get_u64,
+};
 
 /// Dataset Management ranges are 16 bytes: context attributes, length in blocks, starting LBA.
 const DSM_RANGE_BYTES: usize = 16;
@@ -29,6 +32,10 @@ async fn execute(queue: &Rc<Queue>, command: &Command, data: Option<IoBuffer>) -
     let (block_bytes, capacity_bytes) = queue.namespace_format(command.nsid).ok_or(NvmeStatus::INVALID_NAMESPACE)?;
     let geometry = Geometry { logical_block_bytes: block_bytes, capacity_bytes, ..device.geometry() };
     let counters = &queue.counters;
+    let (reservations, host) = queue.reservations(command.nsid).ok_or(NvmeStatus::INVALID_NAMESPACE)?;
+    if let Some(write) = access(command.opcode) {
+        reservations.check(&host, write)?;
+    }
     match command.opcode {
         op if op == IoOpcode::Read as u8 => {
             let (offset, len) = transfer_range(queue, command, geometry)?;
@@ -76,9 +83,73 @@ async fn execute(queue: &Rc<Queue>, command: &Command, data: Option<IoBuffer>) -
             }
             queue.respond(command.cid, NvmeStatus::SUCCESS, 0);
         }
+        op if op == IoOpcode::ReservationRegister as u8 => {
+            let (current, new) = keys(queue, command, data, RESERVATION_KEYS_BYTES, &device).await?;
+            let cdw10 = command.cdw(10);
+            let cntlid = queue.connected().map_or(0, |connected| connected.cntlid);
+            let action = ((cdw10 & 7) as u8, cdw10 & 8 != 0, (cdw10 >> 30) as u8);
+            reservations.register((&host, cntlid), action, (current, new))?;
+            queue.respond(command.cid, NvmeStatus::SUCCESS, 0);
+        }
+        op if op == IoOpcode::ReservationAcquire as u8 => {
+            let (current, preempt) = keys(queue, command, data, RESERVATION_KEYS_BYTES, &device).await?;
+            reservations.acquire(&host, reservation_action(command), (current, preempt))?;
+            queue.respond(command.cid, NvmeStatus::SUCCESS, 0);
+        }
+        op if op == IoOpcode::ReservationRelease as u8 => {
+            let (current, _) = keys(queue, command, data, 8, &device).await?;
+            reservations.release(&host, reservation_action(command), current)?;
+            queue.respond(command.cid, NvmeStatus::SUCCESS, 0);
+        }
+        op if op == IoOpcode::ReservationReport as u8 => {
+            // Hosts over Fabrics have 128-bit identifiers: only the extended structure (EDS) names them.
+            if command.cdw(11) & 1 == 0 {
+                return Err(NvmeStatus::HOST_ID_INCONSISTENT_FORMAT.with_dnr());
+            }
+            let wanted = (command.cdw(10) as usize + 1) * 4;
+            if command.sgl.length as usize != wanted || wanted > queue.ctx.config.max_transfer_bytes as usize {
+                return Err(NvmeStatus::SGL_LENGTH_INVALID.with_dnr());
+            }
+            let report = reservations.report().encode();
+            let mut buffer = queue.ctx.buffer_for(&device, wanted);
+            let len = report.len().min(wanted);
+            buffer.as_mut_slice()[..len].copy_from_slice(&report[..len]);
+            buffer.as_mut_slice()[len..].fill(0);
+            queue.respond_with_data(command, buffer);
+        }
         _ => return Err(NvmeStatus::INVALID_OPCODE.with_dnr()),
     }
     Ok(())
+}
+
+/// Whether a command is checked against the reservation as a write (`Some(true)`) or a read; `None` for
+/// the Reservation commands themselves.
+fn access(opcode: u8) -> Option<bool> {
+    let reservation = [IoOpcode::ReservationRegister, IoOpcode::ReservationReport, IoOpcode::ReservationAcquire]
+        .into_iter()
+        .chain([IoOpcode::ReservationRelease])
+        .any(|reservation| reservation as u8 == opcode);
+    (!reservation).then_some(opcode != IoOpcode::Read as u8)
+}
+
+/// The action, Ignore Existing Key and type of an Acquire or Release (CDW10).
+fn reservation_action(command: &Command) -> (u8, bool, u8) {
+    let cdw10 = command.cdw(10);
+    ((cdw10 & 7) as u8, cdw10 & 8 != 0, (cdw10 >> 8) as u8)
+}
+
+/// The keys a Reservation command carries as `len` bytes of data.
+async fn keys(
+    queue: &Rc<Queue>,
+    command: &Command,
+    data: Option<IoBuffer>,
+    len: usize,
+    device: &AnyDevice,
+) -> Result<(u64, u64), NvmeStatus> {
+    let bytes = receive_data(queue, command, data, len, device).await?;
+    let keys = decode_keys(bytes.as_slice());
+    queue.ctx.buffers.give(bytes);
+    Ok(keys)
 }
 
 /// The byte range of a Read or Write, checked against the namespace, the SGL and MDTS.

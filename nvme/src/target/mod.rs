@@ -11,6 +11,7 @@ mod config;
 mod connection;
 mod io;
 mod registry;
+mod reservations;
 
 use std::io::{Seek, SeekFrom};
 use std::net::SocketAddr;
@@ -169,6 +170,7 @@ fn subsystem_infos(config: &TargetConfig) -> Result<Vec<SubsystemInfo>, TargetEr
                 capacity_bytes: capacity_bytes / block * block,
                 nguid: identifier(&subsystem.nqn, nsid, 0),
                 uuid: identifier(&subsystem.nqn, nsid, 1),
+                reservations: Default::default(),
             });
         }
         let serial = format!("{:08x}{:08x}", crc32c::crc32c(subsystem.nqn.as_bytes()), subsystem.namespaces.len());

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use super::reservations::{HostId, Reservations};
 use crate::spec::{ErrorLogEntry, NvmeStatus, csts};
 
 /// Error log entries kept per controller (ELPE + 1).
@@ -22,6 +23,7 @@ pub(crate) struct NamespaceInfo {
     pub(crate) capacity_bytes: u64,
     pub(crate) nguid: [u8; 16],
     pub(crate) uuid: [u8; 16],
+    pub(crate) reservations: Reservations,
 }
 
 /// A subsystem; index 0 of [`Shared::subsystems`] is the discovery subsystem.
@@ -58,6 +60,7 @@ impl QueueCounters {
 pub(crate) struct Controller {
     pub(crate) subsystem: usize,
     pub(crate) hostnqn: String,
+    pub(crate) host_id: HostId,
     pub(crate) cc: u32,
     pub(crate) csts: u32,
     pub(crate) kato_ms: u32,
