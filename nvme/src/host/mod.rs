@@ -10,6 +10,7 @@
 
 mod controller;
 mod device;
+mod identity;
 mod queue;
 mod reservations;
 
@@ -18,6 +19,7 @@ use std::time::Duration;
 
 pub use self::controller::{ControllerInfo, discover};
 pub use self::device::{IoQueueHandle, NvmfDevice};
+pub use self::identity::machine_identity;
 use crate::spec::NvmeStatus;
 use crate::tcp::{Digests, TransportError};
 
@@ -74,9 +76,10 @@ pub fn resolve(traddr: &str, port: u16) -> Result<SocketAddr, String> {
 /// How the host connects.
 #[derive(Clone, Debug)]
 pub struct HostOptions {
-    /// The host NQN presented at Connect (targets check it against their allow-lists).
+    /// The host NQN presented at Connect (targets check it against their allow-lists); by default the
+    /// machine's (`/etc/nvme/hostnqn`).
     pub hostnqn: String,
-    /// The host identifier (a UUID).
+    /// The host identifier (a UUID): who holds reservations; by default the machine's (`/etc/nvme/hostid`).
     pub host_id: [u8; 16],
     /// Header and data digests to ask for.
     pub digests: Digests,
@@ -100,10 +103,12 @@ pub struct HostOptions {
 }
 
 impl Default for HostOptions {
+    /// The machine's own host identity ([`machine_identity`]), and Strata's defaults for the rest.
     fn default() -> Self {
+        let (hostnqn, host_id) = machine_identity();
         Self {
-            hostnqn: "nqn.2014-08.org.nvmexpress:uuid:5f9a6c2e-8d1b-4f0e-9a57-3c2d1e0f4b6a".into(),
-            host_id: [0x5f, 0x9a, 0x6c, 0x2e, 0x8d, 0x1b, 0x4f, 0x0e, 0x9a, 0x57, 0x3c, 0x2d, 0x1e, 0x0f, 0x4b, 0x6a],
+            hostnqn,
+            host_id,
             digests: Digests::default(),
             queue_entries: 128,
             keep_alive_ms: 10_000,
