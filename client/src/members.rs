@@ -14,6 +14,8 @@ use crate::error::ClientError;
 
 /// The longest MEMBERS answer read (a thousand members take about 300 KiB).
 const MAX_MEMBERS_BYTES: u32 = 16 << 20;
+/// How long a client learning its cluster waits for a node that sees no serving member yet.
+const LEARN_WAIT: Duration = Duration::from_secs(2);
 /// How often a client that learnt the cluster from a node asks again.
 const RESYNC: Duration = Duration::from_secs(2);
 
@@ -46,7 +48,7 @@ impl Client {
                     continue;
                 }
             };
-            let Some(document) = client.members()? else { return Ok(client) };
+            let Some(document) = members_once_serving(&mut client)? else { return Ok(client) };
             let seeds: Vec<String> = addresses.to_vec();
             let node_options = options.client.clone();
             let fetch = move |last: &View| ask_any(last, &seeds, &node_options);
@@ -55,6 +57,24 @@ impl Client {
             return Client::connect_watched(Arc::new(watch), options);
         }
         Err(last)
+    }
+}
+
+/// The node's members once they include a serving one, asked again every 50 ms for at most `LEARN_WAIT`:
+/// a node that has just started, or whose cluster has just formed, sees its members a moment after etcd
+/// does (its watch's events lag a read by up to etcd's 100 ms watcher sync). After that, its view as it
+/// stands.
+fn members_once_serving(client: &mut Client) -> Result<Option<MembersDocument>, ClientError> {
+    let deadline = std::time::Instant::now() + LEARN_WAIT;
+    loop {
+        let document = client.members()?;
+        let serving = |document: &MembersDocument| {
+            document.members.iter().any(|member| member.state == strata_cluster::MemberState::Serving)
+        };
+        if document.as_ref().is_none_or(serving) || std::time::Instant::now() >= deadline {
+            return Ok(document);
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
