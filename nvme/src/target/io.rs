@@ -123,13 +123,14 @@ async fn execute(queue: &Rc<Queue>, command: &Command, data: Option<IoBuffer>) -
 }
 
 /// Whether a command is checked against the reservation as a write (`Some(true)`) or a read; `None` for
-/// the Reservation commands themselves.
+/// the Reservation commands themselves and opcodes this target does not serve (answered as such).
 fn access(opcode: u8) -> Option<bool> {
-    let reservation = [IoOpcode::ReservationRegister, IoOpcode::ReservationReport, IoOpcode::ReservationAcquire]
-        .into_iter()
-        .chain([IoOpcode::ReservationRelease])
-        .any(|reservation| reservation as u8 == opcode);
-    (!reservation).then_some(opcode != IoOpcode::Read as u8)
+    let writes = [IoOpcode::Write, IoOpcode::Flush, IoOpcode::WriteZeroes, IoOpcode::DatasetManagement];
+    if opcode == IoOpcode::Read as u8 {
+        Some(false)
+    } else {
+        writes.into_iter().any(|write| write as u8 == opcode).then_some(true)
+    }
 }
 
 /// The action, Ignore Existing Key and type of an Acquire or Release (CDW10).
@@ -208,6 +209,22 @@ fn media_status(counters: &QueueCounters, error: &BlockError) -> NvmeStatus {
                 BlockOp::Read => NvmeStatus::UNRECOVERED_READ_ERROR,
                 _ => NvmeStatus::WRITE_FAULT,
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_and_writes_pass_the_reservation_and_nothing_else_does() {
+        assert_eq!(access(IoOpcode::Read as u8), Some(false));
+        for write in [IoOpcode::Write, IoOpcode::Flush, IoOpcode::WriteZeroes, IoOpcode::DatasetManagement] {
+            assert_eq!(access(write as u8), Some(true), "{write:?}");
+        }
+        for other in [IoOpcode::ReservationRegister as u8, IoOpcode::ReservationReport as u8, 0x7c] {
+            assert_eq!(access(other), None, "{other:#x}");
         }
     }
 }
