@@ -1,6 +1,6 @@
 # Sourced by the cluster benchmarks: a real etcd (Debian's etcd-server) on loopback and strata-node
 # processes registered in it, pinned to CPU 1, all stopped when the script exits. Needs DIR and ETCD_PORT;
-# sets CLUSTER and node_pid[ID].
+# NODE_TIER sets the nodes' tiers (default: 1 GiB of DRAM only); sets CLUSTER and node_pid[ID].
 pids=()
 stop_all() {
   for pid in "${pids[@]}"; do kill -INT "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
@@ -20,8 +20,9 @@ declare -A node_pid
 start_node() { # id port cluster-name [strata-node flags...]: returns once the node is registered
   local id=$1 port=$2 name=$3
   shift 3
-  taskset -c 1 target/release/strata-node --listen "127.0.0.1:$port" --cores 1 --cpus 1 --metrics off --dram 1GiB \
-    --dram-only --cluster "$CLUSTER" --cluster-name "$name" --node-id "$id" "$@" > "$DIR/node-$id.log" 2>&1 &
+  # shellcheck disable=SC2086 # NODE_TIER is a list of flags
+  taskset -c 1 target/release/strata-node --listen "127.0.0.1:$port" --cores 1 --cpus 1 --metrics off \
+    ${NODE_TIER:---dram 1GiB --dram-only} --cluster "$CLUSTER" --cluster-name "$name" --node-id "$id" "$@" > "$DIR/node-$id.log" 2>&1 &
   pids+=($!)
   node_pid[$id]=$!
   for _ in $(seq 600); do grep -q "registered in the cluster" "$DIR/node-$id.log" 2>/dev/null && return; sleep 0.1; done

@@ -19,6 +19,7 @@ mod member;
 mod ownership;
 #[cfg(feature = "node")]
 mod registration;
+mod tier_claim;
 mod view;
 mod watch;
 
@@ -28,6 +29,10 @@ pub use member::{Member, MemberState, NameError, TierSpace, member_key, members_
 #[cfg(feature = "node")]
 pub use ownership::{feed_ownership, owns_under};
 #[cfg(feature = "node")]
-pub use registration::{ClusterConfig, Registration};
+pub use registration::{ClusterConfig, Registration, TierHold};
+pub use tier_claim::{
+    Claim, ClaimError, TierRecord, TierRecords, TierState, claim_dead, claim_own, read_tiers, release, tier_key,
+    tiers_prefix,
+};
 pub use view::{MembersDocument, View, weight};
 pub use watch::{Fetch, MembersWatch, OnChange, WatchConfig, read_members};

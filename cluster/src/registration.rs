@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, PutOptions};
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
 use strata_engine::metrics::{ShardMetrics, tier_usage};
 use strata_engine::reports::{Report, Reports};
 use tokio::sync::Notify;
@@ -36,9 +36,22 @@ pub struct ClusterConfig {
     pub max_replicas: usize,
 }
 
+/// The NVMe tier a node holds on shared namespaces: its record's key and the revision the node's claim
+/// wrote. Each put of the node's entry is conditional on the record being unchanged, so a node whose tier
+/// was taken over (it was silent past its lease) learns it is fenced instead of registering again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TierHold {
+    /// The tier record's key (`tier_key`).
+    pub key: String,
+    /// Its mod revision at the claim.
+    pub revision: i64,
+}
+
 /// What the node registers, and where the registration reports.
 struct Subject {
     config: ClusterConfig,
+    tier: Option<TierHold>,
+    fenced: AtomicBool,
     shards: Vec<SocketAddr>,
     usage: Vec<Arc<ShardMetrics>>,
     reports: Reports,
@@ -56,9 +69,11 @@ pub struct Registration {
 
 impl Registration {
     /// Starts registering the node whose shards listen on `shards`, with tier use read from `usage`, and
-    /// reporting in `reports` (the node's `/metrics` and `/healthz`).
+    /// reporting in `reports` (the node's `/metrics` and `/healthz`); `tier`: the NVMe tier it holds on
+    /// shared namespaces, if any.
     pub fn start(
         config: ClusterConfig,
+        tier: Option<TierHold>,
         shards: Vec<SocketAddr>,
         usage: Vec<Arc<ShardMetrics>>,
         reports: Reports,
@@ -70,6 +85,8 @@ impl Registration {
         }
         let subject = Arc::new(Subject {
             config,
+            tier,
+            fenced: AtomicBool::new(false),
             shards,
             usage,
             reports,
@@ -95,6 +112,11 @@ impl Registration {
         self.subject.wake.notify_one();
     }
 
+    /// Whether the node's tier was taken over: it registers no more and must stop serving.
+    pub fn fenced(&self) -> bool {
+        self.subject.fenced.load(Ordering::SeqCst)
+    }
+
     /// Revokes the lease (at most one TTL of waiting) and ends the thread.
     pub fn stop(mut self) {
         self.subject.stopping.store(true, Ordering::SeqCst);
@@ -108,7 +130,7 @@ impl Registration {
 impl Subject {
     async fn run(self: Arc<Self>) {
         let mut epoch = None;
-        while !self.stopping.load(Ordering::SeqCst) {
+        while !self.stopping.load(Ordering::SeqCst) && !self.fenced.load(Ordering::SeqCst) {
             if let Err(error) = self.session(&mut epoch).await {
                 tracing::warn!(%error, "cluster registration lost; serving on, registering again");
                 self.report(
@@ -129,7 +151,9 @@ impl Subject {
         let epoch = *epoch.get_or_insert(lease.header().map_or(0, |header| header.revision()));
         let put = PutOptions::new().with_lease(lease.id());
         let mut registered = self.member(epoch);
-        bounded(ttl, client.put(self.key(), encode(&registered), Some(put.clone()))).await?;
+        if !self.put_entry(&mut client, &registered, &put).await? {
+            return Ok(());
+        }
         self.registrations.fetch_add(1, Ordering::Relaxed);
         self.report(Some(epoch), None);
         tracing::info!(key = %self.key(), epoch, "registered in the cluster");
@@ -146,11 +170,32 @@ impl Subject {
                 _ => return Err(ClusterError::LeaseExpired),
             }
             let now = self.member(epoch);
-            if now != registered {
-                bounded(ttl, client.put(self.key(), encode(&now), Some(put.clone()))).await?;
-                registered = now;
+            if (now != registered || self.tier.is_some()) && !self.put_entry(&mut client, &now, &put).await? {
+                let _ = bounded(ttl, client.lease_revoke(lease.id())).await;
+                return Ok(());
             }
+            registered = now;
         }
+    }
+
+    /// Puts the node's entry; for a node holding a tier, only while the tier's record is unchanged.
+    /// `false`: it changed (the tier was taken over), and the node is marked fenced.
+    async fn put_entry(&self, client: &mut Client, member: &Member, put: &PutOptions) -> Result<bool, ClusterError> {
+        let ttl = self.config.lease_ttl;
+        let Some(tier) = &self.tier else {
+            bounded(ttl, client.put(self.key(), encode(member), Some(put.clone()))).await?;
+            return Ok(true);
+        };
+        let txn = Txn::new()
+            .when([Compare::mod_revision(tier.key.as_str(), CompareOp::Equal, tier.revision)])
+            .and_then([TxnOp::put(self.key(), encode(member), Some(put.clone()))]);
+        if bounded(ttl, client.txn(txn)).await?.succeeded() {
+            return Ok(true);
+        }
+        tracing::error!(tier = %tier.key, "the node's NVMe tier was taken over: fenced, registering no more");
+        self.fenced.store(true, Ordering::SeqCst);
+        self.report(None, Some(format!("fenced: its NVMe tier ({}) was taken over by another node", tier.key)));
+        Ok(false)
     }
 
     /// Waits `duration`, or less when stopped.

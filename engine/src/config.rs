@@ -19,6 +19,9 @@ pub struct EngineConfig {
     pub hugepages: bool,
     /// Namespaces of the NVMe tier (none: DRAM only).
     pub nvme: Vec<DeviceSpec>,
+    /// Who the node is to the NVMe-oF targets of its remote namespaces (Host NQN, Host Identifier: what
+    /// reservations are held by); none: the machine's own identity.
+    pub nvme_host: Option<strata_nvme::HostOptions>,
     /// Expected pool UUID of every namespace (from a pool description), or none to accept a namespace of
     /// any pool (and format one that belongs to none).
     pub pool_uuid: Option<[u8; 16]>,
@@ -85,6 +88,7 @@ impl Default for EngineConfig {
             dram_bytes: 1 << 30,
             hugepages: true,
             nvme: Vec::new(),
+            nvme_host: None,
             pool_uuid: None,
             format: false,
             region_bytes: 16 << 20,

@@ -124,6 +124,9 @@ pub struct ShardMetrics {
     pub recovery_dropped_keys: AtomicU64,
     /// Whether the NVMe tier is poisoned by a failed write (gauge, 0/1).
     pub nvme_poisoned: AtomicU64,
+    /// Whether a target refused the shard's I/O with a reservation conflict (gauge, 0/1): another node took
+    /// the namespace over and fenced this one off it, which must stop serving.
+    pub nvme_fenced: AtomicU64,
     /// Bytes of pinned objects, hard and soft (gauge).
     pub pinned_bytes: AtomicU64,
     /// Per tenant usage of this shard, published by the shard (with `try_lock`, never waiting).
@@ -378,6 +381,7 @@ fn render_counters(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
     }
     let _ =
         writeln!(out, "# TYPE strata_nvme_poisoned gauge\nstrata_nvme_poisoned {}", sum(|s| &s.nvme_poisoned).min(1));
+    let _ = writeln!(out, "# TYPE strata_nvme_fenced gauge\nstrata_nvme_fenced {}", sum(|s| &s.nvme_fenced).min(1));
     let peak = shards.iter().map(|shard| get(&shard.nvme_reads_in_flight_peak)).max().unwrap_or(0);
     let _ = writeln!(
         out,
@@ -421,6 +425,9 @@ fn health(
     shards: &[std::sync::Arc<ShardMetrics>],
     reports: &crate::reports::Reports,
 ) -> (&'static str, &'static str, String) {
+    if fenced(shards) {
+        return ("503 Service Unavailable", "text/plain", "fenced: another node took the nvme tier over\n".to_string());
+    }
     if shards.iter().any(|shard| get(&shard.nvme_poisoned) != 0) {
         return ("503 Service Unavailable", "text/plain", "nvme tier poisoned by a failed write\n".to_string());
     }
@@ -444,6 +451,11 @@ pub struct TierUsage {
     pub nvme_used: u64,
     /// Keys in the shards' indexes.
     pub keys: u64,
+}
+
+/// Whether a shard was fenced off its NVMe tier (a reservation conflict): the node must stop serving.
+pub fn fenced(shards: &[std::sync::Arc<ShardMetrics>]) -> bool {
+    shards.iter().any(|shard| get(&shard.nvme_fenced) != 0)
 }
 
 /// The tiers' capacity and use now, from the shards' gauges.

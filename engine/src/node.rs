@@ -275,7 +275,8 @@ impl Drop for Node {
 #[derive(Clone)]
 enum NamespaceHandle {
     Memory(MemoryDevice),
-    Spec(DeviceSpec),
+    /// A file, block device or NVMe-oF namespace, and who the host is to a remote one.
+    Spec(DeviceSpec, Box<HostOptions>),
 }
 
 /// Opens a handle; `sized`: create or extend files to their size (done once, when preparing the tier;
@@ -283,12 +284,12 @@ enum NamespaceHandle {
 async fn open_handle(handle: &NamespaceHandle, sized: bool) -> Result<AnyDevice, strata_nvme::OpenError> {
     match handle {
         NamespaceHandle::Memory(device) => Ok(AnyDevice::Memory(device.clone())),
-        NamespaceHandle::Spec(spec) => {
+        NamespaceHandle::Spec(spec, host) => {
             let spec = match spec {
                 DeviceSpec::File { path, .. } if !sized => DeviceSpec::File { path: path.clone(), size_bytes: None },
                 other => other.clone(),
             };
-            AnyDevice::open(&spec, &HostOptions::default()).await
+            AnyDevice::open(&spec, host).await
         }
     }
 }
@@ -392,7 +393,7 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
         .iter()
         .map(|spec| match spec {
             DeviceSpec::Memory { capacity_bytes } => NamespaceHandle::Memory(MemoryDevice::new(*capacity_bytes, 4096)),
-            other => NamespaceHandle::Spec(other.clone()),
+            other => NamespaceHandle::Spec(other.clone(), Box::new(config.nvme_host.clone().unwrap_or_default())),
         })
         .collect();
     let tier = open_tier(&config, &handles, &names)?;

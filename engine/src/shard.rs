@@ -293,11 +293,22 @@ impl<E: Backend> Shard<E> {
         }
     }
 
-    fn poison(&self, what: &str, error: &dyn std::fmt::Display) {
+    fn poison(&self, what: &str, error: &strata_nvme::BlockError) {
+        self.note_fence(error);
         if !self.poisoned.replace(true) {
             tracing::error!(shard = self.id, what, %error, "NVMe tier poisoned: it takes no more writes");
         }
         add(&self.metrics.io_errors, 1);
         set(&self.metrics.nvme_poisoned, 1);
+    }
+
+    /// Marks the shard fenced when a target refused its I/O with a reservation conflict: the namespace was
+    /// taken over, and the node stops serving (`metrics::fenced`) rather than answer from a tier it lost.
+    fn note_fence(&self, error: &strata_nvme::BlockError) {
+        if error.is_reservation_conflict()
+            && self.metrics.nvme_fenced.swap(1, std::sync::atomic::Ordering::Relaxed) == 0
+        {
+            tracing::error!(shard = self.id, %error, "fenced off the NVMe tier: another node took it over");
+        }
     }
 }

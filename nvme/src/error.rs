@@ -114,6 +114,12 @@ impl BlockError {
     pub fn new(op: BlockOp, device: &str, offset: u64, kind: BlockErrorKind) -> Self {
         Self { op, device: device.to_string(), offset, kind }
     }
+
+    /// Whether the controller refused the command because another host holds the namespace's reservation:
+    /// this host has been fenced off it (a node that took the namespace over preempted it).
+    pub fn is_reservation_conflict(&self) -> bool {
+        matches!(&self.kind, BlockErrorKind::Nvme(status) if status.with_dnr() == crate::spec::NvmeStatus::RESERVATION_CONFLICT.with_dnr())
+    }
 }
 
 /// Shorthand for this crate's results.

@@ -20,3 +20,4 @@ pub mod pool;
 pub mod rebalance;
 pub mod stall_bench;
 pub mod subscribe_windows;
+pub mod takeover;

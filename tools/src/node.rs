@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use strata_engine::EngineConfig;
@@ -380,7 +381,17 @@ pub fn block_stop_signals() -> anyhow::Result<()> {
 
 /// Waits for SIGINT, SIGTERM or SIGUSR1; returns its name.
 pub fn wait_for_stop_signal() -> &'static str {
-    // SAFETY: sigwait on a local set of signals blocked by `block_stop_signals`.
+    loop {
+        if let Some(signal) = wait_for_stop_signal_within(Duration::from_secs(3600)) {
+            return signal;
+        }
+    }
+}
+
+/// Waits at most `limit` for SIGINT, SIGTERM or SIGUSR1; returns its name, or `None` when none came.
+pub fn wait_for_stop_signal_within(limit: Duration) -> Option<&'static str> {
+    let timeout = libc::timespec { tv_sec: limit.as_secs() as libc::time_t, tv_nsec: limit.subsec_nanos() as _ };
+    // SAFETY: sigtimedwait on a local set of signals blocked by `block_stop_signals`, with a local timeout.
     #[allow(unsafe_code)]
     let signal = unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
@@ -388,14 +399,13 @@ pub fn wait_for_stop_signal() -> &'static str {
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGUSR1);
-        let mut signal: libc::c_int = 0;
-        libc::sigwait(&set, &mut signal);
-        signal
+        libc::sigtimedwait(&set, std::ptr::null_mut(), &timeout)
     };
     match signal {
-        libc::SIGINT => "SIGINT",
-        libc::SIGUSR1 => "SIGUSR1",
-        _ => "SIGTERM",
+        libc::SIGINT => Some("SIGINT"),
+        libc::SIGUSR1 => Some("SIGUSR1"),
+        libc::SIGTERM => Some("SIGTERM"),
+        _ => None,
     }
 }
 

@@ -317,7 +317,8 @@ async fn wipe(device: &AnyDevice, spec: &str, show_progress: bool) -> anyhow::Re
 
 use strata_nvme::superblock::{NamespaceRole, PoolSuperblock, block0_len, read_superblock, uuid_text, write_block0};
 
-fn run_on_executor<T: Send + 'static, F: Future<Output = anyhow::Result<T>> + 'static>(
+/// Runs `work` on a glommio executor of its own (the NVMe-oF host is glommio's) and waits for it.
+pub(crate) fn run_on_executor<T: Send + 'static, F: Future<Output = anyhow::Result<T>> + 'static>(
     work: impl FnOnce() -> F + Send + 'static,
 ) -> anyhow::Result<T> {
     glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)

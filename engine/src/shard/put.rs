@@ -453,7 +453,8 @@ mod tests {
         let tier = TestTier::new(|_| {});
         tier.life(async |shard, _| {
             put(&shard, b"k", &value(1, 100), WritePolicy::Durable, Pin::None).await.expect("put");
-            shard.poison("a test", &"an injected failure");
+            let injected = strata_nvme::BlockErrorKind::Injected;
+            shard.poison("a test", &strata_nvme::BlockError::new(strata_nvme::BlockOp::Write, "test", 0, injected));
             // Before: the upsert failed on its tombstone yet stayed in DRAM, and the removal of that
             // DRAM-only version was acknowledged without a tombstone; a crash then brought v1 back.
             assert_eq!(put(&shard, b"k", &value(2, 100), WritePolicy::WriteBack, Pin::None).await, Err(Status::Io));

@@ -283,6 +283,7 @@ impl<E: Backend> Shard<E> {
             Err(error) => {
                 tracing::error!(shard = self.id, %error, "NVMe-tier read failed");
                 add(&self.metrics.io_errors, 1);
+                self.note_fence(&error);
                 Err(EngineError::device(error))
             }
         }

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 pub use self::controller::{ControllerInfo, discover};
 pub use self::device::{IoQueueHandle, NvmfDevice};
-pub use self::identity::machine_identity;
+pub use self::identity::{machine_identity, node_host_id};
 use crate::spec::NvmeStatus;
 use crate::tcp::{Digests, TransportError};
 
@@ -60,6 +60,14 @@ impl NvmfAddress {
             return Err(invalid("ns must be a namespace ID from 1".into()));
         }
         Ok(Self { addr, subnqn, nsid })
+    }
+}
+
+impl std::fmt::Display for NvmfAddress {
+    /// The form [`NvmfAddress::parse`] reads.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (ip, port) = (self.addr.ip(), self.addr.port());
+        write!(f, "trtype=tcp,traddr={ip},trsvcid={port},subnqn={},ns={}", self.subnqn, self.nsid)
     }
 }
 
@@ -176,6 +184,9 @@ mod tests {
         assert_eq!(address.addr, "127.0.0.1:4421".parse().unwrap());
         assert_eq!((address.subnqn.as_str(), address.nsid), ("nqn.x:y", 2));
         assert_eq!(NvmfAddress::parse("traddr=::1,subnqn=n").unwrap().addr, "[::1]:4420".parse().unwrap());
+        for address in [address, NvmfAddress::parse("traddr=::1,subnqn=n").unwrap()] {
+            assert_eq!(NvmfAddress::parse(&address.to_string()).unwrap(), address, "{address}");
+        }
         for bad in [
             "traddr=127.0.0.1",
             "subnqn=n",

@@ -2,16 +2,20 @@
 //! and a 4 GiB file-backed NVMe tier under ./strata-data, on 127.0.0.1:7600, metrics on 127.0.0.1:9600.
 
 use clap::Parser;
-use strata_cluster::{ClusterConfig, Registration};
+use strata_cluster::{ClusterConfig, Registration, TierHold};
 use strata_engine::node::Node;
 use strata_engine::reports::Reports;
 use strata_tools::kv_events::KvEventsPublisher;
 use strata_tools::logging::say;
-use strata_tools::node::{NodeSettings, block_stop_signals, wait_for_stop_signal};
+use strata_tools::node::{NodeSettings, block_stop_signals, wait_for_stop_signal_within};
 use strata_tools::rebalance::{RebalanceConfig, Rebalancer, Subject};
+use strata_tools::takeover::own::claim_own_tier;
+use strata_tools::takeover::{TakeoverConfig, Takeovers};
 
 /// The longest a drain (SIGUSR1) moves keys before the node stops with what is left.
 const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(600);
+/// How often the node looks whether it was fenced off its tier, between signals.
+const FENCE_CHECK: std::time::Duration = std::time::Duration::from_millis(200);
 
 #[derive(Parser, Debug)]
 #[command(name = "strata-node", version, about = "A Strata storage node (KV cache store for LLM inference)")]
@@ -40,7 +44,10 @@ fn main() -> anyhow::Result<()> {
     let ownership = cluster.as_ref().map(|_| std::sync::Arc::new(strata_engine::ownership::Ownership::default()));
     config.ownership = ownership.clone();
     let reports = config.reports.clone();
+    // The tier is claimed (and the previous holder fenced) before a byte of it is recovered.
+    let tier = cluster.as_ref().map(|cluster| claim_own_tier(cluster, &mut config)).transpose()?.flatten();
     block_stop_signals()?;
+    let template = config.clone();
     let node = strata_engine::start(config)?;
     say(format_args!("{}", node.summary()));
     if node.summary().metrics.is_none() {
@@ -56,14 +63,33 @@ fn main() -> anyhow::Result<()> {
         _ => None,
     };
     let rebalancer = match &cluster {
-        Some(config) => Some(start_rebalancer(rebalance, config, &node, tokens, reports.clone())?),
+        Some(config) => Some(start_rebalancer(rebalance.clone(), config, &node, tokens.clone(), reports.clone())?),
         None => None,
     };
-    let registration = cluster.map(|config| register(config, &node, reports)).transpose()?;
+    let takeovers = match &cluster {
+        Some(config) => {
+            let takeover = TakeoverConfig {
+                cluster: config.clone(),
+                template,
+                replicas: rebalance.replicas,
+                rate: rebalance.rate,
+                tokens,
+                reports: reports.clone(),
+            };
+            Some(Takeovers::start(takeover)?)
+        }
+        None => None,
+    };
+    let registration = cluster.map(|config| register(config, tier, &node, reports)).transpose()?;
     say(format_args!("  ready; SIGINT or SIGTERM stops it cleanly, SIGUSR1 drains it first"));
     tracing::info!(listen = %node.summary().listen, shards = node.summary().cpus.len(), "serving");
     let signal = loop {
-        let signal = wait_for_stop_signal();
+        let Some(signal) = wait_for_stop_signal_within(FENCE_CHECK) else {
+            if fenced(&node, registration.as_ref()) {
+                break "fenced";
+            }
+            continue;
+        };
         if signal != "SIGUSR1" {
             break signal;
         }
@@ -75,8 +101,18 @@ fn main() -> anyhow::Result<()> {
             _ => say(format_args!("strata-node: SIGUSR1: not in a cluster, nothing to drain; serving on")),
         }
     };
+    if signal == "fenced" {
+        say(format_args!("strata-node: fenced: another node took its NVMe tier over; stopping without serving"));
+        tracing::error!("fenced off the NVMe tier: stopping");
+        // The tier is another node's now: nothing of it is flushed, nothing more is served.
+        node.stop();
+        std::process::exit(3);
+    }
     say(format_args!("strata-node: {signal}: stopping (flushing open regions)"));
     tracing::info!(signal, "stopping");
+    if let Some(takeovers) = takeovers {
+        takeovers.stop();
+    }
     if let Some(rebalancer) = rebalancer {
         rebalancer.stop();
     }
@@ -90,6 +126,12 @@ fn main() -> anyhow::Result<()> {
     node.shutdown()?;
     say(format_args!("strata-node: stopped"));
     Ok(())
+}
+
+/// Whether the node lost its tier: a target refused its I/O with a reservation conflict, or its
+/// registration found the tier's record claimed by another node.
+fn fenced(node: &Node, registration: Option<&Registration>) -> bool {
+    strata_engine::metrics::fenced(&node.metrics) || registration.is_some_and(Registration::fenced)
 }
 
 /// Marks the node draining, so placement leaves it out, and moves its keys to their replicas.
@@ -123,7 +165,12 @@ fn start_rebalancer(
 
 /// Starts the node's registration in its cluster: its shards' addresses (shard i on port + i), its tiers'
 /// use from the shards' gauges.
-fn register(config: ClusterConfig, node: &Node, reports: Reports) -> anyhow::Result<Registration> {
+fn register(
+    config: ClusterConfig,
+    tier: Option<TierHold>,
+    node: &Node,
+    reports: Reports,
+) -> anyhow::Result<Registration> {
     let listen = node.summary().listen;
     if listen.ip().is_unspecified() {
         anyhow::bail!("--cluster needs --listen on an address other nodes and clients reach, not {listen}");
@@ -132,7 +179,7 @@ fn register(config: ClusterConfig, node: &Node, reports: Reports) -> anyhow::Res
         .map(|shard| std::net::SocketAddr::new(listen.ip(), listen.port() + shard))
         .collect();
     let label = format!("{} in cluster {} (etcd {})", config.node_id, config.cluster, config.endpoints.join(","));
-    let registration = Registration::start(config, shards, node.metrics.clone(), reports)?;
+    let registration = Registration::start(config, tier, shards, node.metrics.clone(), reports)?;
     say(format_args!("  cluster: {label}"));
     Ok(registration)
 }

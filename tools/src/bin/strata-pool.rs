@@ -1,6 +1,7 @@
 //! `strata-pool`: Strata's NVMe-oF pool tool. `target` serves subsystems over NVMe/TCP; `discover` prints
 //! a discovery log like `nvme discover`; `create`, `add`, `remove` and `status` manage a pool of namespaces
-//! and its description file; `cluster status` shows a cluster's members as etcd holds them.
+//! and its description file; `cluster status` shows a cluster's members and who holds each shared NVMe tier,
+//! as etcd holds them.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -78,11 +79,11 @@ fn cluster(args: &[String]) -> anyhow::Result<()> {
         }
     }
     let etcd = etcd.ok_or_else(|| anyhow::anyhow!("cluster status needs --cluster etcd://…"))?;
-    let view = strata_tools::cluster_status::read(etcd, &name)?;
+    let status = strata_tools::cluster_status::read(etcd, &name)?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&strata_tools::cluster_status::to_json(&name, &view))?);
+        println!("{}", serde_json::to_string_pretty(&strata_tools::cluster_status::to_json(&name, &status))?);
     } else {
-        print!("{}", strata_tools::cluster_status::format(&name, &view));
+        print!("{}", strata_tools::cluster_status::format(&name, &status));
     }
     Ok(())
 }

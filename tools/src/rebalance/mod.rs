@@ -8,12 +8,12 @@
 //! node serves in its own view: a node that lost its lease, or sees a cluster without itself, moves and
 //! removes nothing.
 
-mod pass;
+pub(crate) mod pass;
 mod plan;
 #[cfg(test)]
 mod sim;
-mod store;
-mod throttle;
+pub(crate) mod store;
+pub(crate) mod throttle;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -242,6 +242,7 @@ impl Worker {
             max_replicas: self.subject.cluster.max_replicas,
             draining,
             stop: &self.shared.stop,
+            latest_epoch: &|| self.watch.view().epoch,
         };
         let mut throttle = Throttle::new(rate);
         let mut total = PassReport::default();

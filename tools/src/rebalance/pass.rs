@@ -31,6 +31,16 @@ pub struct PassContext<'a> {
     pub draining: bool,
     /// Set when the node stops: the pass ends after its page.
     pub stop: &'a AtomicBool,
+    /// The epoch of the latest view. A pass whose view is no longer the latest removes nothing more and
+    /// ends: a removal decided under an old placement could drop a key its node owns again (a page that
+    /// waited on a node that stopped answering can take seconds).
+    pub latest_epoch: &'a dyn Fn() -> i64,
+}
+
+impl PassContext<'_> {
+    fn stale(&self) -> bool {
+        (self.latest_epoch)() != self.view.epoch
+    }
 }
 
 /// What a pass did.
@@ -72,7 +82,7 @@ pub fn run_pass(
     for shard in 0..local.shard_count() {
         let mut cursor = 0;
         loop {
-            if context.stop.load(Ordering::Relaxed) {
+            if context.stop.load(Ordering::Relaxed) || context.stale() {
                 report.left += 1;
                 return Ok(report);
             }
@@ -127,7 +137,9 @@ impl Page<'_> {
             })
             .map(|(entry, _)| self.entries[entry].key.as_slice())
             .collect();
-        if !give_up.is_empty() {
+        if !give_up.is_empty() && self.context.stale() {
+            report.left += give_up.len() as u64;
+        } else if !give_up.is_empty() {
             report.removed += local.batch_remove(&give_up).iter().filter(|result| result.is_ok()).count() as u64;
         }
     }

@@ -234,6 +234,7 @@ impl World {
                     max_replicas: MAX_REPLICAS,
                     draining: state == MemberState::Draining,
                     stop: &stop,
+                    latest_epoch: &|| self.view.epoch,
                 };
                 let mut directory =
                     SimDirectory(self.nodes.iter().map(|(id, (handle, _))| (id.clone(), handle.clone())).collect());
@@ -333,4 +334,42 @@ fn seeded_membership_changes_keep_every_key_on_its_replicas() {
         }
         assert!(world.model.len() > 100, "seed {seed}: the run put keys");
     }
+}
+
+#[test]
+fn a_pass_whose_view_is_no_longer_the_latest_removes_nothing() {
+    let mut world = World::new(7);
+    world.put_keys(200);
+    world.settle();
+    for (handle, _) in world.nodes.values() {
+        for (_, _, hot) in handle.0.borrow_mut().keys.values_mut() {
+            *hot = false;
+        }
+    }
+    // A fourth node joins, and dies before any pass: the view with it is already an old one.
+    world.join();
+    let with_n3 = world.view.clone();
+    world.kill("n3");
+    let (handle, _) = world.nodes["n0"].clone();
+    let held = handle.0.borrow().keys.len();
+    let stop = AtomicBool::new(false);
+    let latest = world.view.epoch;
+    let context = PassContext {
+        view: &with_n3,
+        me: "n0",
+        replicas: REPLICAS,
+        max_replicas: MAX_REPLICAS,
+        draining: false,
+        stop: &stop,
+        latest_epoch: &|| latest,
+    };
+    let mut directory =
+        SimDirectory(world.nodes.iter().map(|(id, (handle, _))| (id.clone(), handle.clone())).collect());
+    let report = run_pass(&context, &mut handle.clone(), &mut directory, &mut Throttle::new(u64::MAX)).expect("pass");
+    // Under the old view n0 would give up its cold keys that n3 owned; n3 is gone, so n0 owns them again.
+    assert_eq!(report.removed, 0, "{report:?}");
+    assert!(report.left > 0, "the pass says it stopped short: {report:?}");
+    assert_eq!(handle.0.borrow().keys.len(), held);
+    world.settle();
+    world.check(0);
 }

@@ -1,0 +1,265 @@
+//! NVMe-oF takeover: when a node whose tier sits on shared namespaces leaves the cluster without handing
+//! it over (its lease expired), a survivor claims the tier in etcd, fences the dead node at the targets,
+//! recovers the tier's region log and moves every key to its owners under the new placement, then releases
+//! the tier (docs/PROTOCOL.md, "NVMe-oF takeover"). No replica is needed for a durable put to survive its
+//! node.
+//!
+//! Each node runs this on a thread of its own. Which survivor claims a tier is decided by rendezvous
+//! hashing of the tier's node id over the serving members, so one node tries; the claim itself is an etcd
+//! compare-and-swap, so two nodes with different views never both hold it. A tier is claimed only once its
+//! owner has been out of the members for a lease TTL as this node sees it: a node registers after its
+//! recovery, and a quick restart reclaims its own tier first.
+
+pub mod fence;
+pub mod own;
+pub mod recover;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use strata_cluster::{
+    Claim, ClusterConfig, MemberState, MembersWatch, TierRecord, TierRecords, TierState, View, WatchConfig,
+};
+use strata_engine::EngineConfig;
+use strata_engine::reports::{Report, Reports};
+use strata_nvme::{DeviceSpec, NvmfAddress};
+use strata_proto::placement;
+
+use recover::{Recovered, Recovery};
+
+/// How often the thread reads the tier records.
+const TICK: Duration = Duration::from_secs(1);
+
+/// What the takeover thread works with.
+pub struct TakeoverConfig {
+    /// The node's cluster settings.
+    pub cluster: ClusterConfig,
+    /// The node's engine settings (tenants, limits, write policy, CPU for a recovering tier).
+    pub template: EngineConfig,
+    /// The cluster's replica count.
+    pub replicas: usize,
+    /// Bytes per second the copies may take (0: the drain's 256 MiB/s).
+    pub rate: u64,
+    /// One token per tenant, or one `None` for an open node.
+    pub tokens: Vec<Option<Vec<u8>>>,
+    /// Where it reports (`/metrics`).
+    pub reports: Reports,
+}
+
+/// A running takeover thread.
+pub struct Takeovers {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Takeovers {
+    /// Starts the thread and its members' watch.
+    pub fn start(config: TakeoverConfig) -> anyhow::Result<Takeovers> {
+        let watch_config = WatchConfig {
+            timeout: config.cluster.lease_ttl,
+            ..WatchConfig::new(config.cluster.endpoints.clone(), &config.cluster.cluster)
+        };
+        let watch = MembersWatch::spawn(watch_config, None)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let worker =
+            Worker { config, watch, stop: Arc::clone(&stop), absent: HashMap::new(), totals: Totals::default() };
+        worker.report();
+        let thread = std::thread::Builder::new().name("strata-takeover".into()).spawn(move || worker.run())?;
+        Ok(Takeovers { stop, thread: Some(thread) })
+    }
+
+    /// Stops the thread (after the pass in progress, if a takeover runs).
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// What the node's takeovers did, for `/metrics`.
+#[derive(Default)]
+struct Totals {
+    done: AtomicU64,
+    failed: AtomicU64,
+    keys: AtomicU64,
+    last_ms: AtomicU64,
+    last_recovery_ms: AtomicU64,
+}
+
+struct Worker {
+    config: TakeoverConfig,
+    watch: MembersWatch,
+    stop: Arc<AtomicBool>,
+    /// Tier owner → (the record's revision, since when this node has seen the owner out of the members).
+    absent: HashMap<String, (i64, Instant)>,
+    totals: Totals,
+}
+
+impl Worker {
+    fn run(mut self) {
+        let limit = self.config.cluster.lease_ttl.max(Duration::from_secs(2));
+        let mut records: Option<TierRecords> = None;
+        while !self.stop.load(Ordering::SeqCst) {
+            std::thread::sleep(TICK);
+            let view = self.watch.view();
+            if !self.serving(&view) {
+                continue;
+            }
+            if records.is_none() {
+                records = TierRecords::connect(&self.config.cluster.endpoints, &self.config.cluster.cluster, limit)
+                    .inspect_err(|error| tracing::warn!(%error, "takeover: etcd unreachable"))
+                    .ok();
+            }
+            let Some(etcd) = records.as_mut() else { continue };
+            match etcd.read() {
+                Ok(tiers) => self.look_at(etcd, &view, tiers),
+                Err(error) => {
+                    tracing::warn!(%error, "takeover: reading the tier records failed");
+                    records = None;
+                }
+            }
+        }
+    }
+
+    fn serving(&self, view: &View) -> bool {
+        let me = &self.config.cluster.node_id;
+        view.members.iter().any(|member| member.id == *me && member.state == MemberState::Serving)
+    }
+
+    /// Takes over each tier this node should: its own unfinished takeovers, and the tiers of owners gone
+    /// for a TTL that rendezvous hashing gives to this node.
+    fn look_at(&mut self, etcd: &mut TierRecords, view: &View, tiers: Vec<(TierRecord, i64)>) {
+        let me = self.config.cluster.node_id.clone();
+        for (record, revision) in tiers {
+            let Some(owner) = record.owner.clone() else { continue };
+            if record.state == TierState::Released {
+                continue;
+            }
+            if owner == me {
+                if record.state == TierState::TakingOver {
+                    let claim = Claim { record, revision, previous_key: 0, erase: false };
+                    self.take_over(etcd, claim);
+                }
+                continue;
+            }
+            if view.members.iter().any(|member| member.id == owner) {
+                self.absent.remove(&owner);
+                continue;
+            }
+            if !self.gone_long_enough(&owner, revision) {
+                continue;
+            }
+            if self.claimer(view, &record.node) != Some(me.as_str()) {
+                continue;
+            }
+            match etcd.claim_dead(&me, (&record, revision)) {
+                Ok(claim) => {
+                    tracing::info!(node = %record.node, %owner, epoch = claim.record.epoch, "takeover: claimed");
+                    self.take_over(etcd, claim);
+                }
+                Err(error) => tracing::info!(%error, node = %record.node, "takeover: not claimed"),
+            }
+        }
+    }
+
+    /// Whether `owner` has been out of the members, with its record at `revision`, for a lease TTL.
+    fn gone_long_enough(&mut self, owner: &str, revision: i64) -> bool {
+        let since = self.absent.entry(owner.to_string()).or_insert((revision, Instant::now()));
+        if since.0 != revision {
+            *since = (revision, Instant::now());
+        }
+        since.1.elapsed() >= self.config.cluster.lease_ttl
+    }
+
+    /// The serving member that claims `node`'s tier: the first in its rendezvous order.
+    fn claimer<'a>(&self, view: &'a View, node: &str) -> Option<&'a str> {
+        let candidates = view.candidates();
+        let serving: Vec<_> = view.serving().collect();
+        let first = *placement::replicas(node.as_bytes(), &candidates, 1).first()?;
+        serving.get(first).map(|member| member.id.as_str())
+    }
+
+    /// Fences the previous holder, recovers the tier, moves its keys and releases it; on failure the
+    /// claim stands and the next tick tries again.
+    fn take_over(&mut self, etcd: &mut TierRecords, claim: Claim) {
+        let started = Instant::now();
+        let node = claim.record.node.clone();
+        match self.recover(&claim).and_then(|recovered| {
+            etcd.release(&claim)?;
+            Ok(recovered)
+        }) {
+            Ok(recovered) => {
+                let elapsed = started.elapsed();
+                tracing::info!(
+                    %node, records = recovered.records, log_bytes = recovered.log_bytes, moved = recovered.moved.copied,
+                    recovery_ms = recovered.recovery.as_millis() as u64, total_ms = elapsed.as_millis() as u64,
+                    "takeover: the tier's keys moved to their owners; released"
+                );
+                self.totals.done.fetch_add(1, Ordering::Relaxed);
+                self.totals.keys.fetch_add(recovered.moved.copied, Ordering::Relaxed);
+                self.totals.last_ms.store(elapsed.as_millis() as u64, Ordering::Relaxed);
+                self.totals.last_recovery_ms.store(recovered.recovery.as_millis() as u64, Ordering::Relaxed);
+            }
+            Err(error) => {
+                tracing::warn!(%node, error = format!("{error:#}"), "takeover failed; trying again");
+                self.totals.failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.report();
+    }
+
+    fn recover(&self, claim: &Claim) -> anyhow::Result<Recovered> {
+        let addresses = addresses(&claim.record)?;
+        let host = fence::node_host(&self.config.cluster.cluster, &self.config.cluster.node_id);
+        fence::hold(&addresses, &host, claim.record.epoch, claim.previous_key)?;
+        let recovery = Recovery {
+            template: &self.config.template,
+            host: &host,
+            replicas: self.config.replicas,
+            max_replicas: self.config.cluster.max_replicas,
+            rate: if self.config.rate == 0 { 256 << 20 } else { self.config.rate },
+            tokens: &self.config.tokens,
+            stop: &self.stop,
+        };
+        // The reservation stays held after the release: releasing it would let the fenced node write again.
+        recovery.run(&claim.record, &|| (*self.watch.view()).clone())
+    }
+
+    fn report(&self) {
+        let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let metrics = format!(
+            "# HELP strata_takeover_total Dead nodes' NVMe tiers this node took over and released.\n\
+             # TYPE strata_takeover_total counter\nstrata_takeover_total {}\n\
+             # HELP strata_takeover_failed_total Takeovers that stopped short (tried again).\n\
+             # TYPE strata_takeover_failed_total counter\nstrata_takeover_failed_total {}\n\
+             # HELP strata_takeover_keys_total Keys moved from taken-over tiers to their owners.\n\
+             # TYPE strata_takeover_keys_total counter\nstrata_takeover_keys_total {}\n\
+             # HELP strata_takeover_last_seconds The last takeover, from its claim to its release.\n\
+             # TYPE strata_takeover_last_seconds gauge\nstrata_takeover_last_seconds {:.3}\n\
+             # HELP strata_takeover_last_recovery_seconds The last takeover's region log recovery.\n\
+             # TYPE strata_takeover_last_recovery_seconds gauge\nstrata_takeover_last_recovery_seconds {:.3}\n",
+            get(&self.totals.done),
+            get(&self.totals.failed),
+            get(&self.totals.keys),
+            get(&self.totals.last_ms) as f64 / 1e3,
+            get(&self.totals.last_recovery_ms) as f64 / 1e3,
+        );
+        self.config.reports.set("takeover", Report { metrics, degraded: None });
+    }
+}
+
+/// The tier's namespaces, each of which must be on NVMe-oF.
+fn addresses(record: &TierRecord) -> anyhow::Result<Vec<NvmfAddress>> {
+    record
+        .namespaces
+        .iter()
+        .map(|spec| match DeviceSpec::parse(spec, |_| None) {
+            Ok(DeviceSpec::Nvmf(address)) => Ok(address),
+            Ok(_) => Err(anyhow::anyhow!("{spec}: a taken-over tier's namespaces must be NVMe-oF")),
+            Err(error) => Err(anyhow::anyhow!("{spec}: {error}")),
+        })
+        .collect()
+}
