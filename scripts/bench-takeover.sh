@@ -35,7 +35,7 @@ start_node a 7910 takeover --nvme "$(namespace 1)" --lease-ttl "${TTL}s" --max-r
 start_node b 7920 takeover --nvme "$(namespace 2)" --lease-ttl "${TTL}s" --max-replicas 1 --repair-rate 4GiB
 sleep 1
 taskset -c 0 "$BENCH" kv --cluster "$CLUSTER" --cluster-name takeover --metrics off --op put --keys "$KEYS" \
-  --value-size 64k --once --output-format=json > "$DIR/preload.json"
+  --value-size 64k --batch 8 --connections 4 --once --runtime 600 --output-format=json > "$DIR/preload.json"
 
 kill -9 "${node_pid[b]}"
 # Poll the cluster's status: when b left the members (its lease expired), when its tier was released.
@@ -57,7 +57,7 @@ while time.time() - killed < 120 and released is None:
 json.dump({"expired_s": expired, "released_s": released}, open(sys.argv[2], "w"))
 PY
 taskset -c 0 "$BENCH" kv --cluster "$CLUSTER" --cluster-name takeover --metrics off --op get --no-preload \
-  --keys "$KEYS" --value-size 64k --verify --once --output-format=json > "$DIR/check.json"
+  --keys "$KEYS" --value-size 64k --batch 8 --verify --once --runtime 600 --output-format=json > "$DIR/check.json"
 
 python3 - "$DIR" "$TTL" "$GIB" <<'PY'
 import json, re, sys

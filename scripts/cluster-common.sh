@@ -3,7 +3,14 @@
 # NODE_TIER sets the nodes' tiers (default: 1 GiB of DRAM only); sets CLUSTER and node_pid[ID].
 pids=()
 stop_all() {
-  for pid in "${pids[@]}"; do kill -INT "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  # Last started first: nodes stop before the etcd and NVMe-oF target they use (a node flushing to a
+  # target that is gone waits out its controller-loss timeout). SIGTERM: a background job of a
+  # non-interactive shell ignores SIGINT.
+  local at
+  for ((at = ${#pids[@]} - 1; at >= 0; at--)); do
+    kill -TERM "${pids[at]}" 2>/dev/null || true
+    wait "${pids[at]}" 2>/dev/null || true
+  done
   pids=()
 }
 trap stop_all EXIT

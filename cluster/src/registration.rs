@@ -50,10 +50,10 @@ pub struct TierHold {
 /// What the node registers, and where the registration reports.
 struct Subject {
     config: ClusterConfig,
-    tier: Option<TierHold>,
+    tier: Mutex<Option<TierHold>>,
     fenced: AtomicBool,
     shards: Vec<SocketAddr>,
-    usage: Vec<Arc<ShardMetrics>>,
+    usage: Mutex<Vec<Arc<ShardMetrics>>>,
     reports: Reports,
     stopping: AtomicBool,
     wake: Notify,
@@ -68,14 +68,13 @@ pub struct Registration {
 }
 
 impl Registration {
-    /// Starts registering the node whose shards listen on `shards`, with tier use read from `usage`, and
-    /// reporting in `reports` (the node's `/metrics` and `/healthz`); `tier`: the NVMe tier it holds on
-    /// shared namespaces, if any.
+    /// Starts registering the node whose shards will listen on `shards`, as `joining`, reporting in `reports`
+    /// (the node's `/metrics` and `/healthz`). The entry is there before the node claims and recovers its
+    /// tier, so no survivor takes a starting node's tier over; [`Registration::serve`] makes it a
+    /// placement candidate once it serves.
     pub fn start(
         config: ClusterConfig,
-        tier: Option<TierHold>,
         shards: Vec<SocketAddr>,
-        usage: Vec<Arc<ShardMetrics>>,
         reports: Reports,
     ) -> Result<Registration, ClusterError> {
         validate_name("cluster name", &config.cluster)?;
@@ -85,15 +84,15 @@ impl Registration {
         }
         let subject = Arc::new(Subject {
             config,
-            tier,
+            tier: Mutex::new(None),
             fenced: AtomicBool::new(false),
             shards,
-            usage,
+            usage: Mutex::new(Vec::new()),
             reports,
             stopping: AtomicBool::new(false),
             wake: Notify::new(),
             registrations: AtomicU64::new(0),
-            state: Mutex::new(MemberState::Serving),
+            state: Mutex::new(MemberState::Joining),
         });
         subject.report(None, Some("not registered yet".to_string()));
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -101,6 +100,37 @@ impl Registration {
         let thread =
             std::thread::Builder::new().name("strata-etcd".into()).spawn(move || runtime.block_on(running.run()))?;
         Ok(Registration { subject, thread: Some(thread) })
+    }
+
+    /// Waits (at most `limit`) until the entry is in etcd; whether it is.
+    pub fn wait_registered(&self, limit: Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        while self.subject.registrations.load(Ordering::SeqCst) == 0 {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
+    }
+
+    /// The NVMe tier the node claimed on shared namespaces: from now on its entry is put only while the
+    /// tier's record is unchanged.
+    pub fn hold_tier(&self, tier: TierHold) {
+        if let Ok(mut held) = self.subject.tier.lock() {
+            *held = Some(tier);
+        }
+    }
+
+    /// The node serves: its entry says `serving`, with its tiers' use read from `usage`, from now on.
+    pub fn serve(&self, usage: Vec<Arc<ShardMetrics>>) {
+        if let Ok(mut used) = self.subject.usage.lock() {
+            *used = usage;
+        }
+        if let Ok(mut state) = self.subject.state.lock() {
+            *state = MemberState::Serving;
+        }
+        self.subject.wake.notify_one();
     }
 
     /// Marks the node draining in its entry, at once rather than at the next keep-alive: placement leaves
@@ -170,7 +200,8 @@ impl Subject {
                 _ => return Err(ClusterError::LeaseExpired),
             }
             let now = self.member(epoch);
-            if (now != registered || self.tier.is_some()) && !self.put_entry(&mut client, &now, &put).await? {
+            let holds_tier = self.tier.lock().is_ok_and(|tier| tier.is_some());
+            if (now != registered || holds_tier) && !self.put_entry(&mut client, &now, &put).await? {
                 let _ = bounded(ttl, client.lease_revoke(lease.id())).await;
                 return Ok(());
             }
@@ -182,7 +213,8 @@ impl Subject {
     /// `false`: it changed (the tier was taken over), and the node is marked fenced.
     async fn put_entry(&self, client: &mut Client, member: &Member, put: &PutOptions) -> Result<bool, ClusterError> {
         let ttl = self.config.lease_ttl;
-        let Some(tier) = &self.tier else {
+        let tier = self.tier.lock().map(|tier| tier.clone()).unwrap_or_default();
+        let Some(tier) = tier else {
             bounded(ttl, client.put(self.key(), encode(member), Some(put.clone()))).await?;
             return Ok(true);
         };
@@ -208,12 +240,12 @@ impl Subject {
     }
 
     fn member(&self, epoch: i64) -> Member {
-        let usage = tier_usage(&self.usage);
+        let usage = self.usage.lock().map(|usage| tier_usage(&usage)).unwrap_or_default();
         Member {
             id: self.config.node_id.clone(),
             shards: self.shards.clone(),
             zone: self.config.zone.clone(),
-            state: self.state.lock().map_or(MemberState::Serving, |state| *state),
+            state: self.state.lock().map_or(MemberState::Joining, |state| *state),
             epoch,
             dram: TierSpace {
                 capacity: usage.dram_capacity,

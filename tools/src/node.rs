@@ -361,7 +361,7 @@ impl NodeSettings {
 }
 
 /// Blocks SIGINT, SIGTERM and SIGUSR1 (drain) in this thread (and the threads it starts afterwards), so
-/// that [`wait_for_stop_signal`] receives them instead of the default handler killing the process.
+/// that [`wait_for_stop_signal_within`] receives them instead of the default handler killing the process.
 pub fn block_stop_signals() -> anyhow::Result<()> {
     // SAFETY: sigset operations on a local set, and pthread_sigmask on the calling thread.
     #[allow(unsafe_code)]
@@ -377,15 +377,6 @@ pub fn block_stop_signals() -> anyhow::Result<()> {
         bail!("blocking SIGINT/SIGTERM/SIGUSR1: error {result}");
     }
     Ok(())
-}
-
-/// Waits for SIGINT, SIGTERM or SIGUSR1; returns its name.
-pub fn wait_for_stop_signal() -> &'static str {
-    loop {
-        if let Some(signal) = wait_for_stop_signal_within(Duration::from_secs(3600)) {
-            return signal;
-        }
-    }
 }
 
 /// Waits at most `limit` for SIGINT, SIGTERM or SIGUSR1; returns its name, or `None` when none came.

@@ -2,14 +2,15 @@
 //! and a 4 GiB file-backed NVMe tier under ./strata-data, on 127.0.0.1:7600, metrics on 127.0.0.1:9600.
 
 use clap::Parser;
-use strata_cluster::{ClusterConfig, Registration, TierHold};
+use strata_cluster::{ClusterConfig, Registration};
+use strata_engine::EngineConfig;
 use strata_engine::node::Node;
 use strata_engine::reports::Reports;
 use strata_tools::kv_events::KvEventsPublisher;
 use strata_tools::logging::say;
 use strata_tools::node::{NodeSettings, block_stop_signals, wait_for_stop_signal_within};
 use strata_tools::rebalance::{RebalanceConfig, Rebalancer, Subject};
-use strata_tools::takeover::own::claim_own_tier;
+use strata_tools::takeover::own::{claim_own_tier, remote_namespaces};
 use strata_tools::takeover::{TakeoverConfig, Takeovers};
 
 /// The longest a drain (SIGUSR1) moves keys before the node stops with what is left.
@@ -44,11 +45,8 @@ fn main() -> anyhow::Result<()> {
     let ownership = cluster.as_ref().map(|_| std::sync::Arc::new(strata_engine::ownership::Ownership::default()));
     config.ownership = ownership.clone();
     let reports = config.reports.clone();
-    // The tier is claimed (and the previous holder fenced) before a byte of it is recovered.
-    let tier = cluster.as_ref().map(|cluster| claim_own_tier(cluster, &mut config)).transpose()?.flatten();
     block_stop_signals()?;
-    let template = config.clone();
-    let node = strata_engine::start(config)?;
+    let (node, registration, template) = join_and_start(cluster.as_ref(), config, &reports)?;
     say(format_args!("{}", node.summary()));
     if node.summary().metrics.is_none() {
         say(format_args!("  (metrics off)"));
@@ -80,7 +78,9 @@ fn main() -> anyhow::Result<()> {
         }
         None => None,
     };
-    let registration = cluster.map(|config| register(config, tier, &node, reports)).transpose()?;
+    if let Some(registration) = &registration {
+        registration.serve(node.metrics.clone());
+    }
     say(format_args!("  ready; SIGINT or SIGTERM stops it cleanly, SIGUSR1 drains it first"));
     tracing::info!(listen = %node.summary().listen, shards = node.summary().cpus.len(), "serving");
     let signal = loop {
@@ -163,23 +163,54 @@ fn start_rebalancer(
     Rebalancer::start(config, subject)
 }
 
-/// Starts the node's registration in its cluster: its shards' addresses (shard i on port + i), its tiers'
-/// use from the shards' gauges.
-fn register(
-    config: ClusterConfig,
-    tier: Option<TierHold>,
-    node: &Node,
-    reports: Reports,
-) -> anyhow::Result<Registration> {
-    let listen = node.summary().listen;
-    if listen.ip().is_unspecified() {
-        anyhow::bail!("--cluster needs --listen on an address other nodes and clients reach, not {listen}");
+/// Starts the node: in a cluster, it registers first (as joining, so no survivor takes its tier over while
+/// it starts), then claims its tier (fencing the previous holder) before a byte of it is recovered; a failure
+/// withdraws the entry. Returns the node, its registration and the engine settings it started with.
+fn join_and_start(
+    cluster: Option<&ClusterConfig>,
+    mut config: EngineConfig,
+    reports: &Reports,
+) -> anyhow::Result<(Node, Option<Registration>, EngineConfig)> {
+    let Some(cluster) = cluster else {
+        let template = config.clone();
+        return Ok((strata_engine::start(config)?, None, template));
+    };
+    let registration = register(cluster.clone(), &config, reports.clone())?;
+    let limit = cluster.lease_ttl.max(std::time::Duration::from_secs(2));
+    // A tier on shared namespaces is claimed only once the joining entry is in etcd.
+    let entered = remote_namespaces(&config.nvme).is_empty() || registration.wait_registered(limit);
+    let started = if entered {
+        claim_own_tier(cluster, &mut config)
+    } else {
+        Err(anyhow::anyhow!("etcd took no entry within {limit:?}"))
+    };
+    let started = started.and_then(|tier| {
+        if let Some(tier) = tier {
+            registration.hold_tier(tier);
+        }
+        let template = config.clone();
+        Ok((strata_engine::start(config)?, template))
+    });
+    match started {
+        Ok((node, template)) => Ok((node, Some(registration), template)),
+        Err(error) => {
+            registration.stop();
+            Err(error)
+        }
     }
-    let shards = (0..node.summary().cpus.len() as u16)
+}
+
+/// Starts the node's registration in its cluster, as joining: its shards' addresses (shard i on port + i).
+fn register(config: ClusterConfig, engine: &EngineConfig, reports: Reports) -> anyhow::Result<Registration> {
+    let listen = engine.listen;
+    if listen.ip().is_unspecified() || listen.port() == 0 {
+        anyhow::bail!("--cluster needs --listen on an address and port other nodes and clients reach, not {listen}");
+    }
+    let shards = (0..engine.cpus.len() as u16)
         .map(|shard| std::net::SocketAddr::new(listen.ip(), listen.port() + shard))
         .collect();
     let label = format!("{} in cluster {} (etcd {})", config.node_id, config.cluster, config.endpoints.join(","));
-    let registration = Registration::start(config, tier, shards, node.metrics.clone(), reports)?;
+    let registration = Registration::start(config, shards, reports)?;
     say(format_args!("  cluster: {label}"));
     Ok(registration)
 }

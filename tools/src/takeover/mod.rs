@@ -6,9 +6,9 @@
 //!
 //! Each node runs this on a thread of its own. Which survivor claims a tier is decided by rendezvous
 //! hashing of the tier's node id over the serving members, so one node tries; the claim itself is an etcd
-//! compare-and-swap, so two nodes with different views never both hold it. A tier is claimed only once its
-//! owner has been out of the members for a lease TTL as this node sees it: a node registers after its
-//! recovery, and a quick restart reclaims its own tier first.
+//! compare-and-swap, so two nodes with different views never both hold it. A starting node registers (as
+//! joining) before it claims its own tier, so a tier is claimed only once its owner has been out of the
+//! members (its lease expired) for `CLAIM_GRACE` as this node sees it.
 
 pub mod fence;
 pub mod own;
@@ -29,8 +29,14 @@ use strata_proto::placement;
 
 use recover::{Recovered, Recovery};
 
-/// How often the thread reads the tier records.
-const TICK: Duration = Duration::from_secs(1);
+/// How often the thread looks at its view, and reads the tier records while one waits on something.
+const TICK: Duration = Duration::from_millis(250);
+/// How often the tier records are read when nothing changes.
+const RESCAN: Duration = Duration::from_secs(10);
+/// How long a tier's owner must have been out of this node's view before the tier is claimed: a starting
+/// node's entry (joining) is in etcd before its claim, so this only covers the members' watch lagging
+/// etcd (its watcher syncs every 100 ms).
+const CLAIM_GRACE: Duration = Duration::from_secs(1);
 
 /// What the takeover thread works with.
 pub struct TakeoverConfig {
@@ -102,10 +108,18 @@ impl Worker {
     fn run(mut self) {
         let limit = self.config.cluster.lease_ttl.max(Duration::from_secs(2));
         let mut records: Option<TierRecords> = None;
+        // (the epoch of the last read, when it ran, whether a tier still waits on something).
+        let mut last: Option<(i64, Instant, bool)> = None;
         while !self.stop.load(Ordering::SeqCst) {
             std::thread::sleep(TICK);
             let view = self.watch.view();
             if !self.serving(&view) {
+                continue;
+            }
+            // The records are read when placement changed (a member left), while a tier waits, and every
+            // RESCAN otherwise: not four range reads a second from every node of a quiet cluster.
+            let due = last.is_none_or(|(epoch, at, waiting)| waiting || epoch != view.epoch || at.elapsed() >= RESCAN);
+            if !due {
                 continue;
             }
             if records.is_none() {
@@ -115,7 +129,10 @@ impl Worker {
             }
             let Some(etcd) = records.as_mut() else { continue };
             match etcd.read() {
-                Ok(tiers) => self.look_at(etcd, &view, tiers),
+                Ok(tiers) => {
+                    let waiting = self.look_at(etcd, &view, tiers);
+                    last = Some((view.epoch, Instant::now(), waiting));
+                }
                 Err(error) => {
                     tracing::warn!(%error, "takeover: reading the tier records failed");
                     records = None;
@@ -130,9 +147,12 @@ impl Worker {
     }
 
     /// Takes over each tier this node should: its own unfinished takeovers, and the tiers of owners gone
-    /// for a TTL that rendezvous hashing gives to this node.
-    fn look_at(&mut self, etcd: &mut TierRecords, view: &View, tiers: Vec<(TierRecord, i64)>) {
+    /// for `CLAIM_GRACE` that rendezvous hashing gives to this node. Returns whether a tier still waits (an
+    /// owner gone for less than the grace, or a takeover left to finish).
+    fn look_at(&mut self, etcd: &mut TierRecords, view: &View, tiers: Vec<(TierRecord, i64)>) -> bool {
         let me = self.config.cluster.node_id.clone();
+        let mut absent = HashMap::new();
+        let mut waiting = false;
         for (record, revision) in tiers {
             let Some(owner) = record.owner.clone() else { continue };
             if record.state == TierState::Released {
@@ -141,15 +161,18 @@ impl Worker {
             if owner == me {
                 if record.state == TierState::TakingOver {
                     let claim = Claim { record, revision, previous_key: 0, erase: false };
-                    self.take_over(etcd, claim);
+                    waiting |= !self.take_over(etcd, claim);
                 }
                 continue;
             }
             if view.members.iter().any(|member| member.id == owner) {
-                self.absent.remove(&owner);
                 continue;
             }
-            if !self.gone_long_enough(&owner, revision) {
+            let since =
+                self.absent.get(&owner).filter(|(seen, _)| *seen == revision).map_or_else(Instant::now, |s| s.1);
+            absent.insert(owner.clone(), (revision, since));
+            if since.elapsed() < CLAIM_GRACE {
+                waiting = true;
                 continue;
             }
             if self.claimer(view, &record.node) != Some(me.as_str()) {
@@ -158,20 +181,13 @@ impl Worker {
             match etcd.claim_dead(&me, (&record, revision)) {
                 Ok(claim) => {
                     tracing::info!(node = %record.node, %owner, epoch = claim.record.epoch, "takeover: claimed");
-                    self.take_over(etcd, claim);
+                    waiting |= !self.take_over(etcd, claim);
                 }
                 Err(error) => tracing::info!(%error, node = %record.node, "takeover: not claimed"),
             }
         }
-    }
-
-    /// Whether `owner` has been out of the members, with its record at `revision`, for a lease TTL.
-    fn gone_long_enough(&mut self, owner: &str, revision: i64) -> bool {
-        let since = self.absent.entry(owner.to_string()).or_insert((revision, Instant::now()));
-        if since.0 != revision {
-            *since = (revision, Instant::now());
-        }
-        since.1.elapsed() >= self.config.cluster.lease_ttl
+        self.absent = absent;
+        waiting
     }
 
     /// The serving member that claims `node`'s tier: the first in its rendezvous order.
@@ -183,11 +199,11 @@ impl Worker {
     }
 
     /// Fences the previous holder, recovers the tier, moves its keys and releases it; on failure the
-    /// claim stands and the next tick tries again.
-    fn take_over(&mut self, etcd: &mut TierRecords, claim: Claim) {
+    /// claim stands and the next tick tries again. Whether the tier was released.
+    fn take_over(&mut self, etcd: &mut TierRecords, claim: Claim) -> bool {
         let started = Instant::now();
         let node = claim.record.node.clone();
-        match self.recover(&claim).and_then(|recovered| {
+        let released = match self.recover(&claim).and_then(|recovered| {
             etcd.release(&claim)?;
             Ok(recovered)
         }) {
@@ -202,13 +218,23 @@ impl Worker {
                 self.totals.keys.fetch_add(recovered.moved.copied, Ordering::Relaxed);
                 self.totals.last_ms.store(elapsed.as_millis() as u64, Ordering::Relaxed);
                 self.totals.last_recovery_ms.store(recovered.recovery.as_millis() as u64, Ordering::Relaxed);
+                true
             }
             Err(error) => {
                 tracing::warn!(%node, error = format!("{error:#}"), "takeover failed; trying again");
                 self.totals.failed.fetch_add(1, Ordering::Relaxed);
+                // Not again at once: a target or an owner that refused now is unlikely to accept in 250 ms.
+                for _ in 0..20 {
+                    if self.stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                false
             }
-        }
+        };
         self.report();
+        released
     }
 
     fn recover(&self, claim: &Claim) -> anyhow::Result<Recovered> {
