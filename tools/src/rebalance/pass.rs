@@ -34,7 +34,7 @@ pub struct PassContext<'a> {
     /// The epoch of the latest view. A pass whose view is no longer the latest removes nothing more and
     /// ends: a removal decided under an old placement could drop a key its node owns again (a page that
     /// waited on a node that stopped answering can take seconds).
-    pub latest_epoch: &'a dyn Fn() -> i64,
+    pub latest_epoch: &'a (dyn Fn() -> i64 + Sync),
 }
 
 impl PassContext<'_> {
@@ -95,6 +95,73 @@ pub fn run_pass(
         }
     }
     Ok(report)
+}
+
+/// One pass like [`run_pass`], with each of `workers` (a connection to this node, the other nodes, a
+/// throttle) carrying pages out at once: the scan stays one stream (keys only, cheap), while the reads,
+/// copies and removals of several pages overlap. For a takeover's drain, whose time is its copies.
+pub fn run_pass_parallel<S: KeyStore + Send, D: Directory + Send>(
+    context: &PassContext<'_>,
+    scanner: &mut impl KeyStore,
+    workers: Vec<(S, D, Throttle)>,
+) -> Result<PassReport, ClientError> {
+    let serving: Vec<&Member> = context.view.serving().collect();
+    let (pages, queue) = std::sync::mpsc::sync_channel::<Vec<ScanEntry>>(workers.len().max(1));
+    let queue = std::sync::Mutex::new(queue);
+    std::thread::scope(|scope| {
+        let running: Vec<_> = workers
+            .into_iter()
+            .map(|(mut local, mut nodes, mut throttle)| {
+                let (queue, serving) = (&queue, &serving);
+                scope.spawn(move || {
+                    let mut report = PassReport::default();
+                    loop {
+                        let next = queue.lock().map_err(|_| ()).and_then(|queue| queue.recv().map_err(|_| ()));
+                        let Ok(entries) = next else { return report };
+                        let page = Page { context, serving, entries: &entries };
+                        page.carry_out(&mut local, &mut nodes, &mut throttle, &mut report);
+                    }
+                })
+            })
+            .collect();
+        let scanned = scan_into(context, scanner, &pages);
+        drop(pages);
+        let mut report = PassReport::default();
+        for worker in running {
+            // A worker that panicked carried nothing more out: its pages count as left.
+            report.add(&worker.join().unwrap_or(PassReport { left: 1, ..PassReport::default() }));
+        }
+        scanned.map(|stopped| {
+            report.left += u64::from(stopped);
+            report
+        })
+    })
+}
+
+/// Scans every shard of `local` into `pages`; whether it stopped early (stopping, a newer view, or the
+/// workers gone).
+fn scan_into(
+    context: &PassContext<'_>,
+    local: &mut impl KeyStore,
+    pages: &std::sync::mpsc::SyncSender<Vec<ScanEntry>>,
+) -> Result<bool, ClientError> {
+    for shard in 0..local.shard_count() {
+        let mut cursor = 0;
+        loop {
+            if context.stop.load(Ordering::Relaxed) || context.stale() {
+                return Ok(true);
+            }
+            let page = local.scan_shard(shard, cursor, PAGE_KEYS)?;
+            if pages.send(page.entries).is_err() {
+                return Ok(true);
+            }
+            match page.next {
+                Some(next) => cursor = next,
+                None => break,
+            }
+        }
+    }
+    Ok(false)
 }
 
 /// One page of keys under one view.
@@ -262,6 +329,103 @@ fn batches(entries: &[usize], size: impl Fn(usize) -> u64, limit: u64) -> Vec<Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
+    use strata_client::ScanPage;
+    use strata_cluster::{MemberState, TierSpace};
+
+    /// Keys and values in insertion order (the scan's cursor is the position).
+    type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
+    /// A node in memory that threads share.
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Pairs>>);
+
+    impl KeyStore for Shared {
+        fn shard_count(&self) -> usize {
+            1
+        }
+        fn scan_shard(&mut self, _: usize, cursor: u32, max_keys: u32) -> Result<ScanPage, ClientError> {
+            let keys = self.0.lock().unwrap();
+            let end = (cursor as usize + max_keys as usize).min(keys.len());
+            let entries = keys[cursor as usize..end]
+                .iter()
+                .map(|(key, value)| ScanEntry { key: key.clone(), value_len: value.len() as u32, tiers: 0 })
+                .collect();
+            Ok(ScanPage { entries, next: (end < keys.len()).then_some(end as u32) })
+        }
+        fn batch_exists(&mut self, keys: &[&[u8]]) -> Vec<Result<bool, ClientError>> {
+            let held = self.0.lock().unwrap();
+            keys.iter().map(|key| Ok(held.iter().any(|(k, _)| k == key))).collect()
+        }
+        fn batch_get(&mut self, keys: &[&[u8]]) -> Vec<Result<Vec<u8>, ClientError>> {
+            let held = self.0.lock().unwrap();
+            let find = |key: &[u8]| held.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+            keys.iter().map(|key| find(key).ok_or(ClientError::NotFound)).collect()
+        }
+        fn batch_put(&mut self, items: &[(&[u8], &[u8])]) -> Vec<Result<(), ClientError>> {
+            let mut held = self.0.lock().unwrap();
+            held.extend(items.iter().map(|(key, value)| (key.to_vec(), value.to_vec())));
+            items.iter().map(|_| Ok(())).collect()
+        }
+        fn batch_remove(&mut self, _: &[&[u8]]) -> Vec<Result<(), ClientError>> {
+            // Removals mark, not shift: the scan's cursors stay valid (as entry ids do in the index).
+            Vec::new()
+        }
+    }
+
+    struct Everyone(HashMap<String, Shared>);
+
+    impl Directory for Everyone {
+        type Store = Shared;
+        fn node(&mut self, member: &Member) -> Option<&mut Shared> {
+            self.0.get_mut(&member.id)
+        }
+        fn forget(&mut self, _: &Member) {}
+    }
+
+    fn member(id: &str) -> Member {
+        Member {
+            id: id.into(),
+            shards: vec!["127.0.0.1:1".parse().unwrap()],
+            zone: String::new(),
+            state: MemberState::Serving,
+            epoch: 1,
+            dram: TierSpace { capacity: 1 << 30, free: 1 << 30 },
+            nvme: TierSpace::default(),
+            keys: 0,
+        }
+    }
+
+    #[test]
+    fn a_parallel_drain_copies_every_key_to_its_replica_once() {
+        let view = View { epoch: 5, revision: 5, members: vec![member("a"), member("b")] };
+        let tier = Shared::default();
+        let values: Pairs =
+            (0..1000u32).map(|at| (format!("k{at}").into_bytes(), at.to_le_bytes().repeat(3))).collect();
+        tier.0.lock().unwrap().extend(values.iter().cloned());
+        let owners: HashMap<String, Shared> = ["a", "b"].iter().map(|id| (id.to_string(), Shared::default())).collect();
+        let stop = AtomicBool::new(false);
+        let context = PassContext {
+            view: &view,
+            me: "dead",
+            replicas: 1,
+            max_replicas: 1,
+            draining: true,
+            stop: &stop,
+            latest_epoch: &|| 5,
+        };
+        let workers = (0..4).map(|_| (tier.clone(), Everyone(owners.clone()), Throttle::new(u64::MAX))).collect();
+        let report = run_pass_parallel(&context, &mut tier.clone(), workers).expect("pass");
+        assert_eq!((report.scanned, report.copied, report.left), (1000, 1000, 0), "{report:?}");
+        let candidates = view.candidates();
+        for (key, value) in &values {
+            let owner = &view.members[placement::replicas(key, &candidates, 1)[0]].id;
+            let held = owners[owner].0.lock().unwrap();
+            let copies: Vec<_> = held.iter().filter(|(k, _)| k == key).collect();
+            assert_eq!(copies.len(), 1, "{} copied once, to its owner", String::from_utf8_lossy(key));
+            assert_eq!(&copies[0].1, value);
+        }
+    }
 
     #[test]
     fn batches_hold_their_bytes_and_a_large_entry_goes_alone() {

@@ -225,6 +225,7 @@ impl World {
                 ids.swap(at, self.rng.random_range(0..=at));
             }
             let mut changed = false;
+            let epoch = self.view.epoch;
             for id in ids {
                 let (handle, state) = self.nodes[&id].clone();
                 let context = PassContext {
@@ -234,7 +235,7 @@ impl World {
                     max_replicas: MAX_REPLICAS,
                     draining: state == MemberState::Draining,
                     stop: &stop,
-                    latest_epoch: &|| self.view.epoch,
+                    latest_epoch: &move || epoch,
                 };
                 let mut directory =
                     SimDirectory(self.nodes.iter().map(|(id, (handle, _))| (id.clone(), handle.clone())).collect());

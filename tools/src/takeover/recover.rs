@@ -13,7 +13,7 @@ use strata_engine::EngineConfig;
 use strata_engine::config::EventCpus;
 use strata_nvme::{DeviceSpec, HostOptions};
 
-use crate::rebalance::pass::{PassContext, PassReport, run_pass};
+use crate::rebalance::pass::{PassContext, PassReport, run_pass_parallel};
 use crate::rebalance::store::Nodes;
 use crate::rebalance::throttle::Throttle;
 
@@ -21,6 +21,9 @@ use crate::rebalance::throttle::Throttle;
 const DRAM_PER_SHARD: u64 = 16 << 20;
 /// Drain passes before the takeover gives up for now (and tries again later, the tier still held).
 const PASSES: usize = 5;
+/// Pages carried out at once: each page's read from the tier and its durable put on the owner wait on
+/// I/O, so several in flight keep both the tier's target and the owners busy.
+const WORKERS: usize = 4;
 
 /// What moving a tier's keys did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -56,7 +59,7 @@ pub struct Recovery<'a> {
 impl Recovery<'_> {
     /// Recovers `record`'s tier and moves every key to its owners under the view `view()` gives; `Err`
     /// when a key is left behind (the tier stays held, to be tried again).
-    pub fn run(&self, record: &TierRecord, view: &dyn Fn() -> View) -> anyhow::Result<Recovered> {
+    pub fn run(&self, record: &TierRecord, view: &(dyn Fn() -> View + Sync)) -> anyhow::Result<Recovered> {
         let started = Instant::now();
         let node = strata_engine::start(self.engine_config(record)?).context("recovering the tier's region log")?;
         let mut recovered = Recovered { recovery: started.elapsed(), ..Recovered::default() };
@@ -115,7 +118,7 @@ impl Recovery<'_> {
         &self,
         record: &TierRecord,
         view: &View,
-        latest: &dyn Fn() -> View,
+        latest: &(dyn Fn() -> View + Sync),
         local: std::net::SocketAddr,
     ) -> PassReport {
         let context = PassContext {
@@ -127,13 +130,20 @@ impl Recovery<'_> {
             stop: self.stop,
             latest_epoch: &|| latest().epoch,
         };
-        let mut throttle = Throttle::new(self.rate);
         let mut total = PassReport::default();
         for token in self.tokens {
             let options =
                 ClientOptions { token: token.clone(), timeout: Duration::from_secs(10), ..Default::default() };
-            let outcome = Client::connect(local, options.clone())
-                .and_then(|mut tier| run_pass(&context, &mut tier, &mut Nodes::new(options), &mut throttle));
+            let workers = (0..WORKERS)
+                .map(|_| {
+                    let throttle = Throttle::new(self.rate / WORKERS as u64);
+                    Client::connect(local, options.clone()).map(|tier| (tier, Nodes::new(options.clone()), throttle))
+                })
+                .collect::<Result<Vec<_>, _>>();
+            let outcome = workers.and_then(|workers| {
+                let mut scanner = Client::connect(local, options.clone())?;
+                run_pass_parallel(&context, &mut scanner, workers)
+            });
             match outcome {
                 Ok(report) => total.add(&report),
                 Err(error) => {
