@@ -7,6 +7,8 @@
 //! - **Fencing.** The node is stopped (SIGSTOP) past its lease and its tier taken over again; resumed, its
 //!   durable put fails (the target refuses it: reservation conflict) and it stops serving (exit code 3)
 //!   instead of registering again.
+//! - **Durably moved.** The survivor's own puts default to write-back, yet after its kill -9 and restart
+//!   every key the takeovers moved to it reads back: takeover copies are durable puts.
 
 mod common;
 
@@ -29,13 +31,14 @@ struct Node {
     output: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
 }
 
-fn start_node(id: &str, etcd: u16, target: u16, nsid: u32) -> Node {
+/// A node on namespace `nsid` whose puts default to `policy`.
+fn start_node(id: &str, policy: &str, etcd: u16, target: u16, nsid: u32) -> Node {
     let port = free_port();
     let (child, output, summary) = common::start_until_ready(|command| {
         command
             .args(["--listen", &format!("127.0.0.1:{port}"), "--metrics", "off"])
             .args(["--cores", "1", "--cpus", "0", "--dram", "8MiB", "--region-size", "1MiB"])
-            .args(["--write-policy", "durable"])
+            .args(["--write-policy", policy])
             .args(["--nvme", &format!("nvmf:trtype=tcp,traddr=127.0.0.1,trsvcid={target},subnqn={NQN},ns={nsid}")])
             .args(["--cluster", &format!("etcd://127.0.0.1:{etcd}"), "--cluster-name", CLUSTER])
             .args(["--node-id", id, "--lease-ttl", &format!("{TTL_SECONDS}s")])
@@ -128,8 +131,9 @@ fn a_survivor_takes_a_dead_nodes_tier_over_and_fences_it() {
         .expect("NVMe-oF target");
     let target_port = target.local_addr().port();
     let endpoint = format!("http://127.0.0.1:{}", etcd.client_port);
-    let _a = start_node("a", etcd.client_port, target_port, 1);
-    let mut b = start_node("b", etcd.client_port, target_port, 2);
+    // a's own puts default to write-back: what a takeover moves to it must be durable all the same.
+    let mut a = start_node("a", "write-back", etcd.client_port, target_port, 1);
+    let mut b = start_node("b", "durable", etcd.client_port, target_port, 2);
     let watch = MembersWatch::start(WatchConfig::new(vec![endpoint], CLUSTER)).expect("watch");
     wait_for_serving(&watch, &["a", "b"], Duration::from_secs(10));
     // A stopped node does not answer: reads give it up after a second, not the default ten.
@@ -170,7 +174,7 @@ fn a_survivor_takes_a_dead_nodes_tier_over_and_fences_it() {
     eprintln!("every durable key readable {took:?} after the kill (lease TTL {TTL_SECONDS} s)");
 
     // Restart on the released tier: b claims it (epoch 3) and erases it; it holds none of round 0.
-    let mut b = start_node("b", etcd.client_port, target_port, 2);
+    let mut b = start_node("b", "durable", etcd.client_port, target_port, 2);
     wait_for_serving(&watch, &["a", "b"], Duration::from_secs(10));
     let again = wait_for_record(etcd.client_port, "b", |r| r.state == TierState::Owned, Duration::from_secs(1));
     assert_eq!((again.owner.as_deref(), again.epoch), (Some("b"), 3));
@@ -200,6 +204,13 @@ fn a_survivor_takes_a_dead_nodes_tier_over_and_fences_it() {
     assert!(said.iter().any(|line| line.contains("fenced")), "{said:?}");
     wait_until_readable(&options, 1, 200, Duration::from_secs(1));
     wait_until_readable(&options, 0, 300, Duration::from_secs(1));
+
+    // kill -9 of a too: the keys the takeovers moved to it were stored durably, and come back with it.
+    a.process.kill();
+    let _a = start_node("a", "write-back", etcd.client_port, target_port, 1);
+    wait_for_serving(&watch, &["a"], Duration::from_secs(10));
+    wait_until_readable(&options, 0, 300, Duration::from_secs(5));
+    wait_until_readable(&options, 1, 200, Duration::from_secs(5));
     target.stop();
 }
 

@@ -243,6 +243,7 @@ impl Worker {
             draining,
             stop: &self.shared.stop,
             latest_epoch: &|| self.watch.view().epoch,
+            copy_policy: None,
         };
         let mut throttle = Throttle::new(rate);
         let mut total = PassReport::default();

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use strata_client::{ClientError, ScanEntry};
 use strata_cluster::{Member, View};
-use strata_proto::placement;
+use strata_proto::{WritePolicy, placement};
 
 use super::plan::{Decision, Removal, Role, decide, role, to_ask};
 use super::store::{Directory, KeyStore};
@@ -35,6 +35,9 @@ pub struct PassContext<'a> {
     /// ends: a removal decided under an old placement could drop a key its node owns again (a page that
     /// waited on a node that stopped answering can take seconds).
     pub latest_epoch: &'a (dyn Fn() -> i64 + Sync),
+    /// The write policy of the copies (none: each receiving node's default). A takeover copies durably:
+    /// every key it moves was on a tier's log, written through or durably.
+    pub copy_policy: Option<WritePolicy>,
 }
 
 impl PassContext<'_> {
@@ -287,7 +290,9 @@ impl Page<'_> {
                 };
                 let items: Vec<(&[u8], &[u8])> =
                     ats.iter().map(|&at| (keys[at], values[at].as_deref().unwrap_or_default())).collect();
-                for ((&at, item), result) in ats.iter().zip(&items).zip(client.batch_put(&items)) {
+                for ((&at, item), result) in
+                    ats.iter().zip(&items).zip(client.batch_put(&items, self.context.copy_policy))
+                {
                     match result {
                         Ok(()) | Err(ClientError::Exists) => {
                             held.insert(batch[at], true);
@@ -362,7 +367,7 @@ mod tests {
             let find = |key: &[u8]| held.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
             keys.iter().map(|key| find(key).ok_or(ClientError::NotFound)).collect()
         }
-        fn batch_put(&mut self, items: &[(&[u8], &[u8])]) -> Vec<Result<(), ClientError>> {
+        fn batch_put(&mut self, items: &[(&[u8], &[u8])], _: Option<WritePolicy>) -> Vec<Result<(), ClientError>> {
             let mut held = self.0.lock().unwrap();
             held.extend(items.iter().map(|(key, value)| (key.to_vec(), value.to_vec())));
             items.iter().map(|_| Ok(())).collect()
@@ -413,6 +418,7 @@ mod tests {
             draining: true,
             stop: &stop,
             latest_epoch: &|| 5,
+            copy_policy: None,
         };
         let workers = (0..4).map(|_| (tier.clone(), Everyone(owners.clone()), Throttle::new(u64::MAX))).collect();
         let report = run_pass_parallel(&context, &mut tier.clone(), workers).expect("pass");

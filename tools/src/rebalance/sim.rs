@@ -16,7 +16,7 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use strata_client::{ClientError, ScanEntry, ScanPage};
 use strata_cluster::{Member, MemberState, TierSpace, View};
-use strata_proto::placement;
+use strata_proto::{WritePolicy, placement};
 
 use super::pass::{PassContext, run_pass};
 use super::store::{Directory, KeyStore};
@@ -84,7 +84,7 @@ impl KeyStore for Handle {
             .collect()
     }
 
-    fn batch_put(&mut self, items: &[(&[u8], &[u8])]) -> Vec<Result<(), ClientError>> {
+    fn batch_put(&mut self, items: &[(&[u8], &[u8])], _: Option<WritePolicy>) -> Vec<Result<(), ClientError>> {
         let mut node = self.0.borrow_mut();
         if !node.alive {
             return down(items.len());
@@ -236,6 +236,7 @@ impl World {
                     draining: state == MemberState::Draining,
                     stop: &stop,
                     latest_epoch: &move || epoch,
+                    copy_policy: None,
                 };
                 let mut directory =
                     SimDirectory(self.nodes.iter().map(|(id, (handle, _))| (id.clone(), handle.clone())).collect());
@@ -363,6 +364,7 @@ fn a_pass_whose_view_is_no_longer_the_latest_removes_nothing() {
         draining: false,
         stop: &stop,
         latest_epoch: &|| latest,
+        copy_policy: None,
     };
     let mut directory =
         SimDirectory(world.nodes.iter().map(|(id, (handle, _))| (id.clone(), handle.clone())).collect());

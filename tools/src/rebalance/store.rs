@@ -4,8 +4,9 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
-use strata_client::{Client, ClientError, ClientOptions, ScanPage};
+use strata_client::{Client, ClientError, ClientOptions, PutOptions, ScanPage};
 use strata_cluster::Member;
+use strata_proto::WritePolicy;
 
 /// The calls a pass makes of one node.
 pub trait KeyStore {
@@ -17,8 +18,8 @@ pub trait KeyStore {
     fn batch_exists(&mut self, keys: &[&[u8]]) -> Vec<Result<bool, ClientError>>;
     /// Each key's value.
     fn batch_get(&mut self, keys: &[&[u8]]) -> Vec<Result<Vec<u8>, ClientError>>;
-    /// Stores each value unless its key is stored (`Exists`).
-    fn batch_put(&mut self, items: &[(&[u8], &[u8])]) -> Vec<Result<(), ClientError>>;
+    /// Stores each value unless its key is stored (`Exists`), with `policy` (none: the node's default).
+    fn batch_put(&mut self, items: &[(&[u8], &[u8])], policy: Option<WritePolicy>) -> Vec<Result<(), ClientError>>;
     /// Removes each key.
     fn batch_remove(&mut self, keys: &[&[u8]]) -> Vec<Result<(), ClientError>>;
 }
@@ -40,8 +41,8 @@ impl KeyStore for Client {
         Client::batch_get(self, keys)
     }
 
-    fn batch_put(&mut self, items: &[(&[u8], &[u8])]) -> Vec<Result<(), ClientError>> {
-        Client::batch_put(self, items)
+    fn batch_put(&mut self, items: &[(&[u8], &[u8])], policy: Option<WritePolicy>) -> Vec<Result<(), ClientError>> {
+        Client::batch_put_with(self, items, PutOptions { policy, ..PutOptions::default() })
     }
 
     fn batch_remove(&mut self, keys: &[&[u8]]) -> Vec<Result<(), ClientError>> {

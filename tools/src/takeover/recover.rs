@@ -12,6 +12,7 @@ use strata_cluster::{TierRecord, View};
 use strata_engine::EngineConfig;
 use strata_engine::config::EventCpus;
 use strata_nvme::{DeviceSpec, HostOptions};
+use strata_proto::WritePolicy;
 
 use crate::rebalance::pass::{PassContext, PassReport, run_pass_parallel};
 use crate::rebalance::store::Nodes;
@@ -129,6 +130,7 @@ impl Recovery<'_> {
             draining: true,
             stop: self.stop,
             latest_epoch: &|| latest().epoch,
+            copy_policy: Some(WritePolicy::Durable),
         };
         let mut total = PassReport::default();
         for token in self.tokens {
