@@ -5,11 +5,13 @@
 #   etcd-server: the real etcd the cluster tests start (tools/tests/nodes_register_in_etcd.rs).
 #   fio: the oracle of strata-bench's JSON contract (tools/tests/json_matches_fio_field_names.rs).
 #   tshark: the independent NVMe/TCP decoder (nvme/tests/tshark_decodes_every_pdu_we_send.rs).
+#   iproute2: `ip`, which builds the network namespaces of the partition test
+#     (tools/tests/cluster_takes_over_a_cut_off_nodes_tier.rs).
 # The Linux kernel NVMe/TCP guest (QEMU, busybox, nvme-cli, Debian's kernel) is installed and built by
 # tests/lab/kernel-nvmf prepare, from scripts/test.sh.
 set -euo pipefail
 
-debian_packages=(protobuf-compiler etcd-server fio tshark)
+debian_packages=(protobuf-compiler etcd-server fio tshark iproute2)
 
 # tshark asks whether non-root users may capture; answer before installing, so apt never waits.
 echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections 2>/dev/null || true

@@ -70,27 +70,10 @@ fn put_round(options: &ClusterOptions, round: usize, count: usize) {
     }
 }
 
-/// Waits (at most `limit`) until every key of `round` reads back from the cluster; a read never returns
-/// other bytes than the value put. Returns how long it took.
+/// Waits (at most `limit`) until every key of `round` reads back from the cluster, bit-exact.
 fn wait_until_readable(options: &ClusterOptions, round: usize, count: usize, limit: Duration) -> Duration {
-    let started = Instant::now();
     let keys: Vec<Vec<u8>> = (0..count).map(|index| key(round, index)).collect();
-    let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-    loop {
-        let mut client = Client::connect_cluster(options).expect("cluster client");
-        let mut missing = 0;
-        for (index, result) in client.batch_get(&refs).into_iter().enumerate() {
-            match result {
-                Ok(bytes) => assert!(bytes == value(round, index), "key {index} of round {round}: wrong bytes"),
-                Err(_) => missing += 1,
-            }
-        }
-        if missing == 0 {
-            return started.elapsed();
-        }
-        assert!(started.elapsed() < limit, "{missing} of {count} keys of round {round} still unreadable");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    common::wait_until_readable(options, &keys, |index| value(round, index), limit)
 }
 
 /// Waits (at most `limit`) until node `id`'s tier record satisfies `done`.

@@ -33,6 +33,8 @@ use recover::{Recovered, Recovery};
 const TICK: Duration = Duration::from_millis(250);
 /// How often the tier records are read when nothing changes.
 const RESCAN: Duration = Duration::from_secs(10);
+/// How long after a failed etcd call the records are read again.
+const ETCD_RETRY: Duration = Duration::from_secs(1);
 /// How long a tier's owner must have been out of this node's view before the tier is claimed: a starting
 /// node's entry (joining) is in etcd before its claim, so this only covers the members' watch lagging
 /// etcd (its watcher syncs every 100 ms).
@@ -110,10 +112,12 @@ impl Worker {
         let mut records: Option<TierRecords> = None;
         // (the epoch of the last read, when it ran, whether a tier still waits on something).
         let mut last: Option<(i64, Instant, bool)> = None;
+        // After etcd failed, not before: a node cut off from etcd tries once a second, not every tick.
+        let mut retry_at = Instant::now();
         while !self.stop.load(Ordering::SeqCst) {
             std::thread::sleep(TICK);
             let view = self.watch.view();
-            if !self.serving(&view) {
+            if !self.serving(&view) || Instant::now() < retry_at {
                 continue;
             }
             // The records are read when placement changed (a member left), while a tier waits, and every
@@ -126,6 +130,9 @@ impl Worker {
                 records = TierRecords::connect(&self.config.cluster.endpoints, &self.config.cluster.cluster, limit)
                     .inspect_err(|error| tracing::warn!(%error, "takeover: etcd unreachable"))
                     .ok();
+                if records.is_none() {
+                    retry_at = Instant::now() + ETCD_RETRY;
+                }
             }
             let Some(etcd) = records.as_mut() else { continue };
             match etcd.read() {
@@ -136,6 +143,7 @@ impl Worker {
                 Err(error) => {
                     tracing::warn!(%error, "takeover: reading the tier records failed");
                     records = None;
+                    retry_at = Instant::now() + ETCD_RETRY;
                 }
             }
         }

@@ -27,13 +27,21 @@ pub struct Etcd {
 
 impl Etcd {
     pub fn start(data: &Path, client_port: u16, peer_port: u16) -> Etcd {
+        Self::start_on(data, "127.0.0.1", client_port, peer_port)
+    }
+
+    /// etcd answering clients on loopback and on `address` too (an address of a network namespace the
+    /// test made, for nodes in other namespaces).
+    pub fn start_on(data: &Path, address: &str, client_port: u16, peer_port: u16) -> Etcd {
         assert!(Path::new(ETCD).exists(), "{ETCD} is missing: install Debian's etcd-server (scripts/test.sh does)");
-        let client = format!("http://127.0.0.1:{client_port}");
+        let client = format!("http://{address}:{client_port}");
+        let listen =
+            if address == "127.0.0.1" { client.clone() } else { format!("http://127.0.0.1:{client_port},{client}") };
         let peer = format!("http://127.0.0.1:{peer_port}");
         let child = Command::new(ETCD)
             .args(["--name", "default", "--data-dir"])
             .arg(data)
-            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-client-urls", &listen, "--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &format!("default={peer}")])
             .stdout(Stdio::null())

@@ -8,11 +8,28 @@ use std::time::{Duration, Instant};
 
 /// Starts `strata-node` with `configure`'s arguments and waits (60 s at most) for its "ready" line; returns
 /// the child, the rest of its stdout, and what it printed up to "ready".
+#[allow(dead_code)]
 pub fn start_until_ready(
     configure: impl FnOnce(&mut Command) -> &mut Command,
 ) -> (Child, Lines<BufReader<ChildStdout>>, String) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_strata-node"));
     configure(&mut command);
+    start_command_until_ready(command)
+}
+
+/// [`start_until_ready`] inside network namespace `netns` (`ip netns exec`, which runs the node itself).
+#[allow(dead_code)]
+pub fn start_in_netns_until_ready(
+    netns: &str,
+    configure: impl FnOnce(&mut Command) -> &mut Command,
+) -> (Child, Lines<BufReader<ChildStdout>>, String) {
+    let mut command = Command::new("ip");
+    command.args(["netns", "exec", netns, env!("CARGO_BIN_EXE_strata-node")]);
+    configure(&mut command);
+    start_command_until_ready(command)
+}
+
+fn start_command_until_ready(mut command: Command) -> (Child, Lines<BufReader<ChildStdout>>, String) {
     let mut child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -63,4 +80,32 @@ pub fn fresh_directory(name: &str) -> std::path::PathBuf {
     let _ = std::fs::remove_dir_all(&directory);
     std::fs::create_dir_all(&directory).expect("directory");
     directory
+}
+
+/// Waits (at most `limit`) until every one of `keys` reads back through a cluster client of `options`; a
+/// read never returns other bytes than `value(index)`. Returns how long it took.
+#[allow(dead_code)]
+pub fn wait_until_readable(
+    options: &strata_client::ClusterOptions,
+    keys: &[Vec<u8>],
+    value: impl Fn(usize) -> Vec<u8>,
+    limit: Duration,
+) -> Duration {
+    let started = Instant::now();
+    let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    loop {
+        let mut client = strata_client::Client::connect_cluster(options).expect("cluster client");
+        let mut missing = 0;
+        for (index, result) in client.batch_get(&refs).into_iter().enumerate() {
+            match result {
+                Ok(bytes) => assert!(bytes == value(index), "{}: wrong bytes", String::from_utf8_lossy(&keys[index])),
+                Err(_) => missing += 1,
+            }
+        }
+        if missing == 0 {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < limit, "{missing} of {} keys still unreadable", keys.len());
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
