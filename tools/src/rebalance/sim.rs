@@ -1,11 +1,15 @@
-//! The rebalancer's seeded simulation: nodes in memory, a membership that changes by kills, joins and
-//! drains, clients that put with two replicas under the current view, and every node's real pass code
+//! The rebalancer's seeded simulation: nodes in memory, a membership that changes by kills, joins, drains
+//! and partitions, clients that put with two replicas under the current view, and every node's real pass code
 //! (`pass.rs`, `plan.rs`) run after each change until the cluster settles. After each settle the
 //! cluster is checked against the model of what was acknowledged:
 //! - every copy of a key holds the bytes put (never another value);
 //! - no node holds a key it does not own (a moved key is migrated or given up, never kept stale);
 //! - a key held by one of its replicas is held by all of them (lost replicas are re-created);
 //! - with one change at a time, no acknowledged key is lost.
+//!
+//! A partitioned node keeps its keys and runs its passes under the view it had when it was cut off (its
+//! watch reaches no etcd), reaching no other node; the others see it leave (its lease expires). It then
+//! comes back with what it held. While it is cut off its copies are invisible, so the checks skip it.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -30,6 +34,8 @@ const MAX_REPLICAS: usize = 2;
 #[derive(Default)]
 struct SimNode {
     alive: bool,
+    /// Cut off: alive with its keys, but no other node reaches it.
+    partitioned: bool,
     next_id: u32,
     by_id: BTreeMap<u32, Vec<u8>>,
     keys: HashMap<Vec<u8>, (u32, Vec<u8>, bool)>,
@@ -122,13 +128,24 @@ impl SimNode {
     }
 }
 
-struct SimDirectory(HashMap<String, Handle>);
+/// The other nodes as one node reaches them: none at all from a partitioned node, and never a dead or
+/// partitioned one.
+struct SimDirectory {
+    nodes: HashMap<String, Handle>,
+    cut_off: bool,
+}
 
 impl Directory for SimDirectory {
     type Store = Handle;
 
     fn node(&mut self, member: &Member) -> Option<&mut Handle> {
-        self.0.get_mut(&member.id).filter(|handle| handle.0.borrow().alive)
+        if self.cut_off {
+            return None;
+        }
+        self.nodes.get_mut(&member.id).filter(|handle| {
+            let node = handle.0.borrow();
+            node.alive && !node.partitioned
+        })
     }
 
     fn forget(&mut self, _member: &Member) {}
@@ -143,6 +160,8 @@ struct World {
     model: BTreeMap<Vec<u8>, Vec<u8>>,
     next_node: usize,
     next_key: usize,
+    /// A partitioned node and the view it was cut off with.
+    cut_off: Option<(String, View)>,
 }
 
 impl World {
@@ -155,6 +174,7 @@ impl World {
             model: BTreeMap::new(),
             next_node: 0,
             next_key: 0,
+            cut_off: None,
         };
         for _ in 0..3 {
             world.join();
@@ -167,7 +187,10 @@ impl World {
         let members = self
             .nodes
             .iter()
-            .filter(|(_, (handle, _))| handle.0.borrow().alive)
+            .filter(|(_, (handle, _))| {
+                let node = handle.0.borrow();
+                node.alive && !node.partitioned
+            })
             .map(|(id, (_, state))| Member {
                 id: id.clone(),
                 shards: vec!["127.0.0.1:1".parse().expect("address")],
@@ -221,15 +244,19 @@ impl World {
         let stop = AtomicBool::new(false);
         for _round in 0..6 {
             let mut ids: Vec<String> = self.view.members.iter().map(|member| member.id.clone()).collect();
+            ids.extend(self.cut_off.as_ref().map(|(id, _)| id.clone()));
             for at in (1..ids.len()).rev() {
                 ids.swap(at, self.rng.random_range(0..=at));
             }
             let mut changed = false;
-            let epoch = self.view.epoch;
             for id in ids {
                 let (handle, state) = self.nodes[&id].clone();
+                // A partitioned node works under the view it was cut off with, which is its latest.
+                let cut_off = self.cut_off.as_ref().filter(|(cut, _)| *cut == id).map(|(_, view)| view);
+                let view = cut_off.unwrap_or(&self.view);
+                let epoch = view.epoch;
                 let context = PassContext {
-                    view: &self.view,
+                    view,
                     me: &id,
                     replicas: REPLICAS,
                     max_replicas: MAX_REPLICAS,
@@ -238,17 +265,34 @@ impl World {
                     latest_epoch: &move || epoch,
                     copy_policy: None,
                 };
-                let mut directory =
-                    SimDirectory(self.nodes.iter().map(|(id, (handle, _))| (id.clone(), handle.clone())).collect());
+                let nodes = self.nodes.iter().map(|(id, (handle, _))| (id.clone(), handle.clone())).collect();
+                let mut directory = SimDirectory { nodes, cut_off: cut_off.is_some() };
                 let report = run_pass(&context, &mut handle.clone(), &mut directory, &mut Throttle::new(u64::MAX))
                     .expect("a live node's pass");
-                changed |= report.copied > 0 || report.removed > 0;
+                // A partitioned node's passes change nothing the others see; they must not keep the cluster
+                // from settling.
+                changed |= cut_off.is_none() && (report.copied > 0 || report.removed > 0);
             }
             if !changed {
                 return;
             }
         }
         panic!("the cluster did not settle in 6 rounds");
+    }
+
+    /// Cuts `id` off: the others see its lease expire; it keeps its keys and its view.
+    fn partition(&mut self, id: &str) {
+        self.cut_off = Some((id.to_string(), self.view.clone()));
+        self.nodes[id].0.0.borrow_mut().partitioned = true;
+        self.publish();
+    }
+
+    /// The partitioned node comes back, with what it held.
+    fn heal(&mut self) {
+        if let Some((id, _)) = self.cut_off.take() {
+            self.nodes[&id].0.0.borrow_mut().partitioned = false;
+            self.publish();
+        }
     }
 
     fn kill(&mut self, id: &str) {
@@ -272,7 +316,7 @@ impl World {
             let holders: Vec<&String> = self
                 .nodes
                 .iter()
-                .filter(|(_, (handle, _))| handle.0.borrow().alive)
+                .filter(|(_, (handle, _))| handle.0.borrow().alive && !handle.0.borrow().partitioned)
                 .filter(|(_, (handle, _))| {
                     handle.0.borrow().keys.get(key).map(|(_, held, _)| {
                         assert_eq!(held, value, "step {step}: wrong bytes");
@@ -298,17 +342,25 @@ impl World {
 
     fn step(&mut self, step: usize) {
         let serving = self.serving_ids();
-        match self.rng.random_range(0..10) {
+        // One change at a time: while a node is cut off, none dies or drains (two losses could take both
+        // replicas of a key).
+        let whole = self.cut_off.is_none();
+        match self.rng.random_range(0..12) {
             0..=3 => self.put_keys(20),
-            4 | 5 if serving.len() > 2 => {
+            4 | 5 if serving.len() > 2 && whole => {
                 let victim = serving[self.rng.random_range(0..serving.len())].clone();
                 self.kill(&victim);
             }
             6 | 7 if serving.len() < 6 => self.join(),
-            8 if serving.len() > 2 => {
+            8 if serving.len() > 2 && whole => {
                 let leaving = serving[self.rng.random_range(0..serving.len())].clone();
                 self.drain(&leaving);
             }
+            9 if serving.len() > 2 && whole => {
+                let cut = serving[self.rng.random_range(0..serving.len())].clone();
+                self.partition(&cut);
+            }
+            10 => self.heal(),
             _ => {
                 // Some keys go cold (evicted from DRAM): a move now gives them up.
                 for (handle, _) in self.nodes.values() {
@@ -366,8 +418,8 @@ fn a_pass_whose_view_is_no_longer_the_latest_removes_nothing() {
         latest_epoch: &|| latest,
         copy_policy: None,
     };
-    let mut directory =
-        SimDirectory(world.nodes.iter().map(|(id, (handle, _))| (id.clone(), handle.clone())).collect());
+    let nodes = world.nodes.iter().map(|(id, (handle, _))| (id.clone(), handle.clone())).collect();
+    let mut directory = SimDirectory { nodes, cut_off: false };
     let report = run_pass(&context, &mut handle.clone(), &mut directory, &mut Throttle::new(u64::MAX)).expect("pass");
     // Under the old view n0 would give up its cold keys that n3 owned; n3 is gone, so n0 owns them again.
     assert_eq!(report.removed, 0, "{report:?}");
