@@ -246,7 +246,21 @@ fn keys_land_on_their_replicas_and_survive_a_kill() {
     for &index in &stored {
         match client.get(&key(index)) {
             Ok(got) => assert_eq!(got, value(index), "key {index}"),
-            Err(ClientError::NotFound) => panic!("acknowledged key {index} is lost"),
+            Err(ClientError::NotFound) => {
+                // Where it should be and where it is, so that a failure says which step lost it.
+                let held_by = |port: u16| {
+                    let mut direct = Client::connect(("127.0.0.1", port), ClientOptions::default()).expect("direct");
+                    direct.exists(&key(index)).map_err(|error| error.to_string())
+                };
+                panic!(
+                    "acknowledged key {index} is lost: replicas {:?} among three nodes, {:?} among two; \
+                     a holds it: {:?}, c holds it: {:?}",
+                    replica_ids(&view, &key(index), 2),
+                    replica_ids(&two_nodes, &key(index), 2),
+                    held_by(ports[0]),
+                    held_by(ports[2]),
+                )
+            }
             Err(error) => panic!("key {index}: {error}"),
         }
     }
