@@ -71,7 +71,7 @@ fn entry_rewrites_reach_the_view_through_watch_events() {
     let rewrites = last.revision - first.revision;
     assert!(rewrites >= 8, "the entry was rewritten {rewrites} times in 4 s under a 1 s lease");
     assert_eq!(last.epoch, first.epoch, "a free-space refresh moves no placement");
-    // The node's own two watches re-read every 2 s (about 4 reads in these 4 s); the test's watch never does.
+    // The node's own watch re-reads every 2 s (about 2 reads in these 4 s); the test's watch never does.
     assert!(
         ranges_during < rewrites as u64,
         "{ranges_during} range reads for {rewrites} rewrites: the watches re-read per event"

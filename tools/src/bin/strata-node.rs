@@ -1,6 +1,8 @@
 //! `strata-node`: a Strata storage node. With no arguments it runs the embedded default: 1 GiB of DRAM
 //! and a 4 GiB file-backed NVMe tier under ./strata-data, on 127.0.0.1:7600, metrics on 127.0.0.1:9600.
 
+use std::sync::Arc;
+
 use clap::Parser;
 use strata_cluster::{ClusterConfig, Registration};
 use strata_engine::EngineConfig;
@@ -9,7 +11,7 @@ use strata_engine::reports::Reports;
 use strata_tools::kv_events::KvEventsPublisher;
 use strata_tools::logging::say;
 use strata_tools::node::{NodeSettings, block_stop_signals, wait_for_stop_signal_within};
-use strata_tools::rebalance::{RebalanceConfig, Rebalancer, Subject};
+use strata_tools::rebalance::{Rebalancer, Subject};
 use strata_tools::takeover::own::{claim_own_tier, remote_namespaces};
 use strata_tools::takeover::{TakeoverConfig, Takeovers};
 
@@ -55,17 +57,22 @@ fn main() -> anyhow::Result<()> {
     if let Some(publisher) = &publisher {
         say(format_args!("  kv events (vLLM KVEventBatch) on {}", publisher.endpoint()));
     }
-    // The ownership feed first: the node answers MOVED under the membership it has seen, not before.
+    // The ownership feed first: the node answers MOVED under the membership it has seen, not before. Its
+    // watch is the node's one members' watch: the rebalancer and the takeovers follow it too.
     let ownership_feed = match (&cluster, ownership) {
-        (Some(config), Some(ownership)) => Some(strata_cluster::feed_ownership(config, ownership)?),
+        (Some(config), Some(ownership)) => Some(Arc::new(strata_cluster::feed_ownership(config, ownership)?)),
         _ => None,
     };
-    let rebalancer = match &cluster {
-        Some(config) => Some(start_rebalancer(rebalance.clone(), config, &node, tokens.clone(), reports.clone())?),
-        None => None,
-    };
-    let takeovers = match &cluster {
-        Some(config) => {
+    let (rebalancer, takeovers) = match (&cluster, &ownership_feed) {
+        (Some(config), Some(members)) => {
+            let subject = Subject {
+                cluster: config.clone(),
+                local: node.summary().listen,
+                tokens: tokens.clone(),
+                reports: reports.clone(),
+                members: Arc::clone(members),
+            };
+            let rebalancer = Rebalancer::start(rebalance.clone(), subject)?;
             let takeover = TakeoverConfig {
                 cluster: config.clone(),
                 template,
@@ -74,9 +81,9 @@ fn main() -> anyhow::Result<()> {
                 tokens,
                 reports: reports.clone(),
             };
-            Some(Takeovers::start(takeover)?)
+            (Some(rebalancer), Some(Takeovers::start(takeover, Arc::clone(members))?))
         }
-        None => None,
+        _ => (None, None),
     };
     if let Some(registration) = &registration {
         registration.serve(node.metrics.clone());
@@ -148,19 +155,6 @@ fn drain(registration: &Registration, rebalancer: &Rebalancer) {
         )),
         None => say(format_args!("strata-node: drain did not end within {DRAIN_LIMIT:?}; stopping anyway")),
     }
-}
-
-/// Starts the node's rebalancer (repair, migration, drain), a client of its first shard.
-fn start_rebalancer(
-    config: RebalanceConfig,
-    cluster: &ClusterConfig,
-    node: &Node,
-    tokens: Vec<Option<Vec<u8>>>,
-    reports: Reports,
-) -> anyhow::Result<Rebalancer> {
-    let listen = node.summary().listen;
-    let subject = Subject { cluster: cluster.clone(), local: listen, tokens, reports };
-    Rebalancer::start(config, subject)
 }
 
 /// Starts the node: in a cluster, it registers first (as joining, so no survivor takes its tier over while

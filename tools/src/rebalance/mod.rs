@@ -21,7 +21,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use strata_client::{Client, ClientOptions};
-use strata_cluster::{ClusterConfig, MemberState, MembersWatch, View, WatchConfig};
+use strata_cluster::{ClusterConfig, MemberState, MembersWatch, View};
 use strata_engine::reports::{Report, Reports};
 
 pub use pass::PassReport;
@@ -85,16 +85,13 @@ pub struct Subject {
     pub tokens: Vec<Option<Vec<u8>>>,
     /// Where it reports (`/metrics`).
     pub reports: Reports,
+    /// The node's members' watch (the one that feeds its ownership), shared.
+    pub members: Arc<MembersWatch>,
 }
 
 impl Rebalancer {
-    /// Starts the thread and its members' watch.
+    /// Starts the thread.
     pub fn start(config: RebalanceConfig, subject: Subject) -> anyhow::Result<Rebalancer> {
-        let watch_config = WatchConfig {
-            timeout: subject.cluster.lease_ttl,
-            ..WatchConfig::new(subject.cluster.endpoints.clone(), &subject.cluster.cluster)
-        };
-        let watch = MembersWatch::spawn(watch_config, None)?;
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             drain: AtomicBool::new(false),
@@ -108,7 +105,7 @@ impl Rebalancer {
         let running = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("strata-rebalance".into())
-            .spawn(move || Worker { config, subject, watch, shared: running }.run())?;
+            .spawn(move || Worker { config, subject, shared: running }.run())?;
         Ok(Rebalancer { shared, thread: Some(thread) })
     }
 
@@ -167,7 +164,6 @@ impl Shared {
 struct Worker {
     config: RebalanceConfig,
     subject: Subject,
-    watch: MembersWatch,
     shared: Arc<Shared>,
 }
 
@@ -178,7 +174,7 @@ impl Worker {
         let mut done = 0i64;
         while !self.shared.stop.load(Ordering::SeqCst) {
             std::thread::sleep(TICK);
-            let view = self.watch.view();
+            let view = self.subject.members.view();
             let state = view.members.iter().find(|member| member.id == self.subject.cluster.node_id).map(|m| m.state);
             if self.shared.drain.load(Ordering::SeqCst) {
                 if state != Some(MemberState::Serving) {
@@ -215,7 +211,7 @@ impl Worker {
             if self.shared.stop.load(Ordering::SeqCst) {
                 break;
             }
-            let view = self.watch.view();
+            let view = self.subject.members.view();
             let rate = if self.config.rate == 0 { 256 << 20 } else { self.config.rate };
             let report = self.pass(&view, true, rate);
             self.shared.add(report);
@@ -242,7 +238,7 @@ impl Worker {
             max_replicas: self.subject.cluster.max_replicas,
             draining,
             stop: &self.shared.stop,
-            latest_epoch: &|| self.watch.view().epoch,
+            latest_epoch: &|| self.subject.members.view().epoch,
             copy_policy: None,
         };
         let mut throttle = Throttle::new(rate);

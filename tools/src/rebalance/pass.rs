@@ -336,7 +336,9 @@ mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
     use strata_client::ScanPage;
-    use strata_cluster::{MemberState, TierSpace};
+    use strata_cluster::MemberState;
+
+    use crate::rebalance::sim::member;
 
     /// Keys and values in insertion order (the scan's cursor is the position).
     type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
@@ -388,22 +390,10 @@ mod tests {
         fn forget(&mut self, _: &Member) {}
     }
 
-    fn member(id: &str) -> Member {
-        Member {
-            id: id.into(),
-            shards: vec!["127.0.0.1:1".parse().unwrap()],
-            zone: String::new(),
-            state: MemberState::Serving,
-            epoch: 1,
-            dram: TierSpace { capacity: 1 << 30, free: 1 << 30 },
-            nvme: TierSpace::default(),
-            keys: 0,
-        }
-    }
-
     #[test]
     fn a_parallel_drain_copies_every_key_to_its_replica_once() {
-        let view = View { epoch: 5, revision: 5, members: vec![member("a"), member("b")] };
+        let members = vec![member("a", MemberState::Serving), member("b", MemberState::Serving)];
+        let view = View { epoch: 5, revision: 5, members };
         let tier = Shared::default();
         let values: Pairs =
             (0..1000u32).map(|at| (format!("k{at}").into_bytes(), at.to_le_bytes().repeat(3))).collect();

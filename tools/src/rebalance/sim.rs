@@ -128,6 +128,20 @@ impl SimNode {
     }
 }
 
+/// A member of equal weight in no zone, in `state` (the simulation's nodes are never dialled).
+pub(super) fn member(id: &str, state: MemberState) -> Member {
+    Member {
+        id: id.to_string(),
+        shards: vec!["127.0.0.1:1".parse().expect("address")],
+        zone: String::new(),
+        state,
+        epoch: 1,
+        dram: TierSpace { capacity: 1 << 30, free: 1 << 30 },
+        nvme: TierSpace::default(),
+        keys: 0,
+    }
+}
+
 /// The other nodes as one node reaches them: none at all from a partitioned node, and never a dead or
 /// partitioned one.
 struct SimDirectory {
@@ -191,16 +205,7 @@ impl World {
                 let node = handle.0.borrow();
                 node.alive && !node.partitioned
             })
-            .map(|(id, (_, state))| Member {
-                id: id.clone(),
-                shards: vec!["127.0.0.1:1".parse().expect("address")],
-                zone: String::new(),
-                state: *state,
-                epoch: 1,
-                dram: TierSpace { capacity: 1 << 30, free: 1 << 30 },
-                nvme: TierSpace::default(),
-                keys: 0,
-            })
+            .map(|(id, (_, state))| member(id, *state))
             .collect();
         self.view = View::next(&self.view, self.revision, members);
     }

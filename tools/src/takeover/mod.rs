@@ -19,9 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use strata_cluster::{
-    Claim, ClusterConfig, MemberState, MembersWatch, TierRecord, TierRecords, TierState, View, WatchConfig,
-};
+use strata_cluster::{Claim, ClusterConfig, MemberState, MembersWatch, TierRecord, TierRecords, TierState, View};
 use strata_engine::EngineConfig;
 use strata_engine::reports::{Report, Reports};
 use strata_nvme::{DeviceSpec, NvmfAddress};
@@ -63,13 +61,8 @@ pub struct Takeovers {
 }
 
 impl Takeovers {
-    /// Starts the thread and its members' watch.
-    pub fn start(config: TakeoverConfig) -> anyhow::Result<Takeovers> {
-        let watch_config = WatchConfig {
-            timeout: config.cluster.lease_ttl,
-            ..WatchConfig::new(config.cluster.endpoints.clone(), &config.cluster.cluster)
-        };
-        let watch = MembersWatch::spawn(watch_config, None)?;
+    /// Starts the thread, following the node's members' watch `watch` (the one that feeds its ownership).
+    pub fn start(config: TakeoverConfig, watch: Arc<MembersWatch>) -> anyhow::Result<Takeovers> {
         let stop = Arc::new(AtomicBool::new(false));
         let worker =
             Worker { config, watch, stop: Arc::clone(&stop), absent: HashMap::new(), totals: Totals::default() };
@@ -99,7 +92,7 @@ struct Totals {
 
 struct Worker {
     config: TakeoverConfig,
-    watch: MembersWatch,
+    watch: Arc<MembersWatch>,
     stop: Arc<AtomicBool>,
     /// Tier owner → (the record's revision, since when this node has seen the owner out of the members).
     absent: HashMap<String, (i64, Instant)>,
@@ -259,7 +252,7 @@ impl Worker {
             stop: &self.stop,
         };
         // The reservation stays held after the release: releasing it would let the fenced node write again.
-        recovery.run(&claim.record, &|| (*self.watch.view()).clone())
+        recovery.run(&claim.record, &addresses, &|| (*self.watch.view()).clone())
     }
 
     fn report(&self) {

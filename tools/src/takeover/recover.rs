@@ -11,7 +11,7 @@ use strata_client::{Client, ClientOptions};
 use strata_cluster::{TierRecord, View};
 use strata_engine::EngineConfig;
 use strata_engine::config::EventCpus;
-use strata_nvme::{DeviceSpec, HostOptions};
+use strata_nvme::{DeviceSpec, HostOptions, NvmfAddress};
 use strata_proto::WritePolicy;
 
 use crate::rebalance::pass::{PassContext, PassReport, run_pass_parallel};
@@ -58,11 +58,18 @@ pub struct Recovery<'a> {
 }
 
 impl Recovery<'_> {
-    /// Recovers `record`'s tier and moves every key to its owners under the view `view()` gives; `Err`
-    /// when a key is left behind (the tier stays held, to be tried again).
-    pub fn run(&self, record: &TierRecord, view: &(dyn Fn() -> View + Sync)) -> anyhow::Result<Recovered> {
+    /// Recovers `record`'s tier, on `namespaces` (its specs, parsed), and moves every key to its owners
+    /// under the view `view()` gives; `Err` when a key is left behind (the tier stays held, to be tried
+    /// again).
+    pub fn run(
+        &self,
+        record: &TierRecord,
+        namespaces: &[NvmfAddress],
+        view: &(dyn Fn() -> View + Sync),
+    ) -> anyhow::Result<Recovered> {
         let started = Instant::now();
-        let node = strata_engine::start(self.engine_config(record)?).context("recovering the tier's region log")?;
+        let config = self.engine_config(record, namespaces)?;
+        let node = strata_engine::start(config).context("recovering the tier's region log")?;
         let mut recovered = Recovered { recovery: started.elapsed(), ..Recovered::default() };
         for report in &node.summary().recovery {
             recovered.records += report.records;
@@ -89,12 +96,8 @@ impl Recovery<'_> {
 
     /// The engine over the dead node's tier: as many shards as it was formatted for, on this node's first
     /// CPU, loopback only (only this node's passes talk to it), no metrics.
-    fn engine_config(&self, record: &TierRecord) -> anyhow::Result<EngineConfig> {
-        let nvme = record
-            .namespaces
-            .iter()
-            .map(|spec| DeviceSpec::parse(spec, |_| None).map_err(|error| anyhow!("{spec}: {error}")))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+    fn engine_config(&self, record: &TierRecord, namespaces: &[NvmfAddress]) -> anyhow::Result<EngineConfig> {
+        let nvme = namespaces.iter().cloned().map(DeviceSpec::Nvmf).collect();
         let cpu = self.template.cpus.first().copied().unwrap_or(0);
         let shards = record.shards.max(1) as usize;
         Ok(EngineConfig {
