@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use strata_proto::{
     FRAME_HEADER_BYTES, FrameHeader, HELLO_REPLY_BYTES, HelloReply, HelloRequest, ITEM_LINKS, ITEM_PROGRESSIVE,
-    ITEM_WAIT, Limits, Links, MAX_ITEM_WAIT_MS, Opcode, PART_HEADER_BYTES, PutOptions, REQUEST_ITEM_BYTES,
-    RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, Status, encode_part_header, shard_of,
+    ITEM_WAIT, ITEM_WITH_VERSION, Limits, Links, MAX_ITEM_WAIT_MS, Opcode, PART_HEADER_BYTES, PutOptions,
+    REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, Status, VERSION_BYTES, Version,
+    encode_part_header, shard_of,
 };
 
 use crate::error::ClientError;
@@ -196,6 +197,9 @@ impl ShardConnection {
     }
 }
 
+/// A value read with the version it was upserted with (none: never upserted with one).
+pub type VersionedValue = (Vec<u8>, Option<Version>);
+
 /// One key of a batch.
 pub(crate) struct Item<'a> {
     pub(crate) key: &'a [u8],
@@ -207,6 +211,8 @@ pub(crate) struct Item<'a> {
     links: Links<'a>,
     /// get / get_range: how long the node waits for a key not stored yet, ms (0: not at all).
     wait_ms: u32,
+    /// get: the reply's data begins with the object's version ([`strata_proto::ITEM_WITH_VERSION`]).
+    with_version: bool,
 }
 
 impl Item<'_> {
@@ -503,7 +509,10 @@ impl Client {
         if key.is_empty() || key.len() > limits.max_key_bytes as usize || !links.fits(limits.max_key_bytes) {
             return Err(ClientError::TooLarge(format!("key or name of 1..={} bytes expected", limits.max_key_bytes)));
         }
-        let body_len = (REQUEST_ITEM_BYTES + key.len() + links.encoded_len()) as u64
+        let options = self.versioned(options);
+        let version = options.version.map(|version| version.encode());
+        let body_len = (REQUEST_ITEM_BYTES + key.len() + version.map_or(0, |version| version.len())) as u64
+            + links.encoded_len() as u64
             + value_len
             + (part_lens.len() * PART_HEADER_BYTES) as u64;
         if value_len > limits.max_value_bytes || body_len > limits.max_put_body_bytes {
@@ -530,6 +539,9 @@ impl Client {
             .encode_into(&mut connection.output);
         let io = |error: std::io::Error| ClientError::from_io(&error);
         connection.send(key).map_err(io)?;
+        if let Some(version) = &version {
+            connection.output.extend_from_slice(version);
+        }
         links.encode_into(&mut connection.output);
         connection.flush().map_err(io)?;
         Ok(ProgressivePut { connection, request_id, part_lens: part_lens.to_vec(), sent: 0 })
@@ -582,7 +594,7 @@ impl Client {
     ) -> Result<usize, ClientError> {
         let len = u32::try_from(buffer.len()).map_err(|_| ClientError::TooLarge("range over 4 GiB".into()))?;
         let wait_ms = self.wait_millis(wait)?;
-        let items = [Item { key, value: &[], range: (offset, len), links: Links::NONE, wait_ms }];
+        let items = [Item { key, value: &[], range: (offset, len), links: Links::NONE, wait_ms, with_version: false }];
         let mut buffers = [buffer];
         let replies = self.run(Opcode::GetRange, &items, PutOptions::default(), Sink::Buffers(&mut buffers));
         one(replies).map(|reply| reply.data_len as usize)
@@ -608,7 +620,7 @@ impl Client {
     /// [`get_range_into_waiting`](Self::get_range_into_waiting) does (a progressive put: until it ends).
     pub fn get_into_waiting(&mut self, key: &[u8], buffer: &mut [u8], wait: Duration) -> Result<usize, ClientError> {
         let wait_ms = self.wait_millis(wait)?;
-        let items = [Item { key, value: &[], range: (0, 0), links: Links::NONE, wait_ms }];
+        let items = [Item { key, value: &[], range: (0, 0), links: Links::NONE, wait_ms, with_version: false }];
         let mut buffers = [buffer];
         let replies = self.run(Opcode::Get, &items, PutOptions::default(), Sink::Buffers(&mut buffers));
         one(replies).map(|reply| reply.data_len as usize)
@@ -643,7 +655,14 @@ impl Client {
         }
         let items: Vec<Item<'_>> = ranges
             .iter()
-            .map(|&(key, offset, len)| Item { key, value: &[], range: (offset, len), links: Links::NONE, wait_ms })
+            .map(|&(key, offset, len)| Item {
+                key,
+                value: &[],
+                range: (offset, len),
+                links: Links::NONE,
+                wait_ms,
+                with_version: false,
+            })
             .collect();
         let mut buffers: Vec<&mut [u8]> = Vec::with_capacity(ranges.len());
         let mut rest = destination;
@@ -687,7 +706,7 @@ impl Client {
 
     /// The length of `key`'s value.
     pub fn get_size(&mut self, key: &[u8]) -> Result<u64, ClientError> {
-        let items = [Item { key, value: &[], range: (0, 0), links: Links::NONE, wait_ms: 0 }];
+        let items = [Item { key, value: &[], range: (0, 0), links: Links::NONE, wait_ms: 0, with_version: false }];
         one(self.run(Opcode::Exists, &items, PutOptions::default(), Sink::None))
             .map(|reply| u64::from(reply.object_len))
     }
@@ -732,6 +751,7 @@ impl Client {
                 range: (0, 0),
                 links: Links::NONE,
                 wait_ms: 0,
+                with_version: false,
             })
             .collect();
         self.run(Opcode::Put, &items, options, Sink::None)
@@ -748,7 +768,14 @@ impl Client {
     ) -> Vec<Result<(), ClientError>> {
         let items: Vec<Item<'_>> = items
             .iter()
-            .map(|(key, parts)| Item { key, value: parts, range: (0, 0), links: Links::NONE, wait_ms: 0 })
+            .map(|(key, parts)| Item {
+                key,
+                value: parts,
+                range: (0, 0),
+                links: Links::NONE,
+                wait_ms: 0,
+                with_version: false,
+            })
             .collect();
         self.run(Opcode::Put, &items, options, Sink::None).into_iter().map(|result| result.map(|_| ())).collect()
     }
@@ -758,7 +785,14 @@ impl Client {
     pub fn batch_put_blocks(&mut self, blocks: &[BlockPut<'_>], options: PutOptions) -> Vec<Result<(), ClientError>> {
         let items: Vec<Item<'_>> = blocks
             .iter()
-            .map(|block| Item { key: block.key, value: block.parts, range: (0, 0), links: block.links, wait_ms: 0 })
+            .map(|block| Item {
+                key: block.key,
+                value: block.parts,
+                range: (0, 0),
+                links: block.links,
+                wait_ms: 0,
+                with_version: false,
+            })
             .collect();
         self.run(Opcode::Put, &items, options, Sink::None).into_iter().map(|result| result.map(|_| ())).collect()
     }
@@ -788,7 +822,14 @@ impl Client {
         let mut items = Vec::with_capacity(chains.iter().map(|chain| chain.len()).sum());
         for (chain_index, chain) in chains.iter().enumerate() {
             for key in chain.iter() {
-                items.push(Item { key, value: &[], range: (chain_index as u32, 0), links: Links::NONE, wait_ms: 0 });
+                items.push(Item {
+                    key,
+                    value: &[],
+                    range: (chain_index as u32, 0),
+                    links: Links::NONE,
+                    wait_ms: 0,
+                    with_version: false,
+                });
             }
         }
         let replies = self.run(Opcode::PrefixMatch, &items, PutOptions::default(), Sink::None);
@@ -825,6 +866,26 @@ impl Client {
             .into_iter()
             .zip(vectors)
             .map(|(reply, vector)| reply.and_then(|_| vector.ok_or_else(|| ClientError::Protocol("no data".into()))))
+            .collect()
+    }
+
+    /// Reads every key with the version it was upserted with (none: never upserted with one); a result per
+    /// key. What a copy of a key to another node sends, so that the copy replaces only older versions.
+    pub fn batch_get_versioned(&mut self, keys: &[&[u8]]) -> Vec<Result<VersionedValue, ClientError>> {
+        let items: Vec<Item<'_>> =
+            key_items(keys).into_iter().map(|item| Item { with_version: true, ..item }).collect();
+        let mut vectors: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
+        let replies = self.run(Opcode::Get, &items, PutOptions::default(), Sink::Vectors(&mut vectors));
+        replies
+            .into_iter()
+            .zip(vectors)
+            .map(|(reply, vector)| {
+                let mut bytes = reply.and_then(|_| vector.ok_or_else(|| ClientError::Protocol("no data".into())))?;
+                let version = Version::decode(&bytes)
+                    .ok_or_else(|| ClientError::Protocol("a versioned read shorter than its version".into()))?;
+                bytes.drain(..VERSION_BYTES);
+                Ok((bytes, (version != Version::default()).then_some(version)))
+            })
             .collect()
     }
 
@@ -879,7 +940,8 @@ impl Client {
     }
 
     fn broadcast_removal(&mut self, pattern: &[u8], flags: u32) -> Result<u64, ClientError> {
-        let items = [Item { key: pattern, value: &[], range: (flags, 0), links: Links::NONE, wait_ms: 0 }];
+        let items =
+            [Item { key: pattern, value: &[], range: (flags, 0), links: Links::NONE, wait_ms: 0, with_version: false }];
         self.sync_membership();
         let shards = self.peers.len();
         let one_send = [(0, 0)];
@@ -1163,7 +1225,9 @@ impl Client {
 }
 
 fn key_items<'a>(keys: &[&'a [u8]]) -> Vec<Item<'a>> {
-    keys.iter().map(|key| Item { key, value: &[], range: (0, 0), links: Links::NONE, wait_ms: 0 }).collect()
+    keys.iter()
+        .map(|key| Item { key, value: &[], range: (0, 0), links: Links::NONE, wait_ms: 0, with_version: false })
+        .collect()
 }
 
 fn one<T>(mut results: Vec<Result<T, ClientError>>) -> Result<T, ClientError> {
@@ -1180,12 +1244,18 @@ fn send_frame(
     (sends, indices): (&[(usize, usize)], &[usize]),
     options: PutOptions,
 ) -> std::io::Result<()> {
+    let version = options.version.map(|version| version.encode());
+    let version_len = version.map_or(0, |version| version.len());
     let body_len: u64 = indices
         .iter()
         .map(|&send| {
             let item = &items[sends[send].0];
             (REQUEST_ITEM_BYTES + item.key.len()) as u64
-                + if opcode == Opcode::Put { (item.links.encoded_len() + item.value_len()) as u64 } else { 0 }
+                + if opcode == Opcode::Put {
+                    (version_len + item.links.encoded_len() + item.value_len()) as u64
+                } else {
+                    0
+                }
         })
         .sum();
     let mut head = Vec::with_capacity(FRAME_HEADER_BYTES);
@@ -1212,7 +1282,8 @@ fn send_frame(
             },
             Opcode::Get => RequestItemHeader {
                 key_len: item.key.len() as u16,
-                flags: if item.wait_ms == 0 { 0 } else { ITEM_WAIT },
+                flags: if item.wait_ms == 0 { 0 } else { ITEM_WAIT }
+                    | if item.with_version { ITEM_WITH_VERSION } else { 0 },
                 value_crc: item.wait_ms,
                 ..Default::default()
             },
@@ -1228,6 +1299,9 @@ fn send_frame(
         header.encode_into(&mut connection.output);
         connection.send(item.key)?;
         if opcode == Opcode::Put {
+            if let Some(version) = &version {
+                connection.output.extend_from_slice(version);
+            }
             item.links.encode_into(&mut connection.output);
             for part in item.value {
                 connection.send(part)?;

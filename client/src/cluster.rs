@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use strata_cluster::{MembersWatch, WatchConfig, etcd_endpoints};
 use strata_proto::placement::{self, Candidate};
-use strata_proto::{Opcode, PutOptions, shard_of};
+use strata_proto::{Opcode, PutOptions, VersionClock, shard_of};
 
 use crate::client::{Client, ClientOptions, Item, ItemReply, Peer, ShardConnection, Sink};
 use crate::error::ClientError;
@@ -72,6 +72,8 @@ pub(crate) struct Routing {
     replicas: u8,
     min_replicas: u8,
     down_for: Duration,
+    /// Where this client's upserts get their versions.
+    versions: VersionClock,
 }
 
 impl Routing {
@@ -135,6 +137,7 @@ impl Client {
             replicas: options.replicas.max(1),
             min_replicas: options.min_replicas.max(1),
             down_for: options.down_for,
+            versions: VersionClock::new(random_writer_id()),
         };
         let mut client = Client {
             options: options.client.clone(),
@@ -195,6 +198,18 @@ impl Client {
         self.frame_epoch = u64::try_from(view.epoch).unwrap_or(0);
     }
 
+    /// `options` with a version if they are an upsert of a cluster client that gave none: replicas keep the
+    /// newest version whatever order two writers' upserts reach them in (see `strata_proto::Version`).
+    pub(crate) fn versioned(&self, mut options: PutOptions) -> PutOptions {
+        if let Some(routing) = self.cluster.as_deref()
+            && options.upsert
+            && options.version.is_none()
+        {
+            options.version = Some(routing.versions.next(u64::try_from(routing.epoch).unwrap_or(0)));
+        }
+        options
+    }
+
     /// The peer a key's single-connection operations (progressive puts) go to: its shard, or in a cluster
     /// its first live replica's.
     pub(crate) fn primary_peer(&mut self, key: &[u8]) -> Result<usize, ClientError> {
@@ -216,7 +231,11 @@ impl Client {
     ) -> Vec<Result<ItemReply, ClientError>> {
         self.sync_membership();
         match opcode {
-            Opcode::Put | Opcode::Remove => self.send_to_every_replica(opcode, items, options, sink),
+            Opcode::Put => {
+                let options = self.versioned(options);
+                self.send_to_every_replica(opcode, items, options, sink)
+            }
+            Opcode::Remove => self.send_to_every_replica(opcode, items, options, sink),
             _ => self.send_to_first_live_replica(opcode, items, options, sink),
         }
     }
@@ -407,7 +426,8 @@ struct Tally {
     /// Replicas that did it, and one of their replies.
     done: u32,
     reply: Option<ItemReply>,
-    /// Replicas that had nothing to do: the key was stored already (put) or not stored (removal).
+    /// Replicas that had nothing to do: the key was stored already (put), at a newer version (upsert), or
+    /// not stored (removal).
     moot: Option<ClientError>,
     moot_count: u32,
     failure: Option<ClientError>,
@@ -427,7 +447,7 @@ impl Tally {
                 self.done += 1;
                 self.reply = Some(reply);
             }
-            Err(error @ (ClientError::Exists | ClientError::NotFound)) => {
+            Err(error @ (ClientError::Exists | ClientError::NotFound | ClientError::Superseded)) => {
                 self.moot_count += 1;
                 self.moot = Some(error);
             }
@@ -451,4 +471,13 @@ impl Tally {
             .failure
             .unwrap_or_else(|| ClientError::Connection(format!("{answered} of the {needed} replicas needed answered"))))
     }
+}
+
+/// A writer id for this client's versions: random, so that two writers rarely share one (they would need
+/// the same id and the same microsecond to give two upserts one version).
+fn random_writer_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    hasher.finish()
 }

@@ -53,6 +53,11 @@ pub enum ClientError {
     /// Over a limit of the node (e.g. its bytes of pinned objects); nothing was stored.
     #[error("over the node's quota")]
     Quota,
+    /// A versioned upsert (every upsert of a cluster client) found the key at that version or a newer one,
+    /// which it kept: under last-writer-wins this upsert is ordered before the one stored, so nothing a
+    /// reader should see was lost.
+    #[error("a newer version of the key is stored")]
+    Superseded,
     /// The node no longer holds the key under the cluster's membership, which moved to `epoch`; nothing
     /// was done. A cluster client re-reads the members and retries once before reporting it.
     #[error("the key moved to other nodes (cluster epoch {epoch})")]
@@ -79,6 +84,7 @@ impl ClientError {
             Status::Exists => ClientError::Exists,
             Status::Quota => ClientError::Quota,
             Status::Moved => ClientError::Moved { epoch: 0 },
+            Status::Superseded => ClientError::Superseded,
         }
     }
 

@@ -30,11 +30,11 @@ mod members;
 mod scan;
 
 pub use crate::async_client::{AsyncClient, AsyncProgressivePut, OwnedBlock};
-pub use crate::client::{BlockPut, Client, ClientOptions, KeyRange, Location, ProgressivePut};
+pub use crate::client::{BlockPut, Client, ClientOptions, KeyRange, Location, ProgressivePut, VersionedValue};
 pub use crate::cluster::ClusterOptions;
 pub use crate::error::ClientError;
 pub use crate::events::{EventBatch, EventStream, ShardEvent};
 pub use crate::scan::ScanPage;
 pub use strata_cluster::{MembersDocument, MembersWatch};
 pub use strata_proto::scan::ScanEntry;
-pub use strata_proto::{Event, EventRef, Links, Pin, PutOptions, RemovalReason, Tier, WritePolicy};
+pub use strata_proto::{Event, EventRef, Links, Pin, PutOptions, RemovalReason, Tier, Version, WritePolicy};

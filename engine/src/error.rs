@@ -16,6 +16,9 @@ pub enum EngineError {
     /// A put (not an upsert) of a key that is stored.
     #[error("the key is stored already")]
     Exists,
+    /// A versioned upsert of a key stored at that version or a newer one: the stored one is kept.
+    #[error("a newer version of the key is stored")]
+    Superseded,
     /// The object can never fit where it must go (the DRAM tier, a region of a durable put).
     #[error("too large: {0}")]
     TooLarge(&'static str),
@@ -58,6 +61,7 @@ impl EngineError {
         match self {
             EngineError::NotFound => Status::NotFound,
             EngineError::Exists => Status::Exists,
+            EngineError::Superseded => Status::Superseded,
             EngineError::TooLarge(_) => Status::TooLarge,
             EngineError::NoSpace(_) => Status::NoSpace,
             EngineError::Quota(_) => Status::Quota,

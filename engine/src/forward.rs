@@ -73,12 +73,14 @@ pub struct ForwardReply {
     pub data_crc: u32,
     /// Length of the whole value.
     pub object_len: u32,
+    /// The version of the object read (gets).
+    pub version: Option<strata_proto::Version>,
 }
 
 impl ForwardReply {
     /// A reply that never reached the owner.
     pub fn failed(status: Status) -> Self {
-        Self { id: 0, status, data: Vec::new(), data_crc: 0, object_len: 0 }
+        Self { id: 0, status, data: Vec::new(), data_crc: 0, object_len: 0, version: None }
     }
 }
 
@@ -266,7 +268,7 @@ impl Forwarder {
 
 /// The owner's side: runs a forwarded item on its shard.
 async fn serve(shard: &Rc<Shard>, request: Forward) -> ForwardReply {
-    let mut reply = ForwardReply { id: request.id, status: Status::Ok, data: Vec::new(), data_crc: 0, object_len: 0 };
+    let mut reply = ForwardReply { id: request.id, ..ForwardReply::failed(Status::Ok) };
     let key = &request.key;
     match request.op {
         ForwardOp::Put { value, value_crc, options, parent, group } => {
@@ -279,6 +281,7 @@ async fn serve(shard: &Rc<Shard>, request: Forward) -> ForwardReply {
                 reply.data = hit.slices().concat();
                 reply.data_crc = hit.data_crc;
                 reply.object_len = hit.object_len;
+                reply.version = hit.version;
             }
             Err(error) => reply.status = error.status(),
         },

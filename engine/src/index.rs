@@ -34,6 +34,11 @@ pub const FLAG_SOFT_PINNED: u16 = 8;
 pub const FLAG_LINKED: u16 = 16;
 /// Entry flag: its NVMe record carries links after the key (so its value starts 16 bytes later).
 pub const FLAG_RECORD_LINKED: u16 = 32;
+/// Entry flag: an upsert with a cluster version (the shard's version book has it).
+pub const FLAG_VERSIONED: u16 = 64;
+/// Entry flag: its NVMe record carries that version after the key and links (its value starts 16 bytes
+/// later).
+pub const FLAG_RECORD_VERSIONED: u16 = 128;
 
 /// One object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

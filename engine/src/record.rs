@@ -38,6 +38,9 @@ pub const RECORD_PINNED: u16 = 2;
 pub const RECORD_LINKED: u16 = 4;
 /// Record flag: the last record of a sealed region (header only, no key): the region was written whole.
 pub const RECORD_SEAL: u16 = 8;
+/// Record flag: an upsert's cluster version (16 bytes, `strata_proto::Version`) follows the key and the
+/// links, covered by the header crc, so a replica still refuses older upserts after a restart.
+pub const RECORD_VERSIONED: u16 = 16;
 /// Bytes of a linked record's links.
 pub const RECORD_LINKS_BYTES: usize = 16;
 
@@ -63,10 +66,11 @@ pub enum FormatError {
 /// ```text
 ///  0       4            8            16         24          28          32        34      36        40         44    48
 ///  | magic | header crc | region seq | key hash | value len | value crc | key len | flags | version | body crc | 0   |
-///  then the key, then (RECORD_LINKED) parent hash u64 and group hash u64, then the value, then padding
+///  then the key, then (RECORD_LINKED) parent hash u64 and group hash u64, then (RECORD_VERSIONED) the
+///  upsert's version (epoch u64, sequence u64), then the value, then padding
 /// ```
 /// `header crc` covers bytes 8..48, seeded with the tier's format id (so that bytes stored as a value
-/// cannot pass for a record of this tier); `body crc` covers the key and the links. A header that passes
+/// cannot pass for a record of this tier); `body crc` covers the key, the links and the version. A header that passes
 /// its own crc names its key (by hash) even when the key or the value behind it is damaged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RecordHeader {
@@ -97,9 +101,23 @@ impl RecordHeader {
         if self.flags & RECORD_LINKED != 0 { RECORD_LINKS_BYTES } else { 0 }
     }
 
-    /// Where the value starts, from the record's start: after the header, the key and the links.
+    /// Bytes of version after the links (0 unless `RECORD_VERSIONED`).
+    pub fn version_len(&self) -> usize {
+        if self.flags & RECORD_VERSIONED != 0 { strata_proto::VERSION_BYTES } else { 0 }
+    }
+
+    /// Where the value starts, from the record's start: after the header, the key, the links and the
+    /// version.
     pub fn value_offset(&self) -> usize {
-        RECORD_HEADER_BYTES + usize::from(self.key_len) + self.links_len()
+        RECORD_HEADER_BYTES + usize::from(self.key_len) + self.links_len() + self.version_len()
+    }
+
+    /// The upsert's version in the bytes after the header (`covered`: key, links, version).
+    pub fn cluster_version(&self, covered: &[u8]) -> Option<strata_proto::Version> {
+        if self.version_len() == 0 {
+            return None;
+        }
+        covered.get(usize::from(self.key_len) + self.links_len()..).and_then(strata_proto::Version::decode)
     }
 
     /// The seal record of a region of generation `region_seq`.
@@ -123,9 +141,9 @@ impl RecordHeader {
     }
 
     /// The header's bytes for the tier of `format_id`, given what follows it under the body crc: the
-    /// key, then the links if linked.
+    /// key, then the links if linked, then the version if versioned.
     pub fn encode(&self, covered: &[u8], format_id: u64) -> [u8; RECORD_HEADER_BYTES] {
-        debug_assert_eq!(covered.len(), self.value_offset() - RECORD_HEADER_BYTES, "key and links");
+        debug_assert_eq!(covered.len(), self.value_offset() - RECORD_HEADER_BYTES, "key, links and version");
         let mut bytes = [0u8; RECORD_HEADER_BYTES];
         bytes[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
         bytes[8..16].copy_from_slice(&self.region_seq.to_le_bytes());
@@ -167,7 +185,7 @@ impl RecordHeader {
         } else if header.key_len == 0 {
             return Err(FormatError::Field("key length"));
         }
-        if header.flags & !(RECORD_TOMBSTONE | RECORD_PINNED | RECORD_LINKED | RECORD_SEAL) != 0
+        if header.flags & !(RECORD_TOMBSTONE | RECORD_PINNED | RECORD_LINKED | RECORD_VERSIONED | RECORD_SEAL) != 0
             || (header.flags & RECORD_SEAL != 0 && header.flags != RECORD_SEAL)
         {
             return Err(FormatError::Field("record flags"));
@@ -377,6 +395,25 @@ mod tests {
         assert_eq!(RecordHeader::decode(&bytes[..48 + 3], FORMAT), Err(FormatError::Truncated));
         let unlinked = RecordHeader { flags: 0, ..record };
         assert_eq!(unlinked.links(&covered), None);
+    }
+
+    #[test]
+    fn a_versioned_record_carries_its_version_after_the_links() {
+        let record = record(RECORD_LINKED | RECORD_VERSIONED);
+        let version = strata_proto::Version { epoch: 4, sequence: 99 };
+        let mut covered = b"abc".to_vec();
+        covered.extend_from_slice(&RecordHeader::encode_links(11, 0));
+        covered.extend_from_slice(&version.encode());
+        let mut bytes = record.encode(&covered, FORMAT).to_vec();
+        bytes.extend_from_slice(&covered);
+        assert_eq!(RecordHeader::decode(&bytes, FORMAT), Ok(record));
+        assert_eq!(record.value_offset(), 48 + 3 + 16 + 16);
+        assert_eq!((record.links(&covered), record.cluster_version(&covered)), (Some((11, 0)), Some(version)));
+        let mut damaged = bytes.clone();
+        damaged[48 + 3 + 16] ^= 1;
+        assert_eq!(RecordHeader::decode(&damaged, FORMAT), Err(FormatError::Checksum), "the version is under the crc");
+        let unversioned = RecordHeader { flags: RECORD_LINKED, ..record };
+        assert_eq!(unversioned.cluster_version(&covered), None);
     }
 
     #[test]

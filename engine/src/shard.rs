@@ -6,8 +6,9 @@
 //! (`put`), reads (`reads`), DRAM eviction (`eviction`), the log's writes (`durable`), reclaim (`reclaim`),
 //! recovery (`recovery`), removals (`removal`), pins (`pins`, [`PinBook`]), links and cascades (`cascade`,
 //! [`LinkState`]), progressive fills and waits (`fill`, [`Arrivals`]), tenant accounting (`usage`,
-//! [`TenantBook`]). Nothing here knows of sockets or of the other shards: the server and the forwarder sit
-//! above (`server`, `forward`), and what a shard tells its peers leaves through a channel.
+//! [`TenantBook`]), upsert versions (`versions`, [`VersionBook`]). Nothing here knows of sockets or of
+//! the other shards: the server and the forwarder sit above (`server`, `forward`), and what a shard tells
+//! its peers leaves through a channel.
 //!
 //! The shard is generic over its [`Backend`] (devices and clock), so that the seeded simulation (`sim`)
 //! runs this same code over memory namespaces that inject faults and a simulated clock.
@@ -45,6 +46,7 @@ mod recovery;
 mod removal;
 mod scan;
 mod usage;
+mod versions;
 
 pub use cascade::{Cascade, CascadeKind, LinkState};
 pub use durable::DurablePoint;
@@ -54,6 +56,7 @@ pub use put::PutReservation;
 pub use reads::{ReadData, ReadHit};
 pub use recovery::{RecoveryError, RecoveryReport};
 pub use usage::TenantBook;
+pub use versions::VersionBook;
 
 use pins::is_pinned;
 use usage::Use;
@@ -89,6 +92,7 @@ pub struct Shard<E: Backend = Production> {
     /// Tombstones of keys that left the index (cascades) not known durable yet, by key hash.
     unsynced_tombstones: RefCell<std::collections::HashMap<u64, DurablePoint>>,
     pins: RefCell<PinBook>,
+    versions: RefCell<VersionBook>,
     links: LinkState,
     arrivals: Rc<Arrivals>,
     tenants: TenantBook,
@@ -187,6 +191,7 @@ impl<E: Backend> Shard<E> {
             poisoned: Cell::new(false),
             unsynced_tombstones: RefCell::new(std::collections::HashMap::new()),
             pins: RefCell::new(PinBook { limit: pin_limit, ..PinBook::default() }),
+            versions: RefCell::new(VersionBook::default()),
             links: LinkState::new(link_counts),
             arrivals: Rc::new(Arrivals::default()),
             tenants: TenantBook::new(tenancy),
@@ -214,6 +219,7 @@ impl<E: Backend> Shard<E> {
     fn forget(&self, index: &mut Index, id: u32, key: Option<&[u8]>) -> Entry {
         let entry = index.remove(id);
         self.unpin_entry(&entry, key);
+        self.drop_version(&entry);
         if let Some(key) = key
             && entry.nvme != NONE_U64
         {

@@ -142,6 +142,9 @@ pub enum Status {
     /// elsewhere; nothing was done. The item's `object len` and `data crc` carry the node's epoch (low and
     /// high 32 bits): the client re-reads the members and retries once.
     Moved = 13,
+    /// A versioned upsert older than (or the same as) the version the replica holds; the replica keeps its
+    /// own. The write is ordered before the one held: nothing is lost that a reader should see.
+    Superseded = 14,
 }
 
 impl Status {
@@ -162,6 +165,7 @@ impl Status {
             11 => Status::Exists,
             12 => Status::Quota,
             13 => Status::Moved,
+            14 => Status::Superseded,
             _ => return None,
         })
     }
@@ -183,6 +187,7 @@ impl Status {
             Status::Exists => "exists",
             Status::Quota => "quota",
             Status::Moved => "moved",
+            Status::Superseded => "superseded",
         }
     }
 }

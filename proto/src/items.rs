@@ -6,7 +6,10 @@
 //!  | key len | flags | value len | value crc | offset    |
 //!   flags (put): bits 0-1 write policy (0 node default, 1 write-through, 2 write-back, 3 durable),
 //!     bit 2 upsert (replace a stored key), bit 3 hard pin, bit 4 soft pin, bit 5 links (a links block
-//!     follows the key: see below), bit 6 progressive (the value comes as parts, see below);
+//!     follows the key: see below), bit 6 progressive (the value comes as parts, see below), bit 8
+//!     versioned (an upsert's 16-byte version follows the key, before any links block; see `version.rs`);
+//!   flags (get): bit 7 wait (see ITEM_WAIT), bit 8 with version (the reply's data begins with the
+//!     object's 16-byte version, zero for an object never upserted with one; data crc covers both);
 //!   flags (remove_matching): bit 0 every key (the pattern is ignored); other opcodes: 0
 //!   value len: put: bytes of value after the key; get_range: bytes wanted; else 0
 //!   value crc: put: crc32c of the value (checked before storing); progressive put: 0; else 0
@@ -31,6 +34,7 @@
 
 use crate::codes::{Opcode, ProtoError, Status, u16_at, u32_at, u64_at};
 use crate::limits::{HELLO_REPLY_BYTES, Limits, MAX_TOKEN_BYTES, REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES};
+use crate::version::Version;
 
 /// When a put is acknowledged and where it goes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -115,11 +119,19 @@ pub const ITEM_PROGRESSIVE: u16 = 1 << 6;
 /// [`MAX_ITEM_WAIT_MS`]; then NOT_FOUND. For a reader that knows a writer is about to put the key (a decode
 /// instance loading layers a prefill instance is still sending).
 pub const ITEM_WAIT: u16 = 1 << 7;
+/// Put item flag: the upsert carries a version (16 bytes after the key, before any links block). A replica
+/// holding the key at this version or a newer one keeps what it holds and answers `SUPERSEDED`. Only with
+/// [`ITEM_UPSERT`].
+pub const ITEM_VERSIONED: u16 = 1 << 8;
+/// Get item flag: the reply's data begins with the object's version (16 bytes; zero if it has none), so a
+/// copy made from the read carries the version it read.
+pub const ITEM_WITH_VERSION: u16 = 1 << 8;
 /// The longest wait an item may ask for, ms.
 pub const MAX_ITEM_WAIT_MS: u32 = 60_000;
 /// Bytes of a progressive put's part header.
 pub const PART_HEADER_BYTES: usize = 8;
-const PUT_ITEM_FLAGS: u16 = 3 | ITEM_UPSERT | ITEM_PIN_HARD | ITEM_PIN_SOFT | ITEM_LINKS | ITEM_PROGRESSIVE;
+const PUT_ITEM_FLAGS: u16 =
+    3 | ITEM_UPSERT | ITEM_PIN_HARD | ITEM_PIN_SOFT | ITEM_LINKS | ITEM_PROGRESSIVE | ITEM_VERSIONED;
 /// Bytes of a links block's header.
 pub const LINKS_HEADER_BYTES: usize = 4;
 /// Remove-matching item flag: every key, whatever the pattern.
@@ -152,6 +164,9 @@ pub struct PutOptions {
     /// In a cluster, how many nodes store the put (0: the client's default). Not on the wire: the client
     /// sends the put to that many nodes.
     pub replicas: u8,
+    /// An upsert's version ([`ITEM_VERSIONED`]): none for a put the node orders by arrival. A cluster
+    /// client gives every upsert one.
+    pub version: Option<Version>,
 }
 
 impl PutOptions {
@@ -166,6 +181,9 @@ impl PutOptions {
         if self.upsert {
             flags |= ITEM_UPSERT;
         }
+        if self.version.is_some() {
+            flags |= ITEM_VERSIONED;
+        }
         match self.pin {
             Pin::None => (flags, 0),
             Pin::Soft { ttl_seconds } => (flags | ITEM_PIN_SOFT, ttl_seconds),
@@ -173,8 +191,9 @@ impl PutOptions {
         }
     }
 
-    /// The options of a put item header (its flags were checked by [`RequestItemHeader::decode`]).
-    pub fn decode(header: &RequestItemHeader) -> Self {
+    /// The options of a put item header (its flags were checked by [`RequestItemHeader::decode`]) and the
+    /// version its head carried.
+    pub fn decode(header: &RequestItemHeader, version: Option<Version>) -> Self {
         let pin = if header.flags & ITEM_PIN_HARD != 0 {
             Pin::Hard
         } else if header.flags & ITEM_PIN_SOFT != 0 {
@@ -187,6 +206,7 @@ impl PutOptions {
             upsert: header.flags & ITEM_UPSERT != 0,
             pin,
             replicas: 0,
+            version,
         }
     }
 }
@@ -304,6 +324,11 @@ impl RequestItemHeader {
         self.flags & ITEM_LINKS != 0
     }
 
+    /// Whether a version follows the key (puts).
+    pub fn has_version(&self) -> bool {
+        self.flags & ITEM_VERSIONED != 0
+    }
+
     /// Whether the value comes as parts (puts).
     pub fn is_progressive(&self) -> bool {
         self.flags & ITEM_PROGRESSIVE != 0
@@ -346,7 +371,8 @@ impl RequestItemHeader {
         let known = match opcode {
             Opcode::Put => PUT_ITEM_FLAGS,
             Opcode::RemoveMatching | Opcode::Subscribe => ITEM_MATCH_ALL,
-            Opcode::Get | Opcode::GetRange => ITEM_WAIT,
+            Opcode::Get => ITEM_WAIT | ITEM_WITH_VERSION,
+            Opcode::GetRange => ITEM_WAIT,
             _ => 0,
         };
         if header.flags & !known != 0 {
@@ -354,6 +380,9 @@ impl RequestItemHeader {
         }
         if opcode == Opcode::Put && header.flags & ITEM_PIN_HARD != 0 && header.flags & ITEM_PIN_SOFT != 0 {
             return Err(ProtoError::Field("a put pinned both hard and soft"));
+        }
+        if opcode == Opcode::Put && header.flags & ITEM_VERSIONED != 0 && header.flags & ITEM_UPSERT == 0 {
+            return Err(ProtoError::Field("a version on a put that is not an upsert"));
         }
         if opcode == Opcode::Put && header.flags & ITEM_PROGRESSIVE != 0 && header.value_crc != 0 {
             return Err(ProtoError::Field("value crc of a progressive put (each part carries its own)"));

@@ -26,6 +26,7 @@ mod limits;
 pub mod placement;
 mod request;
 pub mod scan;
+mod version;
 
 pub use codes::{LOCATED_IN_DRAM, LOCATED_ON_NVME, Opcode, PROTOCOL_VERSION, ProtoError, Status};
 pub use events::{Event, EventRef, Keys, KeysIter, MAX_EVENT_KEYS, MIN_EVENT_BYTES, OpenEvent, RemovalReason, Tier};
@@ -33,8 +34,8 @@ pub use frame::{FRAME_EPOCH, FRAME_HEADER_BYTES, FrameHeader, MAGIC, MAX_FRAME_E
 pub use hash::{fnv1a_64, shard_of};
 pub use items::{
     HelloReply, HelloRequest, ITEM_LINKS, ITEM_MATCH_ALL, ITEM_PIN_HARD, ITEM_PIN_SOFT, ITEM_PROGRESSIVE, ITEM_UPSERT,
-    ITEM_WAIT, LINKS_HEADER_BYTES, Links, MAX_ITEM_WAIT_MS, PART_HEADER_BYTES, Pin, PutOptions, RequestItemHeader,
-    ResponseItemHeader, WritePolicy, decode_part_header, encode_part_header,
+    ITEM_VERSIONED, ITEM_WAIT, ITEM_WITH_VERSION, LINKS_HEADER_BYTES, Links, MAX_ITEM_WAIT_MS, PART_HEADER_BYTES, Pin,
+    PutOptions, RequestItemHeader, ResponseItemHeader, WritePolicy, decode_part_header, encode_part_header,
 };
 pub use limits::{HELLO_REPLY_BYTES, Limits, MAX_TOKEN_BYTES, REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES};
 pub use request::{
@@ -42,3 +43,4 @@ pub use request::{
     max_item_head_bytes,
 };
 pub use scan::{MAX_SCAN_KEYS, SCAN_DONE};
+pub use version::{VERSION_BYTES, Version, VersionClock, WRITER_BITS};

@@ -1,4 +1,5 @@
-//! Decoding requests: the head of one item (its fixed header, its key and a put's links block), the items
+//! Decoding requests: the head of one item (its fixed header, its key, an upsert's version and a put's
+//! links block), the items
 //! of a body that is in memory, and a whole frame. The node runs these very functions: it reads a put
 //! item's head with [`decode_item_head`] as the bytes arrive and streams the value that follows, and it
 //! decodes every other body with [`decode_request_body`]. [`decode_request_frame`], which the fuzz target
@@ -8,6 +9,7 @@ use crate::codes::{Opcode, ProtoError};
 use crate::frame::{FRAME_HEADER_BYTES, FrameHeader};
 use crate::items::{HelloRequest, LINKS_HEADER_BYTES, Links, PART_HEADER_BYTES, RequestItemHeader, decode_part_header};
 use crate::limits::{Limits, REQUEST_ITEM_BYTES};
+use crate::version::{VERSION_BYTES, Version};
 
 /// The head of a request item: what comes before its value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,16 +18,18 @@ pub struct ItemHead<'a> {
     pub header: RequestItemHeader,
     /// Its key.
     pub key: &'a [u8],
+    /// An upsert's version.
+    pub version: Option<Version>,
     /// What a put links it to.
     pub links: Links<'a>,
-    /// Bytes of the head (header, key, links block).
+    /// Bytes of the head (header, key, version, links block).
     pub len: usize,
 }
 
 /// The longest head an item of `limits` may have: its header, the longest key and, for a put, a links
-/// block naming the longest parent and group.
+/// version and a links block naming the longest parent and group.
 pub fn max_item_head_bytes(limits: &Limits) -> usize {
-    REQUEST_ITEM_BYTES + 3 * limits.max_key_bytes as usize + LINKS_HEADER_BYTES
+    REQUEST_ITEM_BYTES + 3 * limits.max_key_bytes as usize + VERSION_BYTES + LINKS_HEADER_BYTES
 }
 
 /// Decodes the head of the `opcode` item at the start of `bytes`: `Ok(None)` if `bytes` end before it
@@ -39,17 +43,24 @@ pub fn decode_item_head<'a>(
     let header = RequestItemHeader::decode(fixed, opcode, limits)?;
     let key_end = REQUEST_ITEM_BYTES + usize::from(header.key_len);
     let Some(key) = bytes.get(REQUEST_ITEM_BYTES..key_end) else { return Ok(None) };
+    let (version, version_end) = if opcode == Opcode::Put && header.has_version() {
+        let Some(version) = bytes.get(key_end..).and_then(Version::decode) else { return Ok(None) };
+        (Some(version), key_end + VERSION_BYTES)
+    } else {
+        (None, key_end)
+    };
     if opcode != Opcode::Put || !header.has_links() {
-        return Ok(Some(ItemHead { header, key, links: Links::NONE, len: key_end }));
+        return Ok(Some(ItemHead { header, key, version, links: Links::NONE, len: version_end }));
     }
-    let Some(links_header) = bytes.get(key_end..key_end + LINKS_HEADER_BYTES) else { return Ok(None) };
+    let links_at = version_end;
+    let Some(links_header) = bytes.get(links_at..links_at + LINKS_HEADER_BYTES) else { return Ok(None) };
     let (parent_len, group_len) = Links::decode_header(links_header, limits)?;
-    let end = key_end + LINKS_HEADER_BYTES + parent_len + group_len;
+    let end = links_at + LINKS_HEADER_BYTES + parent_len + group_len;
     if bytes.len() < end {
         return Ok(None);
     }
-    let (links, links_len) = Links::decode(&bytes[key_end..end], limits)?;
-    Ok(Some(ItemHead { header, key, links, len: key_end + links_len }))
+    let (links, links_len) = Links::decode(&bytes[links_at..end], limits)?;
+    Ok(Some(ItemHead { header, key, version, links, len: links_at + links_len }))
 }
 
 /// One item of a decoded request.
@@ -59,6 +70,8 @@ pub struct RequestItem<'a> {
     pub header: RequestItemHeader,
     /// Its key.
     pub key: &'a [u8],
+    /// An upsert's version.
+    pub version: Option<Version>,
     /// What a put links it to.
     pub links: Links<'a>,
     /// Its value (puts), else empty. For a progressive put: its parts with their headers, as sent (the
@@ -98,7 +111,8 @@ pub fn decode_request_body<'a>(
         if rest.len() < end {
             return Err(ProtoError::BodyMismatch { items: (at + end) as u64, body: body.len() as u64 });
         }
-        items.push(RequestItem { header: head.header, key: head.key, links: head.links, value: &rest[head.len..end] });
+        let value = &rest[head.len..end];
+        items.push(RequestItem { header: head.header, key: head.key, version: head.version, links: head.links, value });
         at += end;
     }
     if at != body.len() {
@@ -144,7 +158,7 @@ fn progressive_len(bytes: &[u8], value_len: u32) -> Result<usize, ProtoError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::items::ITEM_LINKS;
+    use crate::items::{ITEM_LINKS, ITEM_UPSERT, PutOptions};
 
     #[test]
     fn an_item_head_is_decoded_once_all_of_it_is_there() {
@@ -165,5 +179,31 @@ mod tests {
         let mut bad = bytes.clone();
         bad[2] = 0x80;
         assert!(decode_item_head(&bad[..REQUEST_ITEM_BYTES], Opcode::Put, &limits).is_err());
+    }
+
+    #[test]
+    fn an_upserts_version_comes_between_its_key_and_its_links() {
+        let version = Version { epoch: 9, sequence: 77 };
+        let options = PutOptions { upsert: true, version: Some(version), ..PutOptions::default() };
+        let (flags, offset) = options.encode();
+        let mut bytes = Vec::new();
+        RequestItemHeader { key_len: 3, flags: flags | ITEM_LINKS, value_len: 2, offset, ..Default::default() }
+            .encode_into(&mut bytes);
+        bytes.extend_from_slice(b"key");
+        bytes.extend_from_slice(&version.encode());
+        Links::group(b"g").encode_into(&mut bytes);
+        let head_len = bytes.len();
+        bytes.extend_from_slice(b"vv");
+        let limits = Limits::default();
+        for cut in 0..head_len {
+            assert_eq!(decode_item_head(&bytes[..cut], Opcode::Put, &limits), Ok(None), "cut at {cut}");
+        }
+        let head = decode_item_head(&bytes, Opcode::Put, &limits).expect("valid").expect("whole");
+        assert_eq!((head.version, head.links, head.len), (Some(version), Links::group(b"g"), head_len));
+        assert_eq!(PutOptions::decode(&head.header, head.version), options);
+        // A version on a plain put is refused: only an upsert replaces by version.
+        let mut plain = bytes.clone();
+        plain[2..4].copy_from_slice(&(flags & !ITEM_UPSERT | ITEM_LINKS).to_le_bytes());
+        assert!(decode_item_head(&plain, Opcode::Put, &limits).is_err());
     }
 }

@@ -39,20 +39,6 @@ fn start_node(id: &str, listen: u16, etcd: u16) -> NodeProcess {
     NodeProcess(child)
 }
 
-/// Waits (at most `limit`) until the watch's view serves exactly `ids`.
-fn wait_for_view(watch: &MembersWatch, ids: &[&str], limit: Duration) -> Arc<View> {
-    let started = Instant::now();
-    loop {
-        let view = watch.view();
-        let serving: Vec<&str> = view.serving().map(|member| member.id.as_str()).collect();
-        if serving == ids {
-            return view;
-        }
-        assert!(started.elapsed() < limit, "serving {serving:?}, waited for {ids:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn key(index: usize) -> Vec<u8> {
     format!("block-{index:05}").into_bytes()
 }
@@ -143,7 +129,7 @@ fn keys_land_on_their_replicas_and_survive_a_kill() {
         MembersWatch::start(WatchConfig::new(vec![format!("http://127.0.0.1:{}", etcd.client_port)], "test"))
             .expect("the members' watch starts"),
     );
-    let view = wait_for_view(&watch, &ids, Duration::from_secs(10));
+    let view = common::wait_for_view(&watch, &ids, Duration::from_secs(10));
     let options = ClusterOptions {
         cluster: "test".into(),
         replicas: 2,
@@ -237,7 +223,7 @@ fn keys_land_on_their_replicas_and_survive_a_kill() {
     assert!(killed_at.is_some(), "the load reached the kill");
     assert_eq!(client.shard_count(), 2, "b left the view after its lease expired");
     assert_eq!(failed_puts, 0, "a put stores on its live replica while the other is down");
-    let two_nodes = wait_for_view(&watch, &["a", "c"], Duration::from_secs(1));
+    let two_nodes = common::wait_for_view(&watch, &["a", "c"], Duration::from_secs(1));
     assert_eq!(client.cluster_epoch(), Some(two_nodes.epoch));
     eprintln!("{gets} gets, {} puts acknowledged around the kill", acknowledged.len());
 
@@ -279,7 +265,7 @@ fn keys_land_on_their_replicas_and_survive_a_kill() {
     // b comes back, empty, as a new run: about a third of the keys now have it first, and read as misses;
     // every other key reads its own bytes.
     nodes[1] = start_node("b", free_port(), etcd.client_port);
-    wait_for_view(&watch, &ids, Duration::from_secs(TTL_SECONDS * 5));
+    common::wait_for_view(&watch, &ids, Duration::from_secs(TTL_SECONDS * 5));
     let mut missed = 0usize;
     for &index in &stored {
         match client.get(&key(index)) {

@@ -50,20 +50,6 @@ fn value(index: usize) -> Vec<u8> {
     (0..len).map(|byte| (byte * 13 + index * 5) as u8).collect()
 }
 
-/// Waits (at most `limit`) until the watch's view serves exactly `ids`.
-fn wait_for_view(watch: &MembersWatch, ids: &[&str], limit: Duration) -> View {
-    let started = Instant::now();
-    loop {
-        let view = watch.view();
-        let serving: Vec<&str> = view.serving().map(|member| member.id.as_str()).collect();
-        if serving == ids {
-            return (*view).clone();
-        }
-        assert!(started.elapsed() < limit, "serving {serving:?}, waited for {ids:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Which of `nodes` hold each key (one EXISTS batch per node).
 fn holders(nodes: &[&Node]) -> Vec<Vec<&'static str>> {
     let keys: Vec<Vec<u8>> = (0..KEYS).map(key).collect();
@@ -137,7 +123,7 @@ fn lost_replicas_are_repaired_joins_rebalance_and_a_drain_moves_every_key() {
     let endpoint = format!("http://127.0.0.1:{}", etcd.client_port);
     let mut nodes: Vec<Node> = ["a", "b", "c"].into_iter().map(|id| start_node(id, etcd.client_port)).collect();
     let watch = MembersWatch::start(WatchConfig::new(vec![endpoint.clone()], "heal")).expect("watch");
-    let three = wait_for_view(&watch, &["a", "b", "c"], Duration::from_secs(10));
+    let three = common::wait_for_view(&watch, &["a", "b", "c"], Duration::from_secs(10));
 
     let options = ClusterOptions {
         cluster: "heal".into(),
@@ -157,14 +143,14 @@ fn lost_replicas_are_repaired_joins_rebalance_and_a_drain_moves_every_key() {
     // Repair: c dies; a and b are the only two nodes left, so each must hold every key.
     let mut dead = nodes.remove(2);
     dead.process.kill();
-    let two = wait_for_view(&watch, &["a", "b"], Duration::from_secs(TTL_SECONDS * 5));
+    let two = common::wait_for_view(&watch, &["a", "b"], Duration::from_secs(TTL_SECONDS * 5));
     let survivors: Vec<&Node> = nodes.iter().collect();
     wait_for_holders(&survivors, &replica_sets(&two), "repair after kill -9", Duration::from_secs(20));
     check_values(&survivors, &replica_sets(&two));
 
     // Rebalance: d joins; keys whose replicas include d move to it, their old owner gives them up.
     nodes.push(start_node("d", etcd.client_port));
-    let with_d = wait_for_view(&watch, &["a", "b", "d"], Duration::from_secs(10));
+    let with_d = common::wait_for_view(&watch, &["a", "b", "d"], Duration::from_secs(10));
     let expected = replica_sets(&with_d);
     let moved = expected.iter().filter(|set| set.contains(&"d")).count();
     assert!(moved > KEYS / 3, "about 2/3 of the keys have d among their two replicas: {moved}");
@@ -176,7 +162,7 @@ fn lost_replicas_are_repaired_joins_rebalance_and_a_drain_moves_every_key() {
     let mut draining = nodes.remove(0);
     let pid = draining.process.0.id().to_string();
     assert!(std::process::Command::new("kill").args(["-USR1", &pid]).status().expect("kill").success());
-    let two = wait_for_view(&watch, &["b", "d"], Duration::from_secs(10));
+    let two = common::wait_for_view(&watch, &["b", "d"], Duration::from_secs(10));
     let started = Instant::now();
     let status = loop {
         if let Some(status) = draining.process.0.try_wait().expect("wait") {

@@ -54,6 +54,9 @@ pub fn of(error: &ClientError) -> i64 {
     match error {
         ClientError::NotFound => OBJECT_NOT_FOUND,
         ClientError::Exists => OBJECT_ALREADY_EXISTS,
+        // A cluster upsert ordered before a newer one that the replicas keep: Mooncake answers two racing
+        // upserts with 0 each (the later one stands), and so does Strata.
+        ClientError::Superseded => OK,
         ClientError::Checksum => CHECKSUM_MISMATCH,
         ClientError::Io => STORAGE_ERROR,
         ClientError::NoSpace => NO_AVAILABLE_HANDLE,

@@ -21,6 +21,7 @@ const CRC_PIECE_BYTES: usize = 256 << 10;
 pub(super) struct OwnedHead {
     pub(super) header: RequestItemHeader,
     pub(super) key: Vec<u8>,
+    pub(super) version: Option<strata_proto::Version>,
     pub(super) parent: Option<Vec<u8>>,
     pub(super) group: Option<Vec<u8>>,
     /// Bytes it took.
@@ -137,6 +138,7 @@ impl Connection {
                 let owned = OwnedHead {
                     header: head.header,
                     key: head.key.to_vec(),
+                    version: head.version,
                     parent: head.links.parent.map(<[u8]>::to_vec),
                     group: head.links.group.map(<[u8]>::to_vec),
                     len: head.len,

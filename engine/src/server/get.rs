@@ -6,7 +6,9 @@ use std::io;
 use std::pin::Pin;
 use std::time::Duration;
 
-use strata_proto::{FrameHeader, Opcode, RESPONSE_ITEM_BYTES, RequestItem, ResponseItemHeader, Status};
+use strata_proto::{
+    FrameHeader, ITEM_WITH_VERSION, Opcode, RESPONSE_ITEM_BYTES, RequestItem, ResponseItemHeader, Status, VERSION_BYTES,
+};
 
 use super::connection::Connection;
 use super::watch::on_socket;
@@ -33,6 +35,7 @@ async fn read_item(
                     data_crc: reply.data_crc,
                     object_len: reply.object_len,
                     data: ReadData::Owned(reply.data),
+                    version: reply.version,
                 })
             } else {
                 Err(reply.status)
@@ -98,9 +101,15 @@ pub(super) async fn handle_get<'a>(
         }
         results.into_iter().map(|result| result.unwrap_or(Err(Status::NotFound))).collect()
     };
+    // Items that asked for their version get it before their bytes (ITEM_WITH_VERSION).
+    let with_version: Vec<bool> = items.iter().map(|item| item.header.flags & ITEM_WITH_VERSION != 0).collect();
     let body_len: u64 = results
         .iter()
-        .map(|result| RESPONSE_ITEM_BYTES as u64 + result.as_ref().map_or(0, |hit| hit.len() as u64))
+        .zip(&with_version)
+        .map(|(result, &versioned)| {
+            let prefix = if versioned { VERSION_BYTES as u64 } else { 0 };
+            RESPONSE_ITEM_BYTES as u64 + result.as_ref().map_or(0, |hit| prefix + hit.len() as u64)
+        })
         .sum();
     FrameHeader {
         opcode: header.opcode,
@@ -115,8 +124,19 @@ pub(super) async fn handle_get<'a>(
     // The reply goes out in one vectored write (a few, past IOV_MAX pieces): the headers from one buffer,
     // each value from its own memory (the DRAM segment, pinned, or the NVMe read's buffers), no copy.
     let mut heads: Vec<usize> = Vec::with_capacity(results.len());
-    for (result, moved) in results.iter().zip(&moved) {
+    for ((result, moved), &versioned) in results.iter().zip(&moved).zip(&with_version) {
         match (result, moved) {
+            (Ok(hit), _) if versioned => {
+                let version = hit.version.unwrap_or_default().encode();
+                ResponseItemHeader {
+                    status: Status::Ok,
+                    data_len: (VERSION_BYTES + hit.len()) as u32,
+                    data_crc: crc32c::crc32c_combine(crc32c::crc32c(&version), hit.data_crc, hit.len()),
+                    object_len: hit.object_len,
+                }
+                .encode_into(&mut connection.output);
+                connection.output.extend_from_slice(&version);
+            }
             (Ok(hit), _) => ResponseItemHeader {
                 status: Status::Ok,
                 data_len: hit.len() as u32,

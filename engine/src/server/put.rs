@@ -103,6 +103,7 @@ async fn put_item(
         return Ok(Stored::Moved(moved));
     }
     let owner = server.other_owner(&head.key);
+    let options = PutOptions::decode(&item, head.version);
     let key = scope.scoped_owned(head.key);
     // The parent and the group are scoped like keys, so that tenants never link across.
     let parent = head.parent.map(|name| scope.scoped_owned(name));
@@ -117,12 +118,12 @@ async fn put_item(
             let arrived = receive_value(connection, &item, body).await?;
             drop(claim);
             let Some((value, value_crc)) = arrived else { return Ok(Stored::Answered(Status::TransferChecksum)) };
-            let op = ForwardOp::Put { value, value_crc, options: PutOptions::decode(&item), parent, group };
+            let op = ForwardOp::Put { value, value_crc, options, parent, group };
             Stored::Answered(server.forward(owner, &key, op).await.status)
         }
         None => {
             let links = Links { parent: parent.as_deref(), group: group.as_deref() };
-            put_here(shard, connection, &key, item, links, body).await?
+            put_here(shard, connection, (&key, item, options), links, body).await?
         }
     };
     Ok(stored)
@@ -149,12 +150,10 @@ async fn receive_value(
 async fn put_here(
     shard: &Rc<Shard>,
     connection: &mut Connection,
-    key: &[u8],
-    item: RequestItemHeader,
+    (key, item, mut options): (&[u8], RequestItemHeader, PutOptions),
     links: Links<'_>,
     body: &mut BodyCursor,
 ) -> Result<Stored, ConnectionError> {
-    let mut options = PutOptions::decode(&item);
     let mut reservation = match shard.admit_put(key, item.value_len, &mut options).await {
         Ok(reservation) => reservation,
         Err(error) => {

@@ -9,10 +9,10 @@ use super::usage::Use;
 use super::{Shard, object_bytes};
 use crate::backend::Backend;
 use crate::error::EngineError;
-use crate::index::{Entry, FLAG_DIRTY, FLAG_LINKED, FLAG_PINNED, FLAG_RECORD_LINKED, NONE_U32};
+use crate::index::{Entry, FLAG_DIRTY, FLAG_LINKED, FLAG_PINNED, FLAG_RECORD_LINKED, FLAG_RECORD_VERSIONED, NONE_U32};
 use crate::log::{RegionLog, RegionState, split_location, write_partial, write_region, written_len};
 use crate::metrics::add;
-use crate::record::{RECORD_LINKED, RECORD_PINNED, RECORD_TOMBSTONE, RecordHeader};
+use crate::record::{RECORD_LINKED, RECORD_PINNED, RECORD_TOMBSTONE, RECORD_VERSIONED, RecordHeader};
 
 /// Regions reclaimed at most per rotation, so one put never waits for a long reclaim.
 const MAX_RECLAIMS_PER_ROTATION: usize = 4;
@@ -132,11 +132,12 @@ impl<E: Backend> Shard<E> {
                 }
                 let mut log = self.log.borrow_mut();
                 let Some(log) = log.as_mut() else { return Err(EngineError::Invalid("no NVMe tier")) };
-                // Links survive a restart: the record carries them after the key.
+                // Links and an upsert's version survive a restart: the record carries them after the key.
                 let links = (entry.flags & FLAG_LINKED != 0)
                     .then(|| self.links.book.borrow().of(id))
                     .flatten()
                     .map(|links| RecordHeader::encode_links(links.parent, links.group));
+                let cluster_version = self.version_of(&entry).map(|version| version.encode());
                 let header = RecordHeader {
                     region_seq: 0,
                     key_hash: hash,
@@ -145,7 +146,8 @@ impl<E: Backend> Shard<E> {
                     key_len: entry.key_len,
                     // Hard pins survive a restart; soft pins are a hint with a TTL and do not.
                     flags: if entry.flags & FLAG_PINNED != 0 { RECORD_PINNED } else { 0 }
-                        | if links.is_some() { RECORD_LINKED } else { 0 },
+                        | if links.is_some() { RECORD_LINKED } else { 0 }
+                        | if cluster_version.is_some() { RECORD_VERSIONED } else { 0 },
                     version,
                 };
                 if header.record_len() > log.max_record_bytes() {
@@ -160,9 +162,16 @@ impl<E: Backend> Shard<E> {
                     // evicted from it).
                     return Err(EngineError::Quota("tenant's NVMe"));
                 }
-                let covered = match links {
-                    Some(links) => std::borrow::Cow::Owned([&bytes[..key_len], &links[..]].concat()),
-                    None => std::borrow::Cow::Borrowed(&bytes[..key_len]),
+                let covered = match (links, cluster_version) {
+                    (None, None) => std::borrow::Cow::Borrowed(&bytes[..key_len]),
+                    (links, cluster_version) => std::borrow::Cow::Owned(
+                        [
+                            &bytes[..key_len],
+                            links.as_ref().map_or(&[][..], |links| &links[..]),
+                            cluster_version.as_ref().map_or(&[][..], |version| &version[..]),
+                        ]
+                        .concat(),
+                    ),
                 };
                 match log.try_append(header, &covered, &[&bytes[key_len..]]) {
                     Some(at) => {
@@ -170,10 +179,12 @@ impl<E: Backend> Shard<E> {
                         let entry = index.get_mut(id);
                         entry.nvme = at;
                         entry.flags &= !FLAG_DIRTY;
+                        entry.flags &= !(FLAG_RECORD_LINKED | FLAG_RECORD_VERSIONED);
                         if links.is_some() {
                             entry.flags |= FLAG_RECORD_LINKED;
-                        } else {
-                            entry.flags &= !FLAG_RECORD_LINKED;
+                        }
+                        if cluster_version.is_some() {
+                            entry.flags |= FLAG_RECORD_VERSIONED;
                         }
                         add(&self.metrics.records_appended, 1);
                         add(&self.metrics.record_bytes_appended, header.record_len() as u64);

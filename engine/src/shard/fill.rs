@@ -164,7 +164,8 @@ impl<E: Backend> Shard<E> {
         let data_crc = crc32c::crc32c(pin.bytes());
         add(&self.metrics.dram_hits, 1);
         add(&self.metrics.bytes_out, u64::from(len));
-        Ok(Some(ReadHit { data: ReadData::Dram(pin), data_crc, object_len: fill.value_len }))
+        // A put still arriving is not stored yet, so it has no version a reader could copy.
+        Ok(Some(ReadHit { data: ReadData::Dram(pin), data_crc, object_len: fill.value_len, version: None }))
     }
 }
 

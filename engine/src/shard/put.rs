@@ -15,11 +15,12 @@ use crate::backend::Backend;
 use crate::dram::{DramFull, DramTier};
 use crate::error::EngineError;
 use crate::index::{
-    Entry, FLAG_DIRTY, FLAG_LINKED, FLAG_PINNED, FLAG_SOFT_PINNED, Index, NONE_U32, NONE_U64, index_hash,
+    Entry, FLAG_DIRTY, FLAG_LINKED, FLAG_PINNED, FLAG_SOFT_PINNED, FLAG_VERSIONED, Index, NONE_U32, NONE_U64,
+    index_hash,
 };
 use crate::links::{NO_LINK, ObjectLinks, link_hash};
 use crate::metrics::{add, set};
-use crate::record::{RECORD_LINKED, RecordHeader};
+use crate::record::{RECORD_LINKED, RECORD_VERSIONED, RecordHeader};
 use crate::segment::SegmentRange;
 use crate::tenants::tenant_of;
 
@@ -117,7 +118,8 @@ impl<E: Backend> Shard<E> {
     }
 
     /// Why a put of `key` with a `value_len`-byte value and `options` (policy resolved) must be refused
-    /// before a byte of it is stored: `Exists` for a put (not an upsert) of a stored key, `Quota` for a pin
+    /// before a byte of it is stored: `Exists` for a put (not an upsert) of a stored key, `Superseded` for
+    /// an upsert whose version is not newer than the stored one's, `Quota` for a pin
     /// over the shard's pinned-bytes limit, or a durable put that cannot be made durable here.
     pub(super) fn put_refusal(&self, key: &[u8], value_len: u32, options: &PutOptions) -> Option<EngineError> {
         if self.poisoned.get() {
@@ -125,8 +127,15 @@ impl<E: Backend> Shard<E> {
             // acknowledgement must never rest on a write that may not have happened.
             return Some(EngineError::Poisoned);
         }
-        if !options.upsert && self.index.borrow().find(index_hash(key)).is_some() {
-            return Some(EngineError::Exists);
+        {
+            let index = self.index.borrow();
+            let existing = index.find(index_hash(key));
+            if !options.upsert && existing.is_some() {
+                return Some(EngineError::Exists);
+            }
+            if let Some(refusal) = self.version_refusal(&index, existing, options.version) {
+                return Some(refusal);
+            }
         }
         let bytes = key.len() as u64 + u64::from(value_len);
         let (usage, quotas) = self.usage_of(key);
@@ -159,15 +168,15 @@ impl<E: Backend> Shard<E> {
         if self.poisoned.get() {
             return Some(EngineError::Poisoned);
         }
-        // Sized as if linked (links are not known here): at worst an object within 16 bytes of the bound is
-        // refused.
+        // Sized as if linked and versioned (links are not known here): at worst an object within 32 bytes of
+        // the bound is refused.
         let record = RecordHeader {
             region_seq: 0,
             key_hash: 0,
             value_len,
             value_crc: 0,
             key_len: key_len as u16,
-            flags: RECORD_LINKED,
+            flags: RECORD_LINKED | RECORD_VERSIONED,
             version: 0,
         };
         (record.record_len() > log.max_record_bytes())
@@ -238,6 +247,9 @@ impl<E: Backend> Shard<E> {
             if existing.is_some() && !options.upsert {
                 return Err(EngineError::Exists);
             }
+            if let Some(refusal) = self.version_refusal(&index, existing, options.version) {
+                return Err(refusal);
+            }
             // A key removed by a cascade left a tombstone that may not be durable yet: this put is
             // acknowledged only once it is, or a crash could bring the older record back.
             let removal_to_sync = if existing.is_none() { self.unsynced_tombstone(hash) } else { None };
@@ -270,6 +282,7 @@ impl<E: Backend> Shard<E> {
                 flags: pin_flags | FLAG_DIRTY,
             };
             let id = self.install_version(&mut index, existing, key, fresh);
+            self.set_version(&mut index, id, options.version);
             self.account(key, Use::Dram, new_bytes, true);
             self.relink(&mut index, id, object_links, old_hard_pin, pin_flags);
             self.events.borrow_mut().stored(key, links.parent, value_len, Tier::Dram);
@@ -358,11 +371,12 @@ impl<E: Backend> Shard<E> {
                     dram.retire(entry.dram);
                 }
                 // The links belong to the version: an upsert names what it names, nothing else (and with no
-                // record yet, no FLAG_RECORD_LINKED).
+                // record yet, no FLAG_RECORD_LINKED). Links and the cluster version are set by the caller,
+                // which drops the old ones' book entries by their flags.
                 *entry = Entry {
                     version: entry.version.wrapping_add(1),
                     last_hit: entry.last_hit,
-                    flags: fresh.flags | (old.flags & FLAG_LINKED),
+                    flags: fresh.flags | (old.flags & (FLAG_LINKED | FLAG_VERSIONED)),
                     ..fresh
                 };
                 id

@@ -4,7 +4,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use strata_proto::{RemovalReason, Tier};
+use strata_proto::{RemovalReason, Tier, VERSION_BYTES, Version};
 
 use super::eviction::{PROMOTION_CLOCK_STEPS, Sweep};
 use super::usage::Use;
@@ -12,7 +12,7 @@ use super::{Shard, object_bytes};
 use crate::backend::Backend;
 use crate::dram::DramTier;
 use crate::error::EngineError;
-use crate::index::{Entry, FLAG_RECORD_LINKED, FLAG_REFERENCED, NONE_U32, NONE_U64, index_hash};
+use crate::index::{Entry, FLAG_RECORD_LINKED, FLAG_RECORD_VERSIONED, FLAG_REFERENCED, NONE_U32, NONE_U64, index_hash};
 use crate::log::{RegionState, Staged, read_range, split_location};
 use crate::metrics::add;
 use crate::record::{RECORD_HEADER_BYTES, RECORD_LINKS_BYTES, RecordHeader};
@@ -37,6 +37,8 @@ pub struct ReadHit {
     pub data_crc: u32,
     /// Length of the whole value.
     pub object_len: u32,
+    /// The version the object was upserted with, if any.
+    pub version: Option<Version>,
 }
 
 impl ReadHit {
@@ -92,10 +94,12 @@ impl Drop for DramPin {
     }
 }
 
-/// Where the value of entry's NVMe record starts: after the header, the key and (linked records) the links.
+/// Where the value of entry's NVMe record starts: after the header, the key, (linked records) the links
+/// and (versioned records) the version.
 pub(super) fn record_value_offset(entry: &Entry) -> usize {
     let links = if entry.flags & FLAG_RECORD_LINKED != 0 { RECORD_LINKS_BYTES } else { 0 };
-    RECORD_HEADER_BYTES + usize::from(entry.key_len) + links
+    let version = if entry.flags & FLAG_RECORD_VERSIONED != 0 { VERSION_BYTES } else { 0 };
+    RECORD_HEADER_BYTES + usize::from(entry.key_len) + links + version
 }
 
 impl<E: Backend> Shard<E> {
@@ -188,7 +192,8 @@ impl<E: Backend> Shard<E> {
             if entry.nvme == NONE_U64 {
                 return Err(EngineError::NotFound);
             }
-            return Ok(Lookup::OnTier(OnTier { id, entry, offset, len }));
+            let version = self.version_of(&entry);
+            return Ok(Lookup::OnTier(OnTier { id, entry, offset, len, version }));
         }
         let data = {
             let dram = self.dram.borrow();
@@ -204,13 +209,14 @@ impl<E: Backend> Shard<E> {
         add(&self.metrics.dram_hits, 1);
         let data_crc = if range.is_none() { entry.value_crc } else { crc32c::crc32c(pin.bytes()) };
         add(&self.metrics.bytes_out, u64::from(len));
-        Ok(Lookup::InDram(ReadHit { data: ReadData::Dram(pin), data_crc, object_len: entry.value_len }))
+        let version = self.version_of(&entry);
+        Ok(Lookup::InDram(ReadHit { data: ReadData::Dram(pin), data_crc, object_len: entry.value_len, version }))
     }
 
     /// The hit of a record read from the tier (`staged`, checked), promoted into DRAM when it was hit
     /// within the promote window before.
     async fn tier_hit(self: &Rc<Self>, key: &[u8], on_tier: OnTier, staged: Staged, ranged: bool, now: u32) -> ReadHit {
-        let OnTier { id, entry, offset, len } = on_tier;
+        let OnTier { id, entry, offset, len, version } = on_tier;
         let value_at = record_value_offset(&entry);
         let data_crc = if ranged { staged.crc(value_at + offset as usize, len as usize) } else { entry.value_crc };
         add(&self.metrics.nvme_hits, 1);
@@ -230,6 +236,7 @@ impl<E: Backend> Shard<E> {
             data: ReadData::Staged(staged, value_at + offset as usize, len as usize),
             data_crc,
             object_len: entry.value_len,
+            version,
         }
     }
 
@@ -461,6 +468,8 @@ struct OnTier {
     entry: Entry,
     offset: u32,
     len: u32,
+    /// The object's version when it was looked up (what the bytes read are a version of).
+    version: Option<Version>,
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use super::usage::Use;
 use super::{Shard, object_bytes};
 use crate::backend::Backend;
 use crate::error::EngineError;
-use crate::index::{FLAG_DIRTY, FLAG_RECORD_LINKED, Index, NONE_U32, NONE_U64, index_hash};
+use crate::index::{FLAG_DIRTY, FLAG_RECORD_LINKED, FLAG_RECORD_VERSIONED, Index, NONE_U32, NONE_U64, index_hash};
 use crate::log::{RegionLog, RegionState, Staged, location, read_range, split_location};
 use crate::metrics::add;
 use crate::record::{RECORD_TOMBSTONE, RecordHeader};
@@ -145,7 +145,7 @@ impl<E: Backend> Shard<E> {
         }
         entry.nvme = NONE_U64;
         if entry.dram != NONE_U32 {
-            entry.flags = (entry.flags | FLAG_DIRTY) & !FLAG_RECORD_LINKED;
+            entry.flags = (entry.flags | FLAG_DIRTY) & !(FLAG_RECORD_LINKED | FLAG_RECORD_VERSIONED);
         }
         let dropped = *entry;
         add(&self.metrics.nvme_evictions, 1);

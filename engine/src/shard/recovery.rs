@@ -15,7 +15,9 @@ use strata_nvme::{BlockDevice, BlockError};
 
 use super::{Shard, Use, is_pinned, object_bytes};
 use crate::backend::Backend;
-use crate::index::{Entry, FLAG_LINKED, FLAG_PINNED, FLAG_RECORD_LINKED, Index, NONE_U32, index_hash};
+use crate::index::{
+    Entry, FLAG_LINKED, FLAG_PINNED, FLAG_RECORD_LINKED, FLAG_RECORD_VERSIONED, Index, NONE_U32, index_hash,
+};
 use crate::links::ObjectLinks;
 use crate::log::{RegionLog, RegionState, Staged, location, read_range};
 use crate::metrics::{add, set};
@@ -388,6 +390,8 @@ impl<E: Backend> Replay<'_, E> {
         }
         let links = header.links(covered);
         let link_flags = if links.is_some() { FLAG_LINKED | FLAG_RECORD_LINKED } else { 0 };
+        let cluster_version = header.cluster_version(covered);
+        let version_flags = if cluster_version.is_some() { FLAG_RECORD_VERSIONED } else { 0 };
         let entry = Entry {
             hash,
             nvme: location(region, at as u32),
@@ -397,19 +401,22 @@ impl<E: Backend> Replay<'_, E> {
             version: header.version,
             last_hit: 0,
             key_len: header.key_len,
-            flags: link_flags | if header.flags & RECORD_PINNED != 0 { FLAG_PINNED } else { 0 },
+            flags: link_flags | version_flags | if header.flags & RECORD_PINNED != 0 { FLAG_PINNED } else { 0 },
         };
         let id = match existing {
             Some(existing) => {
                 let old = *index.get(existing);
                 shard.unpin_entry(&old, Some(key));
+                shard.drop_version(&old);
                 shard.account(key, Use::Nvme, object_bytes(&old), false);
                 *index.get_mut(existing) = entry;
                 existing
             }
             None => index.insert(entry),
         };
-        // A later version names what it names: the book follows the newest record.
+        // A later version names what it names, and has the version it has: the books follow the newest
+        // record.
+        shard.set_version(&mut index, id, cluster_version);
         let object_links = links.map_or(ObjectLinks::default(), |(parent, group)| ObjectLinks { parent, group });
         shard.links.book.borrow_mut().link(id, object_links);
         shard.account(key, Use::Nvme, object_bytes(&entry), true);

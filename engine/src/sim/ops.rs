@@ -100,7 +100,7 @@ pub async fn execute(shards: Rc<Vec<Rc<Shard<Simulated>>>>, op: Op) -> Outcome {
     match op {
         Op::Put { key, version, upsert, policy, pin, parent } => {
             let value = value_of(key, version.number, version.len as usize);
-            let options = PutOptions { upsert, policy, pin, replicas: 0 };
+            let options = PutOptions { upsert, policy, pin, ..PutOptions::default() };
             let parent = parent.map(key_name);
             let links = Links { parent: parent.as_deref(), group: None };
             let crc = crc32c::crc32c(&value);

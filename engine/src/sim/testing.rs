@@ -100,13 +100,13 @@ pub async fn put(
     policy: WritePolicy,
     pin: Pin,
 ) -> Result<(), Status> {
-    let options = PutOptions { upsert: true, policy: Some(policy), pin, replicas: 0 };
+    let options = PutOptions { upsert: true, policy: Some(policy), pin, ..PutOptions::default() };
     shard.put_value(key, value, crc32c::crc32c(value), options, Links::NONE).await.map_err(|error| error.status())
 }
 
 /// Upserts `key` = `value`, a child of `parent`, durably.
 pub async fn put_child(shard: &Rc<Shard<Simulated>>, key: &[u8], value: &[u8], parent: &[u8]) -> Result<(), Status> {
-    let options = PutOptions { upsert: true, policy: Some(WritePolicy::Durable), pin: Pin::None, replicas: 0 };
+    let options = PutOptions { upsert: true, policy: Some(WritePolicy::Durable), ..PutOptions::default() };
     shard
         .put_value(key, value, crc32c::crc32c(value), options, Links::parent(parent))
         .await

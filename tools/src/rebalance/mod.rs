@@ -11,7 +11,7 @@
 pub(crate) mod pass;
 mod plan;
 #[cfg(test)]
-mod sim;
+pub(crate) mod sim;
 pub(crate) mod store;
 pub(crate) mod throttle;
 

@@ -11,7 +11,7 @@ use strata_cluster::{Member, View};
 use strata_proto::{WritePolicy, placement};
 
 use super::plan::{Decision, Removal, Role, decide, role, to_ask};
-use super::store::{Directory, KeyStore};
+use super::store::{CopyItem, Directory, KeyStore};
 use super::throttle::Throttle;
 
 /// Keys per SCAN page.
@@ -288,13 +288,19 @@ impl Page<'_> {
                     failed += ats.len() as u64;
                     continue;
                 };
-                let items: Vec<(&[u8], &[u8])> =
-                    ats.iter().map(|&at| (keys[at], values[at].as_deref().unwrap_or_default())).collect();
+                let items: Vec<CopyItem<'_>> = ats
+                    .iter()
+                    .map(|&at| match &values[at] {
+                        Ok((value, version)) => (keys[at], value.as_slice(), *version),
+                        Err(_) => (keys[at], &[][..], None),
+                    })
+                    .collect();
                 for ((&at, item), result) in
                     ats.iter().zip(&items).zip(client.batch_put(&items, self.context.copy_policy))
                 {
                     match result {
-                        Ok(()) | Err(ClientError::Exists) => {
+                        // Held already, or at a newer version: a copy never replaces what is newer.
+                        Ok(()) | Err(ClientError::Exists | ClientError::Superseded) => {
                             held.insert(batch[at], true);
                             report.copied += 1;
                             report.copied_bytes += item.1.len() as u64;
@@ -339,6 +345,7 @@ mod tests {
     use strata_cluster::MemberState;
 
     use crate::rebalance::sim::member;
+    use crate::rebalance::store::VersionedValue;
 
     /// Keys and values in insertion order (the scan's cursor is the position).
     type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
@@ -364,14 +371,14 @@ mod tests {
             let held = self.0.lock().unwrap();
             keys.iter().map(|key| Ok(held.iter().any(|(k, _)| k == key))).collect()
         }
-        fn batch_get(&mut self, keys: &[&[u8]]) -> Vec<Result<Vec<u8>, ClientError>> {
+        fn batch_get(&mut self, keys: &[&[u8]]) -> Vec<Result<VersionedValue, ClientError>> {
             let held = self.0.lock().unwrap();
-            let find = |key: &[u8]| held.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+            let find = |key: &[u8]| held.iter().find(|(k, _)| k == key).map(|(_, v)| (v.clone(), None));
             keys.iter().map(|key| find(key).ok_or(ClientError::NotFound)).collect()
         }
-        fn batch_put(&mut self, items: &[(&[u8], &[u8])], _: Option<WritePolicy>) -> Vec<Result<(), ClientError>> {
+        fn batch_put(&mut self, items: &[CopyItem<'_>], _: Option<WritePolicy>) -> Vec<Result<(), ClientError>> {
             let mut held = self.0.lock().unwrap();
-            held.extend(items.iter().map(|(key, value)| (key.to_vec(), value.to_vec())));
+            held.extend(items.iter().map(|(key, value, _)| (key.to_vec(), value.to_vec())));
             items.iter().map(|_| Ok(())).collect()
         }
         fn batch_remove(&mut self, _: &[&[u8]]) -> Vec<Result<(), ClientError>> {

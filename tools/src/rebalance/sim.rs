@@ -23,7 +23,7 @@ use strata_cluster::{Member, MemberState, TierSpace, View};
 use strata_proto::{WritePolicy, placement};
 
 use super::pass::{PassContext, run_pass};
-use super::store::{Directory, KeyStore};
+use super::store::{CopyItem, Directory, KeyStore, VersionedValue};
 use super::throttle::Throttle;
 
 const REPLICAS: usize = 2;
@@ -80,22 +80,22 @@ impl KeyStore for Handle {
         keys.iter().map(|key| Ok(node.keys.contains_key(*key))).collect()
     }
 
-    fn batch_get(&mut self, keys: &[&[u8]]) -> Vec<Result<Vec<u8>, ClientError>> {
+    fn batch_get(&mut self, keys: &[&[u8]]) -> Vec<Result<VersionedValue, ClientError>> {
         let node = self.0.borrow();
         if !node.alive {
             return down(keys.len());
         }
         keys.iter()
-            .map(|key| node.keys.get(*key).map(|(_, value, _)| value.clone()).ok_or(ClientError::NotFound))
+            .map(|key| node.keys.get(*key).map(|(_, value, _)| (value.clone(), None)).ok_or(ClientError::NotFound))
             .collect()
     }
 
-    fn batch_put(&mut self, items: &[(&[u8], &[u8])], _: Option<WritePolicy>) -> Vec<Result<(), ClientError>> {
+    fn batch_put(&mut self, items: &[CopyItem<'_>], _: Option<WritePolicy>) -> Vec<Result<(), ClientError>> {
         let mut node = self.0.borrow_mut();
         if !node.alive {
             return down(items.len());
         }
-        items.iter().map(|(key, value)| node.put(key, value, true)).collect()
+        items.iter().map(|(key, value, _)| node.put(key, value, true)).collect()
     }
 
     fn batch_remove(&mut self, keys: &[&[u8]]) -> Vec<Result<(), ClientError>> {
@@ -129,7 +129,7 @@ impl SimNode {
 }
 
 /// A member of equal weight in no zone, in `state` (the simulation's nodes are never dialled).
-pub(super) fn member(id: &str, state: MemberState) -> Member {
+pub(crate) fn member(id: &str, state: MemberState) -> Member {
     Member {
         id: id.to_string(),
         shards: vec!["127.0.0.1:1".parse().expect("address")],

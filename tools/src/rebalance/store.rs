@@ -4,9 +4,13 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
+pub use strata_client::VersionedValue;
 use strata_client::{Client, ClientError, ClientOptions, PutOptions, ScanPage};
 use strata_cluster::Member;
-use strata_proto::WritePolicy;
+use strata_proto::{Version, WritePolicy};
+
+/// A copy to make: key, value, and the version the copy carries.
+pub type CopyItem<'a> = (&'a [u8], &'a [u8], Option<Version>);
 
 /// The calls a pass makes of one node.
 pub trait KeyStore {
@@ -16,10 +20,12 @@ pub trait KeyStore {
     fn scan_shard(&mut self, shard: usize, cursor: u32, max_keys: u32) -> Result<ScanPage, ClientError>;
     /// Whether each key is stored.
     fn batch_exists(&mut self, keys: &[&[u8]]) -> Vec<Result<bool, ClientError>>;
-    /// Each key's value.
-    fn batch_get(&mut self, keys: &[&[u8]]) -> Vec<Result<Vec<u8>, ClientError>>;
-    /// Stores each value unless its key is stored (`Exists`), with `policy` (none: the node's default).
-    fn batch_put(&mut self, items: &[(&[u8], &[u8])], policy: Option<WritePolicy>) -> Vec<Result<(), ClientError>>;
+    /// Each key's value and version.
+    fn batch_get(&mut self, keys: &[&[u8]]) -> Vec<Result<VersionedValue, ClientError>>;
+    /// Stores each value with `policy` (none: the node's default): one with no version unless its key is
+    /// stored (`Exists`), one with a version unless the key is stored at that version or a newer one
+    /// (`Superseded`), replacing an older one.
+    fn batch_put(&mut self, items: &[CopyItem<'_>], policy: Option<WritePolicy>) -> Vec<Result<(), ClientError>>;
     /// Removes each key.
     fn batch_remove(&mut self, keys: &[&[u8]]) -> Vec<Result<(), ClientError>>;
 }
@@ -37,12 +43,27 @@ impl KeyStore for Client {
         Client::batch_exists(self, keys)
     }
 
-    fn batch_get(&mut self, keys: &[&[u8]]) -> Vec<Result<Vec<u8>, ClientError>> {
-        Client::batch_get(self, keys)
+    fn batch_get(&mut self, keys: &[&[u8]]) -> Vec<Result<VersionedValue, ClientError>> {
+        Client::batch_get_versioned(self, keys)
     }
 
-    fn batch_put(&mut self, items: &[(&[u8], &[u8])], policy: Option<WritePolicy>) -> Vec<Result<(), ClientError>> {
-        Client::batch_put_with(self, items, PutOptions { policy, ..PutOptions::default() })
+    fn batch_put(&mut self, items: &[CopyItem<'_>], policy: Option<WritePolicy>) -> Vec<Result<(), ClientError>> {
+        // Unversioned copies go as one batch; a versioned one (an upserted key, rare) as an upsert of its own,
+        // since a frame's items share their options.
+        let plain: Vec<usize> = (0..items.len()).filter(|&at| items[at].2.is_none()).collect();
+        let plain_items: Vec<(&[u8], &[u8])> = plain.iter().map(|&at| (items[at].0, items[at].1)).collect();
+        let mut plain_results =
+            Client::batch_put_with(self, &plain_items, PutOptions { policy, ..PutOptions::default() }).into_iter();
+        items
+            .iter()
+            .map(|&(key, value, version)| match version {
+                None => plain_results.next().unwrap_or_else(|| Err(ClientError::Protocol("no result".into()))),
+                Some(version) => {
+                    let options = PutOptions { policy, upsert: true, version: Some(version), ..PutOptions::default() };
+                    Client::put_with(self, key, value, options)
+                }
+            })
+            .collect()
     }
 
     fn batch_remove(&mut self, keys: &[&[u8]]) -> Vec<Result<(), ClientError>> {

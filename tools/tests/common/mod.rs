@@ -72,6 +72,25 @@ impl Drop for NodeProcess {
     }
 }
 
+/// Waits (at most `limit`) until `watch`'s view serves exactly `ids`, and returns that view.
+#[allow(dead_code)]
+pub fn wait_for_view(
+    watch: &strata_client::MembersWatch,
+    ids: &[&str],
+    limit: Duration,
+) -> std::sync::Arc<strata_cluster::View> {
+    let started = Instant::now();
+    loop {
+        let view = watch.view();
+        let serving: Vec<&str> = view.serving().map(|member| member.id.as_str()).collect();
+        if serving == ids {
+            return view;
+        }
+        assert!(started.elapsed() < limit, "serving {serving:?}, waited for {ids:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// An empty directory of this test run, `name` and the process id under Cargo's scratch directory.
 #[allow(dead_code)]
 pub fn fresh_directory(name: &str) -> std::path::PathBuf {

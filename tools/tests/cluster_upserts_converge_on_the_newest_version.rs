@@ -1,0 +1,165 @@
+//! Replicated upserts carry versions (real nodes, real etcd on loopback). One writer's upsert that reaches
+//! a replica late, after another writer's newer one, is refused there (`Superseded`) and changes nothing,
+//! so replicas agree whatever order upserts reach them in. Two cluster clients upserting the same keys at
+//! once leave both replicas of every key with the same bytes at the same version. When a third node
+//! joins, the keys that move to it are copied with their versions, so it too refuses what is older than
+//! what it received.
+
+mod common;
+
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use common::NodeProcess;
+use common::etcd::{Etcd, free_port};
+use strata_client::{
+    Client, ClientError, ClientOptions, ClusterOptions, MembersWatch, PutOptions, Version, VersionedValue,
+};
+use strata_cluster::WatchConfig;
+use strata_proto::placement;
+
+const KEYS: usize = 200;
+const ROUNDS: usize = 6;
+
+fn start_node(id: &str, listen: u16, etcd: u16) -> NodeProcess {
+    let (child, _lines, summary) = common::start_until_ready(|command| {
+        command
+            .args(["--listen", &format!("127.0.0.1:{listen}"), "--metrics", &format!("127.0.0.1:{}", free_port())])
+            .args(["--cores", "1", "--cpus", "0", "--dram", "64MiB", "--dram-only"])
+            .args(["--cluster", &format!("etcd://127.0.0.1:{etcd}"), "--cluster-name", "test"])
+            .args(["--node-id", id, "--lease-ttl", "2s", "--replicas", "2", "--max-replicas", "2"])
+    });
+    assert!(summary.contains(&format!("cluster: {id} in cluster test")), "{summary}");
+    NodeProcess(child)
+}
+
+fn key(index: usize) -> Vec<u8> {
+    format!("upserted-{index:04}").into_bytes()
+}
+
+/// Writer `writer`'s value of key `index` in round `round`: its bytes say who wrote it and when.
+fn value(writer: usize, round: usize, index: usize) -> Vec<u8> {
+    let tag = format!("writer {writer} round {round} key {index};");
+    tag.as_bytes().iter().copied().cycle().take(2048 + index).collect()
+}
+
+/// Every key's bytes and version as the node on `port` holds it (a client of that node alone).
+fn held_by(port: u16, keys: &[&[u8]]) -> Vec<Result<VersionedValue, ClientError>> {
+    let mut node = Client::connect(format!("127.0.0.1:{port}"), ClientOptions::default()).expect("node client");
+    node.batch_get_versioned(keys)
+}
+
+#[test]
+fn replicas_keep_the_newest_upsert_whatever_order_it_arrives_in() {
+    let data = common::fresh_directory("etcd-upserts");
+    let etcd = Etcd::start(&data, free_port(), free_port());
+    let endpoint = format!("etcd://127.0.0.1:{}", etcd.client_port);
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let mut nodes = vec![start_node("a", ports[0], etcd.client_port), start_node("b", ports[1], etcd.client_port)];
+    let watch = Arc::new(
+        MembersWatch::start(WatchConfig::new(vec![format!("http://127.0.0.1:{}", etcd.client_port)], "test"))
+            .expect("the members' watch starts"),
+    );
+    common::wait_for_view(&watch, &["a", "b"], Duration::from_secs(10));
+    let options = ClusterOptions {
+        cluster: "test".into(),
+        replicas: 2,
+        client: ClientOptions { timeout: Duration::from_secs(5), ..ClientOptions::default() },
+        ..ClusterOptions::new(&endpoint)
+    };
+
+    // An upsert that reaches replica b late, after a newer one of another writer: b keeps the newer.
+    let (mut first, mut second) = (
+        Client::connect_watched(Arc::clone(&watch), &options).expect("cluster client"),
+        Client::connect_watched(Arc::clone(&watch), &options).expect("cluster client"),
+    );
+    let late_key: &[u8] = b"arrives-late";
+    first.upsert(late_key, b"earlier").expect("first upsert");
+    let earlier = held_by(ports[0], &[late_key])[0].clone().expect("a holds it");
+    second.upsert(late_key, b"newer").expect("second upsert");
+    let newer = held_by(ports[1], &[late_key])[0].clone().expect("b holds it");
+    assert_eq!(newer.0, b"newer");
+    assert!(newer.1 > earlier.1, "the later upsert has the newer version: {newer:?} after {earlier:?}");
+    let mut b = Client::connect(format!("127.0.0.1:{}", ports[1]), ClientOptions::default()).expect("b");
+    let replayed = PutOptions { upsert: true, version: earlier.1, ..PutOptions::default() };
+    assert_eq!(b.put_with(late_key, &earlier.0, replayed), Err(ClientError::Superseded));
+    assert_eq!(held_by(ports[1], &[late_key])[0], Ok(newer.clone()), "b still holds the newer upsert");
+    assert_eq!(held_by(ports[0], &[late_key])[0], Ok(newer), "as a does");
+
+    // Two writers upsert every key in the same order at the same time, round after round.
+    let start = Arc::new(Barrier::new(2));
+    let writers: Vec<_> = (0..2)
+        .map(|writer| {
+            let (watch, options, start) = (Arc::clone(&watch), options.clone(), Arc::clone(&start));
+            std::thread::spawn(move || {
+                let mut client = Client::connect_watched(watch, &options).expect("cluster client");
+                let mut superseded = 0usize;
+                for round in 0..ROUNDS {
+                    start.wait();
+                    for index in 0..KEYS {
+                        match client.upsert(&key(index), &value(writer, round, index)) {
+                            Ok(()) => {}
+                            Err(ClientError::Superseded) => superseded += 1,
+                            Err(error) => panic!("writer {writer}: upsert of key {index} failed: {error}"),
+                        }
+                    }
+                }
+                superseded
+            })
+        })
+        .collect();
+    let superseded: Vec<usize> = writers.into_iter().map(|writer| writer.join().expect("writer")).collect();
+
+    let keys: Vec<Vec<u8>> = (0..KEYS).map(key).collect();
+    let key_refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    let (on_a, on_b) = (held_by(ports[0], &key_refs), held_by(ports[1], &key_refs));
+    let last_round = [value(0, ROUNDS - 1, 0), value(1, ROUNDS - 1, 0)];
+    let mut versions = Vec::with_capacity(KEYS);
+    for index in 0..KEYS {
+        let (a, b) = (on_a[index].as_ref().expect("a holds it"), on_b[index].as_ref().expect("b holds it"));
+        assert_eq!(a, b, "key {index}: the replicas differ (superseded answers: {superseded:?})");
+        let version = a.1.expect("an upsert of a cluster client carries a version");
+        let last = [value(0, ROUNDS - 1, index), value(1, ROUNDS - 1, index)];
+        assert!(last.contains(&a.0), "key {index}: not a last round's value (first key's: {last_round:?})");
+        versions.push(version);
+    }
+
+    // An upsert older than what the replicas hold changes nothing.
+    let mut client = Client::connect_watched(Arc::clone(&watch), &options).expect("cluster client");
+    let older = Version { sequence: versions[0].sequence - 1, ..versions[0] };
+    let stale = PutOptions { upsert: true, version: Some(older), ..PutOptions::default() };
+    assert_eq!(client.put_with(&keys[0], b"stale", stale), Err(ClientError::Superseded));
+    assert_eq!(held_by(ports[0], &key_refs[..1])[0], on_a[0], "a kept the newer version");
+    assert_eq!(held_by(ports[1], &key_refs[..1])[0], on_b[0], "b kept the newer version");
+
+    // A third node: the keys it now holds a replica of are copied to it with their versions.
+    nodes.push(start_node("c", ports[2], etcd.client_port));
+    let view = common::wait_for_view(&watch, &["a", "b", "c"], Duration::from_secs(10));
+    let ids: Vec<String> = view.serving().map(|member| member.id.clone()).collect();
+    let moved: Vec<usize> = (0..KEYS)
+        .filter(|&index| {
+            let replicas = placement::replicas(&keys[index], &view.candidates(), 2);
+            replicas.iter().any(|&node| ids[node] == "c")
+        })
+        .collect();
+    assert!(!moved.is_empty(), "some keys have a replica on c");
+    let moved_keys: Vec<&[u8]> = moved.iter().map(|&index| key_refs[index]).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let on_c = loop {
+        let on_c = held_by(ports[2], &moved_keys);
+        if on_c.iter().all(Result::is_ok) || Instant::now() > deadline {
+            break on_c;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    for (at, &index) in moved.iter().enumerate() {
+        let (bytes, version) = on_c[at].as_ref().unwrap_or_else(|error| panic!("key {index} not copied to c: {error}"));
+        assert_eq!((bytes, *version), (&on_a[index].as_ref().expect("a").0, Some(versions[index])), "key {index}");
+    }
+    let first = moved[0];
+    let older = Version { sequence: versions[first].sequence - 1, ..versions[first] };
+    let mut c = Client::connect(format!("127.0.0.1:{}", ports[2]), ClientOptions::default()).expect("c");
+    let stale = PutOptions { upsert: true, version: Some(older), ..PutOptions::default() };
+    assert_eq!(c.put_with(&keys[first], b"stale", stale), Err(ClientError::Superseded), "c refuses the older one");
+    drop(nodes);
+}
