@@ -145,7 +145,9 @@ impl TierRecords {
     }
 }
 
-/// Every tier record of `cluster`, each with its mod revision.
+/// Every tier record of `cluster` that decodes, each with its mod revision. One that does not (written by
+/// hand, or by another build) is left out with a warning: no takeover happens for that tier, while the
+/// others' still do.
 pub async fn read_tiers(
     client: &mut Client,
     cluster: &str,
@@ -153,7 +155,20 @@ pub async fn read_tiers(
 ) -> Result<Vec<(TierRecord, i64)>, ClaimError> {
     let prefix = tiers_prefix(cluster);
     let answer = bounded(limit, client.get(prefix.as_str(), Some(GetOptions::new().with_prefix()))).await?;
-    answer.kvs().iter().map(|kv| Ok((decode(kv.key(), kv.value())?, kv.mod_revision()))).collect()
+    Ok(decodable(answer.kvs().iter().map(|kv| (kv.key(), kv.value(), kv.mod_revision()))))
+}
+
+/// The records among `(key, value, mod revision)` that decode; the others are logged.
+fn decodable<'a>(kvs: impl IntoIterator<Item = (&'a [u8], &'a [u8], i64)>) -> Vec<(TierRecord, i64)> {
+    kvs.into_iter()
+        .filter_map(|(key, value, revision)| match decode(key, value) {
+            Ok(record) => Some((record, revision)),
+            Err(error) => {
+                tracing::warn!(%error, "a tier record is malformed: that tier is never taken over until it is fixed");
+                None
+            }
+        })
+        .collect()
 }
 
 /// The node `me` claims its own tier, described by `mine` (owner, epoch and state are set here): a new
@@ -267,5 +282,22 @@ mod tests {
         assert_eq!(decode(b"k", json.as_bytes()).unwrap(), record);
         assert!(matches!(decode(b"k", b"{}"), Err(ClaimError::Malformed { .. })));
         assert_eq!(tier_key("prod", "n2"), "/strata/prod/tiers/n2");
+    }
+
+    #[test]
+    fn a_malformed_record_is_left_out_and_the_others_are_read() {
+        let record = TierRecord {
+            node: "n1".into(),
+            namespaces: Vec::new(),
+            shards: 1,
+            region_bytes: 1 << 20,
+            owner: Some("n1".into()),
+            epoch: 2,
+            state: TierState::Owned,
+        };
+        let json = serde_json::to_vec(&record).unwrap();
+        let kvs: [(&[u8], &[u8], i64); 3] =
+            [(b"/t/n0", b"not json", 5), (b"/t/n1", &json, 7), (b"/t/n2", br#"{"node":"n2"}"#, 9)];
+        assert_eq!(decodable(kvs), vec![(record, 7)]);
     }
 }

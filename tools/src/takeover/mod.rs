@@ -8,7 +8,8 @@
 //! hashing of the tier's node id over the serving members, so one node tries; the claim itself is an etcd
 //! compare-and-swap, so two nodes with different views never both hold it. A starting node registers (as
 //! joining) before it claims its own tier, so a tier is claimed only once its owner has been out of the
-//! members (its lease expired) for `CLAIM_GRACE` as this node sees it.
+//! members (its lease expired) for `CLAIM_GRACE` as this node sees it. Should that survivor not claim it,
+//! the next in the order does `FALLBACK_STEP` later, and so on.
 
 pub mod fence;
 pub mod own;
@@ -37,6 +38,9 @@ const ETCD_RETRY: Duration = Duration::from_secs(1);
 /// node's entry (joining) is in etcd before its claim, so this only covers the members' watch lagging
 /// etcd (its watcher syncs every 100 ms).
 const CLAIM_GRACE: Duration = Duration::from_secs(1);
+/// How much longer each next survivor in a tier's rendezvous order waits before it claims the tier itself:
+/// the first one may be alive yet unable to claim (it cannot reach etcd, or it stopped serving).
+const FALLBACK_STEP: Duration = Duration::from_secs(10);
 
 /// What the takeover thread works with.
 pub struct TakeoverConfig {
@@ -148,7 +152,7 @@ impl Worker {
     }
 
     /// Takes over each tier this node should: its own unfinished takeovers, and the tiers of owners gone
-    /// for `CLAIM_GRACE` that rendezvous hashing gives to this node. Returns whether a tier still waits (an
+    /// for as long as this node's place in the tier's rendezvous order asks ([`claim_delay`]). Returns whether a tier still waits (an
     /// owner gone for less than the grace, or a takeover left to finish).
     fn look_at(&mut self, etcd: &mut TierRecords, view: &View, tiers: Vec<(TierRecord, i64)>) -> bool {
         let me = self.config.cluster.node_id.clone();
@@ -172,11 +176,9 @@ impl Worker {
             let since =
                 self.absent.get(&owner).filter(|(seen, _)| *seen == revision).map_or_else(Instant::now, |s| s.1);
             absent.insert(owner.clone(), (revision, since));
-            if since.elapsed() < CLAIM_GRACE {
+            let Some(rank) = claim_rank(view, &record.node, &me) else { continue };
+            if since.elapsed() < claim_delay(rank) {
                 waiting = true;
-                continue;
-            }
-            if self.claimer(view, &record.node) != Some(me.as_str()) {
                 continue;
             }
             match etcd.claim_dead(&me, (&record, revision)) {
@@ -189,14 +191,6 @@ impl Worker {
         }
         self.absent = absent;
         waiting
-    }
-
-    /// The serving member that claims `node`'s tier: the first in its rendezvous order.
-    fn claimer<'a>(&self, view: &'a View, node: &str) -> Option<&'a str> {
-        let candidates = view.candidates();
-        let serving: Vec<_> = view.serving().collect();
-        let first = *placement::replicas(node.as_bytes(), &candidates, 1).first()?;
-        serving.get(first).map(|member| member.id.as_str())
     }
 
     /// Fences the previous holder, recovers the tier, moves its keys and releases it; on failure the
@@ -278,6 +272,21 @@ impl Worker {
     }
 }
 
+/// This node's place among the serving members in `node`'s rendezvous order (0: it claims first); none
+/// when it is not serving.
+fn claim_rank(view: &View, node: &str, me: &str) -> Option<usize> {
+    let candidates = view.candidates();
+    let serving: Vec<_> = view.serving().collect();
+    placement::replicas(node.as_bytes(), &candidates, candidates.len())
+        .into_iter()
+        .position(|index| serving.get(index).is_some_and(|member| member.id == me))
+}
+
+/// How long a tier's owner must have been gone before the survivor of rank `rank` claims its tier.
+fn claim_delay(rank: usize) -> Duration {
+    CLAIM_GRACE + FALLBACK_STEP * rank.min(1_000) as u32
+}
+
 /// The tier's namespaces, each of which must be on NVMe-oF.
 fn addresses(record: &TierRecord) -> anyhow::Result<Vec<NvmfAddress>> {
     record
@@ -289,4 +298,32 @@ fn addresses(record: &TierRecord) -> anyhow::Result<Vec<NvmfAddress>> {
             Err(error) => Err(anyhow::anyhow!("{spec}: {error}")),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rebalance::sim::member;
+
+    #[test]
+    fn each_survivor_has_its_own_turn_to_claim_a_tier() {
+        let mut members: Vec<_> = ["a", "b", "c", "d"].iter().map(|id| member(id, MemberState::Serving)).collect();
+        members.push(member("e", MemberState::Joining));
+        let view = View { epoch: 1, revision: 1, members };
+        for tier in ["dead-1", "dead-2", "dead-3"] {
+            let mut ranks: Vec<usize> =
+                ["a", "b", "c", "d"].iter().map(|me| claim_rank(&view, tier, me).expect("serving")).collect();
+            let first = ["a", "b", "c", "d"][ranks.iter().position(|&rank| rank == 0).expect("a first")];
+            let order = placement::replicas(tier.as_bytes(), &view.candidates(), 1);
+            assert_eq!(view.serving().nth(order[0]).map(|member| member.id.as_str()), Some(first));
+            ranks.sort_unstable();
+            assert_eq!(ranks, [0, 1, 2, 3], "one turn each");
+            assert_eq!(claim_rank(&view, tier, "e"), None, "a node not serving never claims");
+        }
+        assert_eq!(claim_delay(0), CLAIM_GRACE);
+        assert!(
+            claim_delay(1) > claim_delay(0) + Duration::from_secs(5),
+            "the next waits long enough to see the first claim"
+        );
+    }
 }
