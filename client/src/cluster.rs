@@ -249,6 +249,8 @@ impl Client {
     ) -> Vec<Result<ItemReply, ClientError>> {
         let Some(routing) = self.cluster.as_deref() else { return Vec::new() };
         let wanted = if options.replicas == 0 { routing.replicas } else { options.replicas };
+        // Each replica keeps the count with the object, so that repairs re-create as many copies.
+        let options = PutOptions { replicas: wanted, ..options };
         // A removal counts once any replica answered; a put once `min_replicas` of its replicas stored it.
         let needed = if opcode == Opcode::Remove { 1 } else { usize::from(routing.min_replicas.min(wanted)) };
         let everyone: Vec<usize> = (0..items.len()).collect();

@@ -30,8 +30,15 @@ pub fn feed_ownership(config: &ClusterConfig, ownership: Arc<Ownership>) -> Resu
     let (me, max_replicas, cluster) = (config.node_id.clone(), config.max_replicas.max(1), config.cluster.clone());
     let watch =
         WatchConfig { timeout: config.lease_ttl, ..WatchConfig::new(config.endpoints.clone(), &config.cluster) };
+    let was_present = std::sync::atomic::AtomicBool::new(false);
     let publish = move |view: &View| {
         let members = serde_json::to_vec(&view.document(&cluster)).unwrap_or_default();
+        // Its entry gone from its own view after it was there: its lease expired, and its keys went to other
+        // nodes (a drain keeps the entry, so it is not an absence).
+        let present = view.members.iter().any(|member| member.id == me);
+        if was_present.swap(present, std::sync::atomic::Ordering::AcqRel) && !present {
+            ownership.absent();
+        }
         ownership.publish(view.epoch.max(0) as u64, owns_under(view, &me, max_replicas), members);
     };
     MembersWatch::spawn(watch, Some(Box::new(publish)))

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
 use strata_engine::metrics::{ShardMetrics, tier_usage};
+use strata_engine::ownership::Ownership;
 use strata_engine::reports::{Report, Reports};
 use tokio::sync::Notify;
 
@@ -59,6 +60,8 @@ struct Subject {
     wake: Notify,
     registrations: AtomicU64,
     state: Mutex<MemberState>,
+    /// Told when the lease is lost: the node may have been out of the cluster.
+    ownership: Mutex<Option<Arc<Ownership>>>,
 }
 
 /// A running registration; [`Registration::stop`] ends it and removes the entry.
@@ -93,6 +96,7 @@ impl Registration {
             wake: Notify::new(),
             registrations: AtomicU64::new(0),
             state: Mutex::new(MemberState::Joining),
+            ownership: Mutex::new(None),
         });
         subject.report(None, Some("not registered yet".to_string()));
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -133,6 +137,15 @@ impl Registration {
         self.subject.wake.notify_one();
     }
 
+    /// Tells `ownership` each time the registration's lease is lost or etcd cannot be reached (and the
+    /// lease may expire): other nodes may have taken the node's keys meanwhile
+    /// ([`Ownership::absent`]).
+    pub fn report_absences_to(&self, ownership: Arc<Ownership>) {
+        if let Ok(mut held) = self.subject.ownership.lock() {
+            *held = Some(ownership);
+        }
+    }
+
     /// Marks the node draining in its entry, at once rather than at the next keep-alive: placement leaves
     /// it out from the next epoch on, so clients stop sending it keys while it moves its own away.
     pub fn drain(&self) {
@@ -163,6 +176,9 @@ impl Subject {
         while !self.stopping.load(Ordering::SeqCst) && !self.fenced.load(Ordering::SeqCst) {
             if let Err(error) = self.session(&mut epoch).await {
                 tracing::warn!(%error, "cluster registration lost; serving on, registering again");
+                if let Some(ownership) = self.ownership.lock().ok().and_then(|held| held.clone()) {
+                    ownership.absent();
+                }
                 self.report(
                     epoch,
                     Some(format!("etcd unreachable ({error}): serving its keys, taking no new ownership")),

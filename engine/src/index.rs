@@ -39,6 +39,21 @@ pub const FLAG_VERSIONED: u16 = 64;
 /// Entry flag: its NVMe record carries that version after the key and links (its value starts 16 bytes
 /// later).
 pub const FLAG_RECORD_VERSIONED: u16 = 128;
+/// Entry flags: bits 12-15 hold the replica count its put asked for in a cluster (0: not said), so that a
+/// repair re-creates that many copies (what SCAN reports).
+pub const FLAG_REPLICAS_SHIFT: u16 = 12;
+/// The entry flags of the replica count.
+pub const FLAG_REPLICAS_MASK: u16 = 0xf << FLAG_REPLICAS_SHIFT;
+
+/// The replica count `entry`'s put asked for (0: not said).
+pub fn replicas_of(entry: &Entry) -> u8 {
+    (entry.flags >> FLAG_REPLICAS_SHIFT) as u8
+}
+
+/// The entry flags that say `replicas` (at most 15).
+pub fn replica_flags(replicas: u8) -> u16 {
+    u16::from(replicas.min(15)) << FLAG_REPLICAS_SHIFT
+}
 
 /// One object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

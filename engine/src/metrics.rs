@@ -106,6 +106,8 @@ pub struct ShardMetrics {
     pub durable_syncs: AtomicU64,
     /// Stored bytes that failed their checksum on read (dropped, never served).
     pub checksum_failures: AtomicU64,
+    /// Upserted objects dropped as possibly superseded: stored before the node was last out of its cluster.
+    pub stale_upserts_dropped: AtomicU64,
     /// Device errors.
     pub io_errors: AtomicU64,
     /// Index: objects (gauge).
@@ -298,7 +300,7 @@ fn render_tiers(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
 /// The node-wide counters and gauges.
 fn render_counters(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
     let sum = |field: Field| sum_of(shards, field);
-    let counters: [(&str, &str, Field); 33] = [
+    let counters: [(&str, &str, Field); 34] = [
         ("strata_misses_total", "Lookups that found no object.", |s| &s.ops[Opcode::Get as usize - 1].misses),
         ("strata_promotions_total", "Objects promoted from NVMe to DRAM.", |s| &s.promotions),
         ("strata_promotions_skipped_total", "NVMe hits due for promotion that found no DRAM room at once.", |s| {
@@ -315,6 +317,11 @@ fn render_counters(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
             &s.checksum_failures
         }),
         ("strata_io_errors_total", "Device errors.", |s| &s.io_errors),
+        (
+            "strata_stale_upserts_dropped_total",
+            "Upserted objects dropped: stored before the node was last out of its cluster.",
+            |s| &s.stale_upserts_dropped,
+        ),
         ("strata_forwarded_total", "Items that reached the wrong shard and were forwarded.", |s| &s.forwarded),
         (
             "strata_moved_total",

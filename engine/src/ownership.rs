@@ -34,6 +34,8 @@ pub struct Ownership {
     /// Bumped by every publish.
     generation: AtomicU64,
     view: Mutex<Option<Arc<OwnershipView>>>,
+    /// Times the node may have been out of the cluster (its lease lost, or its entry gone from its view).
+    absences: AtomicU64,
 }
 
 impl std::fmt::Debug for Ownership {
@@ -49,6 +51,20 @@ impl Ownership {
         *self.view.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
             Some(Arc::new(OwnershipView { epoch, owns, members }));
         self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// Records that the node may have been out of the cluster: its registration's lease was lost, or its
+    /// view no longer has it serving. Upserts may have reached the key's other replicas meanwhile, so every
+    /// upserted object stored before now may be superseded: the shards answer them as misses from here on
+    /// ([`Ownership::term`]).
+    pub fn absent(&self) {
+        self.absences.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The node's current term in the cluster, from 1: the upserted objects stored in an earlier one (or
+    /// recovered from the tier, term 0) may be superseded elsewhere and are never served.
+    pub fn term(&self) -> u64 {
+        self.absences.load(Ordering::Acquire) + 1
     }
 
     /// The epoch of the latest view (0 before the first).

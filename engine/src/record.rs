@@ -41,6 +41,9 @@ pub const RECORD_SEAL: u16 = 8;
 /// Record flag: an upsert's cluster version (16 bytes, `strata_proto::Version`) follows the key and the
 /// links, covered by the header crc, so a replica still refuses older upserts after a restart.
 pub const RECORD_VERSIONED: u16 = 16;
+/// Record flags: bits 12-15 hold the replica count the object's put asked for (0: not said), restored
+/// with it so that repairs after a restart still re-create that many copies.
+pub const RECORD_REPLICAS_MASK: u16 = 0xf000;
 /// Bytes of a linked record's links.
 pub const RECORD_LINKS_BYTES: usize = 16;
 
@@ -185,9 +188,9 @@ impl RecordHeader {
         } else if header.key_len == 0 {
             return Err(FormatError::Field("key length"));
         }
-        if header.flags & !(RECORD_TOMBSTONE | RECORD_PINNED | RECORD_LINKED | RECORD_VERSIONED | RECORD_SEAL) != 0
-            || (header.flags & RECORD_SEAL != 0 && header.flags != RECORD_SEAL)
-        {
+        let known =
+            RECORD_TOMBSTONE | RECORD_PINNED | RECORD_LINKED | RECORD_VERSIONED | RECORD_SEAL | RECORD_REPLICAS_MASK;
+        if header.flags & !known != 0 || (header.flags & RECORD_SEAL != 0 && header.flags != RECORD_SEAL) {
             return Err(FormatError::Field("record flags"));
         }
         if get_u32(fixed, 44) != 0 {

@@ -7,7 +7,8 @@
 //!   flags (put): bits 0-1 write policy (0 node default, 1 write-through, 2 write-back, 3 durable),
 //!     bit 2 upsert (replace a stored key), bit 3 hard pin, bit 4 soft pin, bit 5 links (a links block
 //!     follows the key: see below), bit 6 progressive (the value comes as parts, see below), bit 8
-//!     versioned (an upsert's 16-byte version follows the key, before any links block; see `version.rs`);
+//!     versioned (an upsert's 16-byte version follows the key, before any links block; see `version.rs`),
+//!     bits 12-15 the put's replica count in a cluster (0: not said), kept with the object for repairs;
 //!   flags (get): bit 7 wait (see ITEM_WAIT), bit 8 with version (the reply's data begins with the
 //!     object's 16-byte version, zero for an object never upserted with one; data crc covers both);
 //!   flags (remove_matching): bit 0 every key (the pattern is ignored); other opcodes: 0
@@ -126,12 +127,22 @@ pub const ITEM_VERSIONED: u16 = 1 << 8;
 /// Get item flag: the reply's data begins with the object's version (16 bytes; zero if it has none), so a
 /// copy made from the read carries the version it read.
 pub const ITEM_WITH_VERSION: u16 = 1 << 8;
+/// Put item flags: where the put's replica count sits (bits 12-15; 0: not said).
+pub const ITEM_REPLICAS_SHIFT: u16 = 12;
+/// The most replicas a put's flags can say.
+pub const MAX_ITEM_REPLICAS: u8 = 15;
 /// The longest wait an item may ask for, ms.
 pub const MAX_ITEM_WAIT_MS: u32 = 60_000;
 /// Bytes of a progressive put's part header.
 pub const PART_HEADER_BYTES: usize = 8;
-const PUT_ITEM_FLAGS: u16 =
-    3 | ITEM_UPSERT | ITEM_PIN_HARD | ITEM_PIN_SOFT | ITEM_LINKS | ITEM_PROGRESSIVE | ITEM_VERSIONED;
+const PUT_ITEM_FLAGS: u16 = 3
+    | ITEM_UPSERT
+    | ITEM_PIN_HARD
+    | ITEM_PIN_SOFT
+    | ITEM_LINKS
+    | ITEM_PROGRESSIVE
+    | ITEM_VERSIONED
+    | (MAX_ITEM_REPLICAS as u16) << ITEM_REPLICAS_SHIFT;
 /// Bytes of a links block's header.
 pub const LINKS_HEADER_BYTES: usize = 4;
 /// Remove-matching item flag: every key, whatever the pattern.
@@ -161,8 +172,9 @@ pub struct PutOptions {
     pub upsert: bool,
     /// Pinning.
     pub pin: Pin,
-    /// In a cluster, how many nodes store the put (0: the client's default). Not on the wire: the client
-    /// sends the put to that many nodes.
+    /// In a cluster, how many nodes store the put (0: the client's default; at most 15). The client sends
+    /// the put to that many nodes, and says the count in the item (flag bits 12-15), so that repairs
+    /// re-create that many copies.
     pub replicas: u8,
     /// An upsert's version ([`ITEM_VERSIONED`]): none for a put the node orders by arrival. A cluster
     /// client gives every upsert one.
@@ -184,6 +196,7 @@ impl PutOptions {
         if self.version.is_some() {
             flags |= ITEM_VERSIONED;
         }
+        flags |= u16::from(self.replicas.min(MAX_ITEM_REPLICAS)) << ITEM_REPLICAS_SHIFT;
         match self.pin {
             Pin::None => (flags, 0),
             Pin::Soft { ttl_seconds } => (flags | ITEM_PIN_SOFT, ttl_seconds),
@@ -205,7 +218,7 @@ impl PutOptions {
             policy: WritePolicy::from_flags(header.flags),
             upsert: header.flags & ITEM_UPSERT != 0,
             pin,
-            replicas: 0,
+            replicas: (header.flags >> ITEM_REPLICAS_SHIFT) as u8,
             version,
         }
     }

@@ -33,9 +33,10 @@ pub use events::{Event, EventRef, Keys, KeysIter, MAX_EVENT_KEYS, MIN_EVENT_BYTE
 pub use frame::{FRAME_EPOCH, FRAME_HEADER_BYTES, FrameHeader, MAGIC, MAX_FRAME_EPOCH};
 pub use hash::{fnv1a_64, shard_of};
 pub use items::{
-    HelloReply, HelloRequest, ITEM_LINKS, ITEM_MATCH_ALL, ITEM_PIN_HARD, ITEM_PIN_SOFT, ITEM_PROGRESSIVE, ITEM_UPSERT,
-    ITEM_VERSIONED, ITEM_WAIT, ITEM_WITH_VERSION, LINKS_HEADER_BYTES, Links, MAX_ITEM_WAIT_MS, PART_HEADER_BYTES, Pin,
-    PutOptions, RequestItemHeader, ResponseItemHeader, WritePolicy, decode_part_header, encode_part_header,
+    HelloReply, HelloRequest, ITEM_LINKS, ITEM_MATCH_ALL, ITEM_PIN_HARD, ITEM_PIN_SOFT, ITEM_PROGRESSIVE,
+    ITEM_REPLICAS_SHIFT, ITEM_UPSERT, ITEM_VERSIONED, ITEM_WAIT, ITEM_WITH_VERSION, LINKS_HEADER_BYTES, Links,
+    MAX_ITEM_REPLICAS, MAX_ITEM_WAIT_MS, PART_HEADER_BYTES, Pin, PutOptions, RequestItemHeader, ResponseItemHeader,
+    WritePolicy, decode_part_header, encode_part_header,
 };
 pub use limits::{HELLO_REPLY_BYTES, Limits, MAX_TOKEN_BYTES, REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES};
 pub use request::{

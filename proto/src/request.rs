@@ -184,7 +184,7 @@ mod tests {
     #[test]
     fn an_upserts_version_comes_between_its_key_and_its_links() {
         let version = Version { epoch: 9, sequence: 77 };
-        let options = PutOptions { upsert: true, version: Some(version), ..PutOptions::default() };
+        let options = PutOptions { upsert: true, version: Some(version), replicas: 3, ..PutOptions::default() };
         let (flags, offset) = options.encode();
         let mut bytes = Vec::new();
         RequestItemHeader { key_len: 3, flags: flags | ITEM_LINKS, value_len: 2, offset, ..Default::default() }
@@ -200,7 +200,7 @@ mod tests {
         }
         let head = decode_item_head(&bytes, Opcode::Put, &limits).expect("valid").expect("whole");
         assert_eq!((head.version, head.links, head.len), (Some(version), Links::group(b"g"), head_len));
-        assert_eq!(PutOptions::decode(&head.header, head.version), options);
+        assert_eq!(PutOptions::decode(&head.header, head.version), options, "version and replica count");
         // A version on a plain put is refused: only an upsert replaces by version.
         let mut plain = bytes.clone();
         plain[2..4].copy_from_slice(&(flags & !ITEM_UPSERT | ITEM_LINKS).to_le_bytes());

@@ -1,6 +1,7 @@
 //! The entries of a SCAN reply: for each key of the page, `[key len u16][value len u32][tiers u8][key]`,
-//! little endian, back to back. `tiers` is a LOCATE reply's ([`LOCATED_IN_DRAM`](crate::LOCATED_IN_DRAM),
-//! [`LOCATED_ON_NVME`](crate::LOCATED_ON_NVME)).
+//! little endian, back to back. The low 4 bits of `tiers` are a LOCATE reply's
+//! ([`LOCATED_IN_DRAM`](crate::LOCATED_IN_DRAM), [`LOCATED_ON_NVME`](crate::LOCATED_ON_NVME)); the high 4
+//! bits the replica count the key was put with (0: none given).
 
 use crate::codes::{ProtoError, u16_at, u32_at};
 
@@ -20,6 +21,8 @@ pub struct ScanEntry {
     pub value_len: u32,
     /// The tiers that hold it.
     pub tiers: u32,
+    /// How many nodes its put asked for (0: not said; the cluster's count applies).
+    pub replicas: u8,
 }
 
 impl ScanEntry {
@@ -29,11 +32,12 @@ impl ScanEntry {
     }
 }
 
-/// Appends one entry. `key` must be at most `u16::MAX` bytes (keys are bounded far below).
-pub fn encode_scan_entry(out: &mut Vec<u8>, key: &[u8], value_len: u32, tiers: u32) {
+/// Appends one entry. `key` must be at most `u16::MAX` bytes (keys are bounded far below); `tiers` takes 4
+/// bits and `replicas` 4 (more is cut to 15).
+pub fn encode_scan_entry(out: &mut Vec<u8>, key: &[u8], value_len: u32, tiers: u32, replicas: u8) {
     out.extend_from_slice(&(key.len() as u16).to_le_bytes());
     out.extend_from_slice(&value_len.to_le_bytes());
-    out.push(tiers as u8);
+    out.push((tiers as u8 & 0x0f) | replicas.min(15) << 4);
     out.extend_from_slice(key);
 }
 
@@ -52,7 +56,8 @@ pub fn decode_scan_entries(mut bytes: &[u8]) -> Result<Vec<ScanEntry>, ProtoErro
         entries.push(ScanEntry {
             key: bytes[SCAN_ENTRY_HEAD_BYTES..end].to_vec(),
             value_len: u32_at(bytes, 2),
-            tiers: u32::from(bytes[6]),
+            tiers: u32::from(bytes[6] & 0x0f),
+            replicas: bytes[6] >> 4,
         });
         bytes = &bytes[end..];
     }
@@ -71,9 +76,9 @@ mod tests {
             if let Ok(entries) = decode_scan_entries(&bytes) {
                 let mut again = Vec::new();
                 for entry in &entries {
-                    encode_scan_entry(&mut again, &entry.key, entry.value_len, entry.tiers);
+                    encode_scan_entry(&mut again, &entry.key, entry.value_len, entry.tiers, entry.replicas);
                 }
-                // Tiers travel as one byte: what decodes re-encodes to the same bytes.
+                // Tiers and replicas travel as one byte: what decodes re-encodes to the same bytes.
                 prop_assert_eq!(again, bytes);
             }
         }
@@ -82,13 +87,13 @@ mod tests {
     #[test]
     fn entries_round_trip_and_a_cut_page_is_an_error() {
         let mut page = Vec::new();
-        encode_scan_entry(&mut page, b"first", 4096, crate::LOCATED_IN_DRAM);
-        encode_scan_entry(&mut page, b"", 0, crate::LOCATED_ON_NVME);
+        encode_scan_entry(&mut page, b"first", 4096, crate::LOCATED_IN_DRAM, 3);
+        encode_scan_entry(&mut page, b"", 0, crate::LOCATED_ON_NVME, 0);
         let entries = decode_scan_entries(&page).unwrap();
         assert_eq!(entries.len(), 2);
         assert_eq!(
-            (entries[0].key.as_slice(), entries[0].value_len, entries[0].in_dram()),
-            (&b"first"[..], 4096, true)
+            (entries[0].key.as_slice(), entries[0].value_len, entries[0].in_dram(), entries[0].replicas),
+            (&b"first"[..], 4096, true, 3)
         );
         assert!(!entries[1].in_dram() && entries[1].key.is_empty());
         for cut in 1..page.len() {

@@ -3,7 +3,9 @@
 //! so replicas agree whatever order upserts reach them in. Two cluster clients upserting the same keys at
 //! once leave both replicas of every key with the same bytes at the same version. When a third node
 //! joins, the keys that move to it are copied with their versions, so it too refuses what is older than
-//! what it received.
+//! what it received. Every replica keeps the replica count the put asked for, for its repairs. A node
+//! stopped past its lease while a key it holds is upserted elsewhere answers a miss for that key when it
+//! comes back, never the version it held.
 
 mod common;
 
@@ -124,6 +126,12 @@ fn replicas_keep_the_newest_upsert_whatever_order_it_arrives_in() {
         versions.push(version);
     }
 
+    // Each replica keeps the count the client put with (two), which its repairs re-create.
+    let mut a = Client::connect(format!("127.0.0.1:{}", ports[0]), ClientOptions::default()).expect("a");
+    let page = a.scan_shard(0, 0, 1024).expect("a page of a's keys");
+    assert_eq!(page.entries.len(), KEYS + 1);
+    assert!(page.entries.iter().all(|entry| entry.replicas == 2), "every key says two replicas");
+
     // An upsert older than what the replicas hold changes nothing.
     let mut client = Client::connect_watched(Arc::clone(&watch), &options).expect("cluster client");
     let older = Version { sequence: versions[0].sequence - 1, ..versions[0] };
@@ -161,5 +169,34 @@ fn replicas_keep_the_newest_upsert_whatever_order_it_arrives_in() {
     let mut c = Client::connect(format!("127.0.0.1:{}", ports[2]), ClientOptions::default()).expect("c");
     let stale = PutOptions { upsert: true, version: Some(older), ..PutOptions::default() };
     assert_eq!(c.put_with(&keys[first], b"stale", stale), Err(ClientError::Superseded), "c refuses the older one");
+
+    // b stopped past its lease misses an upsert; back in the cluster, it never serves the version it held.
+    let held_by_b = (0..KEYS)
+        .map(|index| format!("upserted-while-away-{index}").into_bytes())
+        .find(|key| {
+            let order = placement::replicas(key, &view.candidates(), 2);
+            order.iter().any(|&node| ids[node] == "b")
+        })
+        .expect("a key with a replica on b");
+    client.upsert(&held_by_b, b"before").expect("upsert before b stops");
+    let b_pid = nodes[1].0.id().to_string();
+    let signal = |name: &str| {
+        let status = std::process::Command::new("kill").args([name, &b_pid]).status().expect("kill runs");
+        assert!(status.success(), "kill {name} {b_pid}");
+    };
+    signal("-STOP");
+    common::wait_for_view(&watch, &["a", "c"], Duration::from_secs(10));
+    client.upsert(&held_by_b, b"after").expect("upsert while b is away");
+    signal("-CONT");
+    common::wait_for_view(&watch, &["a", "b", "c"], Duration::from_secs(10));
+    let on_b = held_by(ports[1], &[&held_by_b])[0].clone();
+    assert!(
+        matches!(&on_b, Err(ClientError::NotFound)) || matches!(&on_b, Ok((bytes, _)) if bytes == b"after"),
+        "b answers a miss or the newer upsert, never the one it held: {on_b:?}"
+    );
+    match client.get(&held_by_b) {
+        Ok(bytes) => assert_eq!(bytes, b"after"),
+        Err(error) => assert_eq!(error, ClientError::NotFound),
+    }
     drop(nodes);
 }

@@ -31,7 +31,7 @@ pub(super) async fn handle_scan(
     let page = server.shard.scan(scope.prefix(), item.header.offset, wanted as usize, MAX_PAGE_BYTES).await;
     let mut data = Vec::with_capacity(page.keys.iter().map(|key| key.key.len() + 7).sum());
     for key in &page.keys {
-        encode_scan_entry(&mut data, &key.key, key.value_len, key.tiers);
+        encode_scan_entry(&mut data, &key.key, key.value_len, key.tiers, key.replicas);
     }
     let item = ResponseItemHeader {
         status: Status::Ok,

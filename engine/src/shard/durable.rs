@@ -9,7 +9,10 @@ use super::usage::Use;
 use super::{Shard, object_bytes};
 use crate::backend::Backend;
 use crate::error::EngineError;
-use crate::index::{Entry, FLAG_DIRTY, FLAG_LINKED, FLAG_PINNED, FLAG_RECORD_LINKED, FLAG_RECORD_VERSIONED, NONE_U32};
+use crate::index::{
+    Entry, FLAG_DIRTY, FLAG_LINKED, FLAG_PINNED, FLAG_RECORD_LINKED, FLAG_RECORD_VERSIONED, FLAG_REPLICAS_MASK,
+    NONE_U32,
+};
 use crate::log::{RegionLog, RegionState, split_location, write_partial, write_region, written_len};
 use crate::metrics::add;
 use crate::record::{RECORD_LINKED, RECORD_PINNED, RECORD_TOMBSTONE, RECORD_VERSIONED, RecordHeader};
@@ -147,7 +150,9 @@ impl<E: Backend> Shard<E> {
                     // Hard pins survive a restart; soft pins are a hint with a TTL and do not.
                     flags: if entry.flags & FLAG_PINNED != 0 { RECORD_PINNED } else { 0 }
                         | if links.is_some() { RECORD_LINKED } else { 0 }
-                        | if cluster_version.is_some() { RECORD_VERSIONED } else { 0 },
+                        | if cluster_version.is_some() { RECORD_VERSIONED } else { 0 }
+                        // The replica count sits in the same bits of both.
+                        | (entry.flags & FLAG_REPLICAS_MASK),
                     version,
                 };
                 if header.record_len() > log.max_record_bytes() {

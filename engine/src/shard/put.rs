@@ -16,7 +16,7 @@ use crate::dram::{DramFull, DramTier};
 use crate::error::EngineError;
 use crate::index::{
     Entry, FLAG_DIRTY, FLAG_LINKED, FLAG_PINNED, FLAG_SOFT_PINNED, FLAG_VERSIONED, Index, NONE_U32, NONE_U64,
-    index_hash,
+    index_hash, replica_flags,
 };
 use crate::links::{NO_LINK, ObjectLinks, link_hash};
 use crate::metrics::{add, set};
@@ -279,10 +279,10 @@ impl<E: Backend> Shard<E> {
                 version: 1,
                 last_hit: 0,
                 key_len: key.len() as u16,
-                flags: pin_flags | FLAG_DIRTY,
+                flags: pin_flags | FLAG_DIRTY | replica_flags(options.replicas),
             };
             let id = self.install_version(&mut index, existing, key, fresh);
-            self.set_version(&mut index, id, options.version);
+            self.set_version(&mut index, id, options.version, false);
             self.account(key, Use::Dram, new_bytes, true);
             self.relink(&mut index, id, object_links, old_hard_pin, pin_flags);
             self.events.borrow_mut().stored(key, links.parent, value_len, Tier::Dram);

@@ -181,6 +181,10 @@ impl<E: Backend> Shard<E> {
         let mut index = self.index.borrow_mut();
         let Some(id) = index.find(hash) else { return Ok(Lookup::Absent) };
         let entry = *index.get(id);
+        if self.is_stale(&entry) {
+            self.drop_stale(&mut index, id, key);
+            return Ok(Lookup::Absent);
+        }
         let (offset, len) = match range {
             None => (0, entry.value_len),
             Some((offset, len)) if u64::from(offset) + u64::from(len) > u64::from(entry.value_len) => {
@@ -422,13 +426,13 @@ impl<E: Backend> Shard<E> {
         self.exists_hashed(index_hash(key), true)
     }
 
-    /// [`Shard::exists`] (with a read lease if `lease`) of the key whose index hash is `hash`: for a batch
-    /// that hashed its keys already, to prefetch their lines.
     /// Where `key` is stored: its value's length and the tiers that hold it (`LOCATED_IN_DRAM`,
     /// `LOCATED_ON_NVME`), from the index alone (the 64-bit hash, as [`Shard::exists`]).
     pub fn locate(&self, key: &[u8]) -> Result<(u32, u32), EngineError> {
         let index = self.index.borrow();
-        let Some(id) = index.find(index_hash(key)) else { return Err(EngineError::NotFound) };
+        let Some(id) = index.find(index_hash(key)).filter(|&id| !self.is_stale(index.get(id))) else {
+            return Err(EngineError::NotFound);
+        };
         let entry = index.get(id);
         let mut tiers = 0;
         if entry.dram != NONE_U32 {
@@ -440,9 +444,13 @@ impl<E: Backend> Shard<E> {
         Ok((entry.value_len, tiers))
     }
 
+    /// [`Shard::exists`] (with a read lease if `lease`) of the key whose index hash is `hash`: for a batch
+    /// that hashed its keys already, to prefetch their lines. A stale upsert is not there.
     pub fn exists_hashed(&self, hash: u64, lease: bool) -> Result<u32, EngineError> {
         let mut index = self.index.borrow_mut();
-        let Some(id) = index.find(hash) else { return Err(EngineError::NotFound) };
+        let Some(id) = index.find(hash).filter(|&id| !self.is_stale(index.get(id))) else {
+            return Err(EngineError::NotFound);
+        };
         let entry = index.get_mut(id);
         if lease {
             entry.last_hit = self.now_tick();

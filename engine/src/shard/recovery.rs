@@ -22,8 +22,8 @@ use crate::links::ObjectLinks;
 use crate::log::{RegionLog, RegionState, Staged, location, read_range};
 use crate::metrics::{add, set};
 use crate::record::{
-    END_MARK_BYTES, RECORD_HEADER_BYTES, RECORD_PINNED, RECORD_TOMBSTONE, REGION_HEADER_BYTES, RecordHeader,
-    RegionHeader,
+    END_MARK_BYTES, RECORD_HEADER_BYTES, RECORD_PINNED, RECORD_REPLICAS_MASK, RECORD_TOMBSTONE, REGION_HEADER_BYTES,
+    RecordHeader, RegionHeader,
 };
 use crate::scan::{Scanned, scan_region};
 use crate::tenants::tenant_of;
@@ -401,7 +401,11 @@ impl<E: Backend> Replay<'_, E> {
             version: header.version,
             last_hit: 0,
             key_len: header.key_len,
-            flags: link_flags | version_flags | if header.flags & RECORD_PINNED != 0 { FLAG_PINNED } else { 0 },
+            // The replica count sits in the same bits of both.
+            flags: link_flags
+                | version_flags
+                | (header.flags & RECORD_REPLICAS_MASK)
+                | if header.flags & RECORD_PINNED != 0 { FLAG_PINNED } else { 0 },
         };
         let id = match existing {
             Some(existing) => {
@@ -416,7 +420,7 @@ impl<E: Backend> Replay<'_, E> {
         };
         // A later version names what it names, and has the version it has: the books follow the newest
         // record.
-        shard.set_version(&mut index, id, cluster_version);
+        shard.set_version(&mut index, id, cluster_version, true);
         let object_links = links.map_or(ObjectLinks::default(), |(parent, group)| ObjectLinks { parent, group });
         shard.links.book.borrow_mut().link(id, object_links);
         shard.account(key, Use::Nvme, object_bytes(&entry), true);

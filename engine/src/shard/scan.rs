@@ -7,7 +7,7 @@ use strata_proto::SCAN_DONE;
 
 use super::Shard;
 use crate::backend::Backend;
-use crate::index::{Entry, NONE_U32, NONE_U64};
+use crate::index::{Entry, NONE_U32, NONE_U64, replicas_of};
 
 /// Ids looked at per key wanted, at most: a page over a sparse id space ends early (with a cursor to go
 /// on from) rather than walking every free id in one frame.
@@ -22,6 +22,8 @@ pub struct ScannedKey {
     pub value_len: u32,
     /// The tiers that hold it (`LOCATED_IN_DRAM`, `LOCATED_ON_NVME`).
     pub tiers: u32,
+    /// The replica count its put asked for (0: not said).
+    pub replicas: u8,
 }
 
 /// A page of keys, and where the next one starts ([`SCAN_DONE`] after the last).
@@ -57,7 +59,8 @@ impl<E: Backend> Shard<E> {
             };
             let Some(user_key) = key.strip_prefix(scope) else { continue };
             bytes += user_key.len() + strata_proto::scan::SCAN_ENTRY_HEAD_BYTES;
-            page.keys.push(ScannedKey { key: user_key.to_vec(), value_len: entry.value_len, tiers });
+            let (value_len, replicas) = (entry.value_len, replicas_of(&entry));
+            page.keys.push(ScannedKey { key: user_key.to_vec(), value_len, tiers, replicas });
         }
         let done = id >= self.index.borrow().id_space();
         ScanPage { next: if done { SCAN_DONE } else { id }, ..page }
@@ -79,7 +82,7 @@ fn tiers_of(entry: &Entry) -> u32 {
 mod tests {
     use std::collections::BTreeSet;
 
-    use strata_proto::{Pin, SCAN_DONE, WritePolicy};
+    use strata_proto::{Links, Pin, PutOptions, SCAN_DONE, WritePolicy};
 
     use crate::sim::testing::{TestTier, put, value};
 
@@ -116,6 +119,36 @@ mod tests {
             let page = shard.scan(b"", 0, 1024, 1 << 20).await;
             assert_eq!((page.keys.len(), page.next), (299, SCAN_DONE));
             assert!(page.keys.iter().all(|key| key.tiers == strata_proto::LOCATED_ON_NVME));
+        });
+    }
+
+    #[test]
+    fn a_puts_replica_count_is_listed_and_survives_a_restart() {
+        let tier = TestTier::new(|_| {});
+        let replicas_listed = async |shard: &std::rc::Rc<crate::shard::Shard<crate::sim::Simulated>>| {
+            let page = shard.scan(b"", 0, 16, 1 << 20).await;
+            let mut listed: Vec<(Vec<u8>, u8)> = page.keys.into_iter().map(|key| (key.key, key.replicas)).collect();
+            listed.sort();
+            listed
+        };
+        tier.life(async |shard, _| {
+            for (key, replicas) in [(&b"three"[..], 3u8), (b"unsaid", 0), (b"upserted", 2)] {
+                let options = PutOptions { policy: Some(WritePolicy::Durable), replicas, ..PutOptions::default() };
+                let bytes = value(1, 100);
+                shard.put_value(key, &bytes, crc32c::crc32c(&bytes), options, Links::NONE).await.expect("put");
+            }
+            // An upsert says its own count: the count belongs to the version.
+            let options =
+                PutOptions { upsert: true, policy: Some(WritePolicy::Durable), replicas: 4, ..PutOptions::default() };
+            let bytes = value(2, 100);
+            shard.put_value(b"upserted", &bytes, crc32c::crc32c(&bytes), options, Links::NONE).await.expect("upsert");
+            let expected = vec![(b"three".to_vec(), 3), (b"unsaid".to_vec(), 0), (b"upserted".to_vec(), 4)];
+            assert_eq!(replicas_listed(&shard).await, expected);
+        });
+        tier.crash();
+        tier.life(async |shard, _| {
+            let expected = vec![(b"three".to_vec(), 3), (b"unsaid".to_vec(), 0), (b"upserted".to_vec(), 4)];
+            assert_eq!(replicas_listed(&shard).await, expected, "restored from the records");
         });
     }
 

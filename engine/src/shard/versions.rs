@@ -4,25 +4,35 @@
 //! Only upserted objects carry a version, and KV blocks are rarely upserted, so versions live in a book
 //! keyed by the entry's hash (like soft pins' expiries) rather than in every index entry; the entry's
 //! `FLAG_VERSIONED` says the book has it.
+//!
+//! A node of a cluster that may have been out of it (`Ownership::term`) may hold an upserted object that
+//! was upserted again elsewhere meanwhile: such an object, stored in an earlier term or recovered from the
+//! tier, is *stale* and answered as a miss. Objects never upserted are immutable and never stale.
 
 use std::collections::HashMap;
 
-use strata_proto::Version;
+use strata_proto::{RemovalReason, Version};
 
-use super::Shard;
+use super::usage::Use;
+use super::{Shard, object_bytes};
 use crate::backend::Backend;
 use crate::error::EngineError;
-use crate::index::{Entry, FLAG_VERSIONED, Index};
+use crate::index::{Entry, FLAG_VERSIONED, Index, NONE_U32};
+use crate::metrics::add;
 
-/// Entry hash → the version its object was upserted with.
+/// Entry hash → the version its object was upserted with, and the node's term when it was stored.
 #[derive(Default)]
 pub struct VersionBook {
-    versions: HashMap<u64, Version>,
+    versions: HashMap<u64, (Version, u64)>,
 }
 
 impl VersionBook {
     /// The version of `entry`'s object, if it was stored with one.
     pub fn of(&self, entry: &Entry) -> Option<Version> {
+        self.stored(entry).map(|(version, _)| version)
+    }
+
+    fn stored(&self, entry: &Entry) -> Option<(Version, u64)> {
         if entry.flags & FLAG_VERSIONED == 0 {
             return None;
         }
@@ -34,6 +44,17 @@ impl<E: Backend> Shard<E> {
     /// The version of `entry`'s object.
     pub(super) fn version_of(&self, entry: &Entry) -> Option<Version> {
         self.versions.borrow().of(entry)
+    }
+
+    /// The node's term in its cluster (0 for a node alone: nothing is ever stale there).
+    fn term(&self) -> u64 {
+        self.config.ownership.as_ref().map_or(0, |ownership| ownership.term())
+    }
+
+    /// Whether `entry`'s object is an upsert stored before the node's current term (or recovered), which
+    /// may have been superseded on other replicas while this node was out of the cluster.
+    pub(super) fn is_stale(&self, entry: &Entry) -> bool {
+        self.versions.borrow().stored(entry).is_some_and(|(_, term)| term < self.term())
     }
 
     /// Why an upsert carrying `version` must not replace the object of entry `existing`: it holds that
@@ -51,13 +72,14 @@ impl<E: Backend> Shard<E> {
     }
 
     /// Records that entry `id` now holds an object of `version` (none: an unversioned put, which drops
-    /// the version its previous object had).
-    pub(super) fn set_version(&self, index: &mut Index, id: u32, version: Option<Version>) {
+    /// the version its previous object had), stored now (`recovered`: read back from the tier, term 0).
+    pub(super) fn set_version(&self, index: &mut Index, id: u32, version: Option<Version>, recovered: bool) {
+        let term = if recovered { 0 } else { self.term() };
         let entry = index.get_mut(id);
         let mut book = self.versions.borrow_mut();
         match version {
             Some(version) => {
-                book.versions.insert(entry.hash, version);
+                book.versions.insert(entry.hash, (version, term));
                 entry.flags |= FLAG_VERSIONED;
             }
             None => {
@@ -67,6 +89,19 @@ impl<E: Backend> Shard<E> {
                 entry.flags &= !FLAG_VERSIONED;
             }
         }
+    }
+
+    /// Drops entry `id`, a stale upsert of `key` (see [`Shard::is_stale`]): a miss from now on. Its record,
+    /// if any, stays on the tier without a tombstone: recovered, it is stale again.
+    pub(super) fn drop_stale(&self, index: &mut Index, id: u32, key: &[u8]) {
+        let entry = *index.get(id);
+        if entry.dram != NONE_U32 {
+            self.dram.borrow_mut().retire(entry.dram);
+            self.account(key, Use::Dram, object_bytes(&entry), false);
+        }
+        self.forget(index, id, Some(key));
+        self.events.borrow_mut().removed(key, RemovalReason::Evicted);
+        add(&self.metrics.stale_upserts_dropped, 1);
     }
 
     /// Forgets the version of `entry`, which left the index.
@@ -106,6 +141,11 @@ mod tests {
             ..PutOptions::default()
         };
         shard.put_value(key, bytes, crc32c::crc32c(bytes), options, links).await.map_err(|error| error.status())
+    }
+
+    async fn plain_put(shard: &Rc<Shard<Simulated>>, key: &[u8], bytes: &[u8]) {
+        let options = PutOptions { policy: Some(WritePolicy::Durable), ..PutOptions::default() };
+        shard.put_value(key, bytes, crc32c::crc32c(bytes), options, Links::NONE).await.expect("put");
     }
 
     async fn read_version(shard: &Rc<Shard<Simulated>>, key: &[u8]) -> Option<Version> {
@@ -165,6 +205,30 @@ mod tests {
                 "a restarted replica still refuses what is older than what it acknowledged"
             );
             assert_eq!(read(&shard, b"plain").await, Ok(value(1, 3000)));
+        });
+    }
+
+    #[test]
+    fn a_node_back_in_its_cluster_never_serves_an_upsert_it_stored_before() {
+        let ownership = std::sync::Arc::new(crate::ownership::Ownership::default());
+        let shared = std::sync::Arc::clone(&ownership);
+        let tier = TestTier::new(|config| config.ownership = Some(shared));
+        tier.life(async |shard, _| {
+            upsert(&shard, b"upserted", &value(1, 3000), version(5, 1), Links::NONE).await.expect("upsert");
+            plain_put(&shard, b"immutable", &value(2, 3000)).await;
+            assert_eq!(read(&shard, b"upserted").await, Ok(value(1, 3000)), "served in the term it was stored in");
+            // The node's lease was lost: other replicas may have taken newer upserts meanwhile.
+            ownership.absent();
+            assert_eq!(read(&shard, b"upserted").await, Err(Status::NotFound), "a miss, never a superseded value");
+            assert_eq!(shard.exists(b"upserted").map_err(|error| error.status()), Err(Status::NotFound));
+            assert_eq!(read(&shard, b"immutable").await, Ok(value(2, 3000)), "a block never upserted stays");
+            upsert(&shard, b"upserted", &value(3, 3000), version(5, 2), Links::NONE).await.expect("a new upsert");
+            assert_eq!(read(&shard, b"upserted").await, Ok(value(3, 3000)), "stored in this term: served");
+        });
+        tier.crash();
+        tier.life(async |shard, _| {
+            assert_eq!(read(&shard, b"upserted").await, Err(Status::NotFound), "recovered: maybe superseded");
+            assert_eq!(read(&shard, b"immutable").await, Ok(value(2, 3000)));
         });
     }
 }

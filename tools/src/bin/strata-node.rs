@@ -59,6 +59,9 @@ fn main() -> anyhow::Result<()> {
     }
     // The ownership feed first: the node answers MOVED under the membership it has seen, not before. Its
     // watch is the node's one members' watch: the rebalancer and the takeovers follow it too.
+    if let (Some(registration), Some(ownership)) = (&registration, &ownership) {
+        registration.report_absences_to(Arc::clone(ownership));
+    }
     let ownership_feed = match (&cluster, ownership) {
         (Some(config), Some(ownership)) => Some(Arc::new(strata_cluster::feed_ownership(config, ownership)?)),
         _ => None,

@@ -23,7 +23,7 @@ pub struct PassContext<'a> {
     pub view: &'a View,
     /// This node's id.
     pub me: &'a str,
-    /// The cluster's replica count.
+    /// The cluster's replica count (for keys whose put did not say one).
     pub replicas: usize,
     /// How far ownership reaches.
     pub max_replicas: usize,
@@ -223,6 +223,8 @@ impl Page<'_> {
             .iter()
             .map(|entry| {
                 let order = placement::replicas(&entry.key, &candidates, candidates.len());
+                // A put that said its replica count keeps it through repairs; the others take the cluster's.
+                let replicas = if entry.replicas == 0 { replicas } else { usize::from(entry.replicas) };
                 role(&order, me, replicas, max_replicas, entry.in_dram(), draining)
             })
             .collect()
@@ -290,9 +292,10 @@ impl Page<'_> {
                 };
                 let items: Vec<CopyItem<'_>> = ats
                     .iter()
-                    .map(|&at| match &values[at] {
-                        Ok((value, version)) => (keys[at], value.as_slice(), *version),
-                        Err(_) => (keys[at], &[][..], None),
+                    .map(|&at| {
+                        let (value, version) =
+                            values[at].as_ref().map_or((&[][..], None), |(value, version)| (value, *version));
+                        CopyItem { key: keys[at], value, version, replicas: self.entries[batch[at]].replicas }
                     })
                     .collect();
                 for ((&at, item), result) in
@@ -303,8 +306,8 @@ impl Page<'_> {
                         Ok(()) | Err(ClientError::Exists | ClientError::Superseded) => {
                             held.insert(batch[at], true);
                             report.copied += 1;
-                            report.copied_bytes += item.1.len() as u64;
-                            sent += item.1.len() as u64;
+                            report.copied_bytes += item.value.len() as u64;
+                            sent += item.value.len() as u64;
                         }
                         Err(error) => {
                             tracing::debug!(node = %member.id, %error, "rebalance: a copy failed");
@@ -350,9 +353,10 @@ mod tests {
     /// Keys and values in insertion order (the scan's cursor is the position).
     type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
 
-    /// A node in memory that threads share.
+    /// A node in memory that threads share: its keys, the replica count its scan reports for each, and the
+    /// counts the copies it received said.
     #[derive(Clone, Default)]
-    struct Shared(Arc<Mutex<Pairs>>);
+    struct Shared(Arc<Mutex<Pairs>>, u8, Arc<Mutex<Vec<u8>>>);
 
     impl KeyStore for Shared {
         fn shard_count(&self) -> usize {
@@ -363,7 +367,12 @@ mod tests {
             let end = (cursor as usize + max_keys as usize).min(keys.len());
             let entries = keys[cursor as usize..end]
                 .iter()
-                .map(|(key, value)| ScanEntry { key: key.clone(), value_len: value.len() as u32, tiers: 0 })
+                .map(|(key, value)| ScanEntry {
+                    key: key.clone(),
+                    value_len: value.len() as u32,
+                    tiers: 0,
+                    replicas: self.1,
+                })
                 .collect();
             Ok(ScanPage { entries, next: (end < keys.len()).then_some(end as u32) })
         }
@@ -378,7 +387,8 @@ mod tests {
         }
         fn batch_put(&mut self, items: &[CopyItem<'_>], _: Option<WritePolicy>) -> Vec<Result<(), ClientError>> {
             let mut held = self.0.lock().unwrap();
-            held.extend(items.iter().map(|(key, value, _)| (key.to_vec(), value.to_vec())));
+            held.extend(items.iter().map(|item| (item.key.to_vec(), item.value.to_vec())));
+            self.2.lock().unwrap().extend(items.iter().map(|item| item.replicas));
             items.iter().map(|_| Ok(())).collect()
         }
         fn batch_remove(&mut self, _: &[&[u8]]) -> Vec<Result<(), ClientError>> {
@@ -427,6 +437,35 @@ mod tests {
             let copies: Vec<_> = held.iter().filter(|(k, _)| k == key).collect();
             assert_eq!(copies.len(), 1, "{} copied once, to its owner", String::from_utf8_lossy(key));
             assert_eq!(&copies[0].1, value);
+        }
+    }
+
+    #[test]
+    fn a_key_put_with_more_replicas_than_the_clusters_count_keeps_them() {
+        let ids = ["a", "b", "c"];
+        let members = ids.iter().map(|id| member(id, MemberState::Serving)).collect();
+        let view = View { epoch: 5, revision: 5, members };
+        let tier = Shared(Arc::default(), 3, Arc::default());
+        let values: Pairs = (0..300u32).map(|at| (format!("k{at}").into_bytes(), at.to_le_bytes().to_vec())).collect();
+        tier.0.lock().unwrap().extend(values.iter().cloned());
+        let owners: HashMap<String, Shared> = ids.iter().map(|id| (id.to_string(), Shared::default())).collect();
+        let stop = AtomicBool::new(false);
+        let context = PassContext {
+            view: &view,
+            me: "dead",
+            replicas: 1,
+            max_replicas: 3,
+            draining: true,
+            stop: &stop,
+            latest_epoch: &|| 5,
+            copy_policy: None,
+        };
+        let workers = (0..2).map(|_| (tier.clone(), Everyone(owners.clone()), Throttle::new(u64::MAX))).collect();
+        let report = run_pass_parallel(&context, &mut tier.clone(), workers).expect("pass");
+        assert_eq!((report.scanned, report.copied, report.left), (300, 900, 0), "three copies each: {report:?}");
+        for id in ids {
+            assert_eq!(owners[id].0.lock().unwrap().len(), 300, "{id} holds every key");
+            assert!(owners[id].2.lock().unwrap().iter().all(|&said| said == 3), "each copy says its count again");
         }
     }
 

@@ -67,7 +67,7 @@ impl KeyStore for Handle {
             }
             let (_, value, hot) = &node.keys[key];
             let tiers = if *hot { strata_proto::LOCATED_IN_DRAM } else { strata_proto::LOCATED_ON_NVME };
-            entries.push(ScanEntry { key: key.clone(), value_len: value.len() as u32, tiers });
+            entries.push(ScanEntry { key: key.clone(), value_len: value.len() as u32, tiers, replicas: 0 });
         }
         Ok(ScanPage { entries, next })
     }
@@ -95,7 +95,7 @@ impl KeyStore for Handle {
         if !node.alive {
             return down(items.len());
         }
-        items.iter().map(|(key, value, _)| node.put(key, value, true)).collect()
+        items.iter().map(|item| node.put(item.key, item.value, true)).collect()
     }
 
     fn batch_remove(&mut self, keys: &[&[u8]]) -> Vec<Result<(), ClientError>> {

@@ -1,7 +1,7 @@
 //! What a pass needs of the nodes, as traits: the client implements them over the network, and the
 //! seeded simulation (`sim.rs`) over nodes in memory, so that the same pass code runs in both.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 
 pub use strata_client::VersionedValue;
@@ -9,8 +9,18 @@ use strata_client::{Client, ClientError, ClientOptions, PutOptions, ScanPage};
 use strata_cluster::Member;
 use strata_proto::{Version, WritePolicy};
 
-/// A copy to make: key, value, and the version the copy carries.
-pub type CopyItem<'a> = (&'a [u8], &'a [u8], Option<Version>);
+/// A copy to make: the key, its value, and what its put said that the copy says again.
+#[derive(Clone, Copy, Debug)]
+pub struct CopyItem<'a> {
+    /// The key.
+    pub key: &'a [u8],
+    /// Its value.
+    pub value: &'a [u8],
+    /// The version it was upserted with.
+    pub version: Option<Version>,
+    /// The replica count its put asked for (0: not said).
+    pub replicas: u8,
+}
 
 /// The calls a pass makes of one node.
 pub trait KeyStore {
@@ -48,22 +58,22 @@ impl KeyStore for Client {
     }
 
     fn batch_put(&mut self, items: &[CopyItem<'_>], policy: Option<WritePolicy>) -> Vec<Result<(), ClientError>> {
-        // Unversioned copies go as one batch; a versioned one (an upserted key, rare) as an upsert of its own,
-        // since a frame's items share their options.
-        let plain: Vec<usize> = (0..items.len()).filter(|&at| items[at].2.is_none()).collect();
-        let plain_items: Vec<(&[u8], &[u8])> = plain.iter().map(|&at| (items[at].0, items[at].1)).collect();
-        let mut plain_results =
-            Client::batch_put_with(self, &plain_items, PutOptions { policy, ..PutOptions::default() }).into_iter();
-        items
-            .iter()
-            .map(|&(key, value, version)| match version {
-                None => plain_results.next().unwrap_or_else(|| Err(ClientError::Protocol("no result".into()))),
-                Some(version) => {
-                    let options = PutOptions { policy, upsert: true, version: Some(version), ..PutOptions::default() };
-                    Client::put_with(self, key, value, options)
-                }
-            })
-            .collect()
+        // A frame's items share their options: one batch per (version, replica count), so unversioned copies
+        // (nearly all) go in a batch or a few, and a versioned one (an upserted key) as an upsert of its own.
+        let mut groups: BTreeMap<(Option<Version>, u8), Vec<usize>> = BTreeMap::new();
+        for (at, item) in items.iter().enumerate() {
+            groups.entry((item.version, item.replicas)).or_default().push(at);
+        }
+        let mut results: Vec<Result<(), ClientError>> = Vec::with_capacity(items.len());
+        results.resize_with(items.len(), || Err(ClientError::Protocol("no result".into())));
+        for ((version, replicas), ats) in groups {
+            let batch: Vec<(&[u8], &[u8])> = ats.iter().map(|&at| (items[at].key, items[at].value)).collect();
+            let options = PutOptions { policy, upsert: version.is_some(), version, replicas, ..PutOptions::default() };
+            for (at, result) in ats.into_iter().zip(Client::batch_put_with(self, &batch, options)) {
+                results[at] = result;
+            }
+        }
+        results
     }
 
     fn batch_remove(&mut self, keys: &[&[u8]]) -> Vec<Result<(), ClientError>> {
