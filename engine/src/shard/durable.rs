@@ -11,7 +11,7 @@ use crate::backend::Backend;
 use crate::error::EngineError;
 use crate::index::{
     Entry, FLAG_DIRTY, FLAG_LINKED, FLAG_PINNED, FLAG_RECORD_LINKED, FLAG_RECORD_VERSIONED, FLAG_REPLICAS_MASK,
-    NONE_U32,
+    NONE_U32, NONE_U64,
 };
 use crate::log::{RegionLog, RegionState, split_location, write_partial, write_region, written_len};
 use crate::metrics::add;
@@ -123,12 +123,17 @@ impl<E: Backend> Shard<E> {
             let full_region = {
                 let mut index = self.index.borrow_mut();
                 let entry = *index.get(id);
-                if entry.hash != hash || entry.version != version || entry.dram == NONE_U32 {
-                    // Replaced or evicted meanwhile: nothing of this version is left to write.
+                if entry.hash != hash || entry.version != version {
+                    // Replaced or removed meanwhile: nothing of this version is left to write.
                     return Err(EngineError::NotFound);
                 }
-                if entry.flags & FLAG_DIRTY == 0 {
+                if entry.flags & FLAG_DIRTY == 0 && entry.nvme != NONE_U64 {
+                    // Written already: by eviction's write-back, say, while this write waited on a rotation
+                    // (its DRAM copy may be gone since). Before, that answered a durable put NOT_FOUND.
                     return Ok(entry.nvme);
+                }
+                if entry.dram == NONE_U32 {
+                    return Err(EngineError::NotFound);
                 }
                 if self.poisoned.get() {
                     return Err(EngineError::Poisoned);
@@ -431,6 +436,47 @@ mod tests {
             let status = put(&shard, b"big", &value(1, 200 << 10), WritePolicy::Durable, Pin::None).await;
             assert_eq!(status, Err(Status::TooLarge));
             assert_eq!(shard.exists(b"big").map_err(|error| error.status()), Err(Status::NotFound));
+        });
+    }
+}
+
+#[cfg(test)]
+mod eviction_race_tests {
+    use strata_proto::{Pin, WritePolicy};
+
+    use crate::sim::testing::{TestTier, put, value};
+
+    #[test]
+    fn a_durable_put_written_back_by_eviction_while_its_own_write_waits_is_acknowledged() {
+        let mut tier = TestTier::new(|_| {});
+        // Device operations yield to the executor, so that other puts evict while a rotation waits.
+        tier.set_faults(strata_nvme::FaultConfig { seed: 7, max_yields: 8, ..strata_nvme::FaultConfig::default() });
+        tier.life(async |shard, _| {
+            let tasks: Vec<_> = (0..8u8)
+                .map(|writer| {
+                    let shard = std::rc::Rc::clone(&shard);
+                    glommio::spawn_local(async move {
+                        let mut failed = Vec::new();
+                        // 4.8 MB in all: the 6 MiB tier never reclaims (which may drop a cold object
+                        // before its own put's write resumes, answering it NOT_FOUND as a miss).
+                        for at in 0..10u32 {
+                            let key = format!("w{writer}-{at}");
+                            let result =
+                                put(&shard, key.as_bytes(), &value(writer, 60_000), WritePolicy::Durable, Pin::None)
+                                    .await;
+                            if let Err(status) = result {
+                                failed.push((key, status));
+                            }
+                        }
+                        failed
+                    })
+                })
+                .collect();
+            let mut failed = Vec::new();
+            for task in tasks {
+                failed.extend(task.await);
+            }
+            assert!(failed.is_empty(), "{} durable puts failed: {:?}", failed.len(), &failed[..failed.len().min(5)]);
         });
     }
 }
