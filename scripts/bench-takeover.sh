@@ -6,7 +6,11 @@
 # when its tier was released (node a claimed it, fenced b, recovered its region log and moved every key to
 # its owner), with a's own timings of the recovery and the whole takeover, and the recovery's seconds per
 # GiB of log. Then every key is read back through the cluster client, every byte checked: failed gets must
-# be 0. Target: expiry to release <= 2 x TTL plus the recovery.
+# be 0. Target: expiry to release <= 2 x TTL plus the recovery. Beside it, the same run's ceiling of the
+# move, which reads every key from b's tier and writes it durably to a's, both through the one target: the
+# read-back's rate (the gets above, from a's tier) and the rate of as many fresh durable 64 KiB puts as
+# keys moved, from a client on CPU 0 straight into node a; a copy of each byte at those two rates in turn
+# is the bound.
 #   GIB=1 TTL=2 DIR=target/bench-takeover scripts/bench-takeover.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,6 +63,11 @@ PY
 taskset -c 0 "$BENCH" kv --cluster "$CLUSTER" --cluster-name takeover --metrics off --op get --no-preload \
   --keys "$KEYS" --value-size 64k --batch 8 --verify --once --runtime 600 --output-format=json > "$DIR/check.json"
 
+moved=$(grep -o "moved=[0-9]*" "$DIR/node-a.log" | tail -1 | cut -d= -f2)
+taskset -c 0 "$BENCH" kv --server 127.0.0.1:7910 --metrics off --op put --keys "$moved" --seed 2 \
+  --write-policy durable --value-size 64k --batch 8 --connections 4 --once --runtime 600 --output-format=json \
+  > "$DIR/ceiling.json"
+
 python3 - "$DIR" "$TTL" "$GIB" <<'PY'
 import json, re, sys
 directory, ttl, gib = sys.argv[1], float(sys.argv[2]), sys.argv[3]
@@ -75,4 +84,14 @@ print(f"takeover: {gib} GiB of durable 64 KiB values over 2 nodes, R=1, kill -9 
       f"{field('records')} records recovered from {log_gib:.2f} GiB of log in {recovery_s:.2f} s "
       f"({recovery_s / max(log_gib, 1e-9):.2f} s/GiB), {field('moved')} keys moved; "
       f"then {check['keys_done']} gets: {failed} failed")
+ceiling = json.load(open(f"{directory}/ceiling.json"))
+moved_bytes = field("moved") * 65536
+move_s = total_s - recovery_s
+write_rate = ceiling["keys_done"] * 65536 / ceiling["runtime_s"] / 1e6
+read_rate = check["keys_done"] * 65536 / check["runtime_s"] / 1e6
+bound = 1 / (1 / write_rate + 1 / read_rate)
+move_rate = moved_bytes / move_s / 1e6
+print(f"move: {moved_bytes / 1e6:.0f} MB in {move_s:.2f} s = {move_rate:.0f} MB/s; same run, through the same target: "
+      f"gets {read_rate:.0f} MB/s, durable puts into a {write_rate:.0f} MB/s, so a copy at most {bound:.0f} MB/s; "
+      f"ratio {move_rate / bound:.2f}; the move at that bound would take {moved_bytes / 1e6 / bound:.2f} s")
 PY

@@ -23,6 +23,7 @@ pub(crate) mod event_sender;
 pub mod events;
 pub(crate) mod forward;
 pub(crate) mod index;
+pub(crate) mod join;
 pub(crate) mod links;
 pub(crate) mod log;
 pub mod metrics;

@@ -1,6 +1,7 @@
 //! Every put the node acknowledged in `durable` mode is readable, bit-exact, after the node is killed with
 //! SIGKILL in the middle of a stream of durable puts and restarted; a put that was in flight is either
-//! absent or whole, never torn.
+//! absent or whole, never torn. A frame of removals acknowledged just before another SIGKILL stays
+//! removed.
 
 mod common;
 
@@ -104,6 +105,25 @@ fn acknowledged_durable_puts_survive_sigkill() {
         }
     }
     assert!(summary.contains("recovered"), "{summary}");
+
+    // Removals acknowledged in one frame (their tombstones synced once per region) stay removed after a
+    // kill that follows at once.
+    let removed: Vec<u64> = acknowledged.iter().copied().filter(|index| index % 3 == 0).take(200).collect();
+    let keys: Vec<Vec<u8>> = removed.iter().map(|&index| key_of(index)).collect();
+    let key_refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    for result in client.batch_remove(&key_refs) {
+        assert_eq!(result, Ok(()), "every removal acknowledged");
+    }
+    node.kill();
+    let (mut node, _) = start_node(port, &image);
+    let mut client = Client::connect(("127.0.0.1", port), ClientOptions::default()).expect("connect");
+    for (index, result) in removed.iter().zip(client.batch_get(&key_refs)) {
+        let status = result.map(|value| value.len());
+        assert_eq!(status, Err(ClientError::NotFound), "key {index}: an acknowledged removal came back after the kill");
+    }
+    for &index in acknowledged.iter().filter(|index| *index % 3 != 0).take(200) {
+        assert_eq!(client.get(&key_of(index)).expect("kept"), value_of(index), "key {index}");
+    }
     node.kill();
     let _ = std::fs::remove_dir_all(&directory);
 }

@@ -14,6 +14,7 @@ use super::connection::Connection;
 use super::watch::on_socket;
 use super::{ConnectionError, ShardServer, count};
 use crate::forward::ForwardOp;
+use crate::join::join_in_order;
 use crate::shard::{Prefetch, ReadData, ReadHit, Shard};
 use crate::tenants::Scope;
 
@@ -42,25 +43,6 @@ async fn read_item(
             }
         }
     }
-}
-
-/// Runs `futures` together; their outputs in the order given.
-async fn join_in_order<'a, T>(mut futures: Vec<Pin<Box<dyn Future<Output = T> + 'a>>>) -> Vec<T> {
-    let mut outputs: Vec<Option<T>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|context| {
-        let mut pending = false;
-        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
-            if output.is_none() {
-                match future.as_mut().poll(context) {
-                    std::task::Poll::Ready(value) => *output = Some(value),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending { std::task::Poll::Pending } else { std::task::Poll::Ready(()) }
-    })
-    .await;
-    outputs.into_iter().flatten().collect()
 }
 
 pub(super) async fn handle_get<'a>(

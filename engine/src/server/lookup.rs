@@ -7,6 +7,7 @@ use strata_proto::{RequestItem, ResponseItemHeader, Status};
 
 use super::ShardServer;
 use super::get::{local_hashes, prefetch_stages};
+use super::put::sync_batch;
 use crate::forward::ForwardOp;
 use crate::shard::Prefetch;
 use crate::tenants::Scope;
@@ -100,6 +101,7 @@ pub(super) async fn remove(
     epoch: u64,
 ) -> Vec<ResponseItemHeader> {
     let mut statuses = Vec::with_capacity(items.len());
+    let mut durable = Vec::new();
     for user_key in items.iter().map(|item| item.key) {
         if let Some(moved) = server.moved(user_key, epoch) {
             statuses.push(moved);
@@ -107,11 +109,20 @@ pub(super) async fn remove(
         }
         let key = scope.scoped(user_key);
         let status = match server.other_owner(user_key) {
-            None => server.shard.remove(&key).await.err().map_or(Status::Ok, |error| error.status()),
+            None => match server.shard.remove_unsynced(&key).await {
+                Ok(Some(point)) => {
+                    durable.push((statuses.len(), point));
+                    Status::Ok
+                }
+                Ok(None) => Status::Ok,
+                Err(error) => error.status(),
+            },
             Some(owner) => server.forward(owner, &key, ForwardOp::Remove).await.status,
         };
         statuses.push(ResponseItemHeader::status(status));
     }
+    // Acknowledged once their tombstones are durable: one sync per region for the frame.
+    sync_batch(&server.shard, &durable, &mut statuses).await;
     statuses
 }
 

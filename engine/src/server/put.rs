@@ -186,9 +186,13 @@ async fn put_here(
     })
 }
 
-/// Makes a batch's durable items durable: one sync per region covers all of its items (the last point of
-/// each region is the furthest); a failed sync fails every item of its region.
-async fn sync_batch(shard: &Rc<Shard>, durable: &[(usize, DurablePoint)], statuses: &mut [ResponseItemHeader]) {
+/// Makes a batch's durable items (puts, or removals' tombstones) durable: one sync per region covers all of
+/// its items (the last point of each region is the furthest); a failed sync fails every item of its region.
+pub(super) async fn sync_batch(
+    shard: &Rc<Shard>,
+    durable: &[(usize, DurablePoint)],
+    statuses: &mut [ResponseItemHeader],
+) {
     for (index, (_, point)) in durable.iter().enumerate() {
         let last_of_region = durable[index + 1..].iter().all(|(_, later)| later.region_key() != point.region_key());
         if last_of_region && let Err(error) = shard.sync(*point).await {
