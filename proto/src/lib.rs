@@ -43,5 +43,5 @@ pub use request::{
     ItemHead, RequestFrame, RequestItem, decode_item_head, decode_request_body, decode_request_frame,
     max_item_head_bytes,
 };
-pub use scan::{MAX_SCAN_KEYS, SCAN_DONE};
+pub use scan::{MAX_SCAN_KEYS, SCAN_DONE, SCAN_VERSIONED};
 pub use version::{VERSION_BYTES, Version, VersionClock, WRITER_BITS};

@@ -1,12 +1,14 @@
 //! The entries of a SCAN reply: for each key of the page, `[key len u16][value len u32][tiers u8][key]`,
 //! little endian, back to back. The low 4 bits of `tiers` are a LOCATE reply's
-//! ([`LOCATED_IN_DRAM`](crate::LOCATED_IN_DRAM), [`LOCATED_ON_NVME`](crate::LOCATED_ON_NVME)); the high 4
-//! bits the replica count the key was put with (0: none given).
+//! ([`LOCATED_IN_DRAM`](crate::LOCATED_IN_DRAM), [`LOCATED_ON_NVME`](crate::LOCATED_ON_NVME)) and
+//! [`SCAN_VERSIONED`]; the high 4 bits the replica count the key was put with (0: none given).
 
 use crate::codes::{ProtoError, u16_at, u32_at};
 
 /// The most keys one SCAN item may ask for.
 pub const MAX_SCAN_KEYS: u32 = 1024;
+/// A SCAN entry's tiers bit: the key was upserted with a version (a copy must compare versions).
+pub const SCAN_VERSIONED: u32 = 4;
 /// The cursor a SCAN reply carries after the shard's last page.
 pub const SCAN_DONE: u32 = u32::MAX;
 /// Bytes of an entry before its key.
@@ -29,6 +31,11 @@ impl ScanEntry {
     /// Whether a copy is in DRAM: the node's recently used objects.
     pub fn in_dram(&self) -> bool {
         self.tiers & crate::LOCATED_IN_DRAM != 0
+    }
+
+    /// Whether the key was upserted with a version.
+    pub fn versioned(&self) -> bool {
+        self.tiers & SCAN_VERSIONED != 0
     }
 }
 

@@ -3,7 +3,8 @@
 //! so replicas agree whatever order upserts reach them in. Two cluster clients upserting the same keys at
 //! once leave both replicas of every key with the same bytes at the same version. When a third node
 //! joins, the keys that move to it are copied with their versions, so it too refuses what is older than
-//! what it received. Every replica keeps the replica count the put asked for, for its repairs. A node
+//! what it received, and a replica that missed an upsert gets the newer one from the next pass. Every
+//! replica keeps the replica count the put asked for, for its repairs. A node
 //! stopped past its lease while a key it holds is upserted elsewhere answers a miss for that key when it
 //! comes back, never the version it held.
 
@@ -140,6 +141,19 @@ fn replicas_keep_the_newest_upsert_whatever_order_it_arrives_in() {
     assert_eq!(held_by(ports[0], &key_refs[..1])[0], on_a[0], "a kept the newer version");
     assert_eq!(held_by(ports[1], &key_refs[..1])[0], on_b[0], "b kept the newer version");
 
+    // Replicas that missed an upsert: keys on a and b, each upserted once more on a alone.
+    let missed: Vec<Vec<u8>> = (0..20).map(|index| format!("missed-{index}").into_bytes()).collect();
+    let missed_refs: Vec<&[u8]> = missed.iter().map(Vec::as_slice).collect();
+    let mut a = Client::connect(format!("127.0.0.1:{}", ports[0]), ClientOptions::default()).expect("a");
+    for key in &missed {
+        client.upsert(key, b"first").expect("an upsert on a and b");
+        let held = held_by(ports[0], &[key])[0].clone().expect("a holds it").1.expect("versioned");
+        let newer = Version { sequence: held.sequence + 1, ..held };
+        let options = PutOptions { upsert: true, version: Some(newer), ..PutOptions::default() };
+        a.put_with(key, b"second", options).expect("a newer upsert on a alone");
+    }
+    assert!(held_by(ports[1], &missed_refs).iter().all(|held| held.as_ref().is_ok_and(|(bytes, _)| bytes == b"first")));
+
     // A third node: the keys it now holds a replica of are copied to it with their versions.
     nodes.push(start_node("c", ports[2], etcd.client_port));
     let view = common::wait_for_view(&watch, &["a", "b", "c"], Duration::from_secs(10));
@@ -164,6 +178,27 @@ fn replicas_keep_the_newest_upsert_whatever_order_it_arrives_in() {
         let (bytes, version) = on_c[at].as_ref().unwrap_or_else(|error| panic!("key {index} not copied to c: {error}"));
         assert_eq!((bytes, *version), (&on_a[index].as_ref().expect("a").0, Some(versions[index])), "key {index}");
     }
+    // The passes of the new epoch compare versions, not only presence: every replica of a missed key ends
+    // with the newer upsert.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let stale: Vec<String> = missed
+            .iter()
+            .filter(|key| {
+                placement::replicas(key, &view.candidates(), 2).iter().any(|&node| {
+                    let port = ports[["a", "b", "c"].iter().position(|id| *id == ids[node]).expect("a node")];
+                    !matches!(&held_by(port, &[key])[0], Ok((bytes, _)) if bytes == b"second")
+                })
+            })
+            .map(|key| String::from_utf8_lossy(key).into_owned())
+            .collect();
+        if stale.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "replicas still without the newer upsert: {stale:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
     let first = moved[0];
     let older = Version { sequence: versions[first].sequence - 1, ..versions[first] };
     let mut c = Client::connect(format!("127.0.0.1:{}", ports[2]), ClientOptions::default()).expect("c");

@@ -438,13 +438,6 @@ mod tests {
             assert_eq!(shard.exists(b"big").map_err(|error| error.status()), Err(Status::NotFound));
         });
     }
-}
-
-#[cfg(test)]
-mod eviction_race_tests {
-    use strata_proto::{Pin, WritePolicy};
-
-    use crate::sim::testing::{TestTier, put, value};
 
     #[test]
     fn a_durable_put_written_back_by_eviction_while_its_own_write_waits_is_acknowledged() {

@@ -9,7 +9,7 @@ use strata_proto::SCAN_DONE;
 
 use super::Shard;
 use crate::backend::Backend;
-use crate::index::{Entry, NONE_U32, NONE_U64, replicas_of};
+use crate::index::{Entry, FLAG_VERSIONED, NONE_U32, NONE_U64, replicas_of};
 use crate::join::join_in_order;
 
 /// Ids looked at per key wanted, at most: a page over a sparse id space ends early (with a cursor to go
@@ -95,7 +95,7 @@ impl<E: Backend> Shard<E> {
 }
 
 fn tiers_of(entry: &Entry) -> u32 {
-    let mut tiers = 0;
+    let mut tiers = if entry.flags & FLAG_VERSIONED != 0 { strata_proto::SCAN_VERSIONED } else { 0 };
     if entry.dram != NONE_U32 {
         tiers |= strata_proto::LOCATED_IN_DRAM;
     }

@@ -184,7 +184,7 @@ impl Page<'_> {
     ) {
         report.scanned += self.entries.len() as u64;
         let roles = self.roles();
-        let answers = self.ask(&roles, nodes);
+        let answers = self.ask(&roles, local, nodes);
         let decisions: Vec<Decision> = roles
             .iter()
             .enumerate()
@@ -231,30 +231,66 @@ impl Page<'_> {
     }
 
     /// Asks each node the roles need whether it holds their keys: (entry, node) → holds. A node that
-    /// fails answers nothing.
-    fn ask(&self, roles: &[Role], nodes: &mut impl Directory) -> HashMap<(usize, usize), bool> {
+    /// fails answers nothing. An upserted key is held only at this node's version or a newer one, so that
+    /// a replica that missed an upsert is repaired like one that lost the key (a versioned copy replaces
+    /// its older version).
+    fn ask(
+        &self,
+        roles: &[Role],
+        local: &mut impl KeyStore,
+        nodes: &mut impl Directory,
+    ) -> HashMap<(usize, usize), bool> {
         let mut asked: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
         for (entry, role) in roles.iter().enumerate() {
             for &node in to_ask(role) {
                 asked.entry(node).or_default().push(entry);
             }
         }
+        let mine = self.local_versions(local);
         let mut answers = HashMap::new();
         for (node, entries) in asked {
             let member = self.serving[node];
             let Some(client) = nodes.node(member) else { continue };
-            let keys: Vec<&[u8]> = entries.iter().map(|&entry| self.entries[entry].key.as_slice()).collect();
-            let results = client.batch_exists(&keys);
-            if results.iter().any(|result| matches!(result, Err(ClientError::Connection(_) | ClientError::Timeout))) {
+            let (versioned, plain): (Vec<usize>, Vec<usize>) =
+                entries.into_iter().partition(|entry| mine.contains_key(entry));
+            let keys = |entries: &[usize]| -> Vec<&[u8]> {
+                entries.iter().map(|&entry| self.entries[entry].key.as_slice()).collect()
+            };
+            let held = client.batch_exists(&keys(&plain));
+            let theirs = if versioned.is_empty() { Vec::new() } else { client.batch_versions(&keys(&versioned)) };
+            if held.iter().any(unreachable) || theirs.iter().any(unreachable) {
                 nodes.forget(member);
             }
-            for (entry, result) in entries.into_iter().zip(results) {
+            for (entry, result) in plain.into_iter().zip(held) {
                 if let Ok(holds) = result {
                     answers.insert((entry, node), holds);
                 }
             }
+            for (entry, result) in versioned.into_iter().zip(theirs) {
+                let holds = match result {
+                    Ok(theirs) => theirs >= mine[&entry],
+                    Err(ClientError::NotFound) => false,
+                    Err(_) => continue,
+                };
+                answers.insert((entry, node), holds);
+            }
         }
         answers
+    }
+
+    /// The versions of this page's upserted keys as the local node holds them (entry → version); a key it
+    /// no longer holds is left out, and asked about as any other.
+    fn local_versions(&self, local: &mut impl KeyStore) -> HashMap<usize, Option<strata_proto::Version>> {
+        let versioned: Vec<usize> = (0..self.entries.len()).filter(|&entry| self.entries[entry].versioned()).collect();
+        if versioned.is_empty() {
+            return HashMap::new();
+        }
+        let keys: Vec<&[u8]> = versioned.iter().map(|&entry| self.entries[entry].key.as_slice()).collect();
+        versioned
+            .into_iter()
+            .zip(local.batch_versions(&keys))
+            .filter_map(|(entry, result)| Some((entry, result.ok()?)))
+            .collect()
     }
 
     /// Copies each decision's key to its nodes, in batches of at most the throttle's size; returns which
@@ -320,6 +356,11 @@ impl Page<'_> {
         }
         (held, failed)
     }
+}
+
+/// Whether a call's result says its node could not be reached.
+fn unreachable<T>(result: &Result<T, ClientError>) -> bool {
+    matches!(result, Err(ClientError::Connection(_) | ClientError::Timeout))
 }
 
 /// `entries` in consecutive batches of at most `limit` bytes by `size` (a larger entry alone).

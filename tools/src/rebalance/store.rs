@@ -32,6 +32,11 @@ pub trait KeyStore {
     fn batch_exists(&mut self, keys: &[&[u8]]) -> Vec<Result<bool, ClientError>>;
     /// Each key's value and version.
     fn batch_get(&mut self, keys: &[&[u8]]) -> Vec<Result<VersionedValue, ClientError>>;
+    /// Each stored key's version (none: never upserted with one); `NotFound` for a key not stored. For the
+    /// few upserted keys only: it reads their values.
+    fn batch_versions(&mut self, keys: &[&[u8]]) -> Vec<Result<Option<Version>, ClientError>> {
+        self.batch_get(keys).into_iter().map(|result| result.map(|(_, version)| version)).collect()
+    }
     /// Stores each value with `policy` (none: the node's default): one with no version unless its key is
     /// stored (`Exists`), one with a version unless the key is stored at that version or a newer one
     /// (`Superseded`), replacing an older one.
