@@ -15,7 +15,7 @@ RUNTIME=${RUNTIME:-5}
 REPS=${REPS:-3}
 DIR=${DIR:-target/bench-cluster}
 ETCD_PORT=${ETCD_PORT:-23790}
-cargo build --release -q --bin strata-node --bin strata-bench
+cargo build --release -q --bin strata-node --bin strata-bench --bin strata-pool
 BENCH=target/release/strata-bench
 mkdir -p "$DIR"
 
@@ -44,6 +44,7 @@ printf 'overhead: 4 KiB get p50  cluster %s us  direct %s us  ratio %.3f  (runs:
 one=$(kv --server 127.0.0.1:7710 --op prefix-match --batch 1000 --keys 10000 | cut -d' ' -f1)
 one_cluster=$(kv --cluster "$CLUSTER" --cluster-name bench --no-preload --op prefix-match --batch 1000 --keys 10000 \
   | cut -d' ' -f1)
+floor_one=$(kv --server 127.0.0.1:7710 --op prefix-match --batch 8 --keys 10000 | cut -d' ' -f1)
 start_node b 7720 bench
 start_node c 7730 bench
 taskset -c 0 "$BENCH" kv --cluster "$CLUSTER" --cluster-name bench --metrics off --op put --keys 10000 --once \
@@ -52,3 +53,8 @@ three=$(kv --cluster "$CLUSTER" --cluster-name bench --no-preload --op prefix-ma
   | cut -d' ' -f1)
 printf 'lookups: 1,000-key prefix match p50  3 nodes %s us  1 node through the cluster client %s us  1 node direct %s us\n' \
   "$three" "$one_cluster" "$one"
+# The fan-out's own floor on this machine, same run: 8-key chains over the three nodes (a frame to each,
+# nearly empty) against the same chains on node a alone (measured above, before b and c joined).
+floor_three=$(kv --cluster "$CLUSTER" --cluster-name bench --no-preload --op prefix-match --batch 8 --keys 10000 \
+  | cut -d' ' -f1)
+printf 'lookups floor: 8-key prefix match p50  3 nodes %s us  node a direct %s us\n' "$floor_three" "$floor_one"

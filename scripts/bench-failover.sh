@@ -13,7 +13,7 @@ RUNTIME=${RUNTIME:-12}
 KILL_AT=${KILL_AT:-3}
 DIR=${DIR:-target/bench-failover}
 ETCD_PORT=${ETCD_PORT:-23890}
-cargo build --release -q --bin strata-node --bin strata-bench
+cargo build --release -q --bin strata-node --bin strata-bench --bin strata-pool
 BENCH=target/release/strata-bench
 mkdir -p "$DIR"
 

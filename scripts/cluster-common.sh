@@ -24,7 +24,7 @@ pids+=($!)
 CLUSTER="etcd://127.0.0.1:$ETCD_PORT"
 
 declare -A node_pid
-start_node() { # id port cluster-name [strata-node flags...]: returns once the node is registered
+start_node() { # id port cluster-name [strata-node flags...]: returns once the node serves in the cluster
   local id=$1 port=$2 name=$3
   shift 3
   # shellcheck disable=SC2086 # NODE_TIER is a list of flags
@@ -32,6 +32,13 @@ start_node() { # id port cluster-name [strata-node flags...]: returns once the n
     ${NODE_TIER:---dram 1GiB --dram-only} --cluster "$CLUSTER" --cluster-name "$name" --node-id "$id" "$@" > "$DIR/node-$id.log" 2>&1 &
   pids+=($!)
   node_pid[$id]=$!
-  for _ in $(seq 600); do grep -q "registered in the cluster" "$DIR/node-$id.log" 2>/dev/null && return; sleep 0.1; done
-  cat "$DIR/node-$id.log" >&2; echo "node $id did not register" >&2; exit 1
+  # Serving, not only registered: a node joins first and serves once recovered, and a client places keys
+  # on serving nodes only (keys put while a node still joins land elsewhere, and read as misses after).
+  for _ in $(seq 600); do
+    target/release/strata-pool cluster status --cluster "$CLUSTER" --cluster-name "$name" --output-format=json \
+      2>/dev/null | python3 -c "import json, sys; members = json.load(sys.stdin)['members']
+sys.exit(0 if any(m['id'] == '$id' and m['state'] == 'serving' for m in members) else 1)" && return
+    sleep 0.1
+  done
+  cat "$DIR/node-$id.log" >&2; echo "node $id does not serve" >&2; exit 1
 }

@@ -21,9 +21,17 @@ use crate::index::{Entry, FLAG_VERSIONED, Index, NONE_U32};
 use crate::metrics::add;
 
 /// Entry hash → the version its object was upserted with, and the node's term when it was stored.
-#[derive(Default)]
 pub struct VersionBook {
     versions: HashMap<u64, (Version, u64)>,
+    /// No object in the book was stored in an earlier term than this (a bound, not kept exact as objects
+    /// leave): while the node's term has not passed it, nothing is stale and a lookup skips the book.
+    oldest_term: u64,
+}
+
+impl Default for VersionBook {
+    fn default() -> Self {
+        Self { versions: HashMap::new(), oldest_term: u64::MAX }
+    }
 }
 
 impl VersionBook {
@@ -54,7 +62,13 @@ impl<E: Backend> Shard<E> {
     /// Whether `entry`'s object is an upsert stored before the node's current term (or recovered), which
     /// may have been superseded on other replicas while this node was out of the cluster.
     pub(super) fn is_stale(&self, entry: &Entry) -> bool {
-        self.versions.borrow().stored(entry).is_some_and(|(_, term)| term < self.term())
+        if entry.flags & FLAG_VERSIONED == 0 {
+            return false;
+        }
+        let book = self.versions.borrow();
+        let term = self.term();
+        // The common case, a node that was never away: no book lookup per key of a prefix match.
+        book.oldest_term < term && book.stored(entry).is_some_and(|(_, stored)| stored < term)
     }
 
     /// Why an upsert carrying `version` must not replace the object of entry `existing`: it holds that
@@ -80,6 +94,7 @@ impl<E: Backend> Shard<E> {
         match version {
             Some(version) => {
                 book.versions.insert(entry.hash, (version, term));
+                book.oldest_term = book.oldest_term.min(term);
                 entry.flags |= FLAG_VERSIONED;
             }
             None => {
