@@ -37,7 +37,7 @@ start_node() { # id port cluster-name [strata-node flags...]: returns once the n
   for _ in $(seq 600); do
     target/release/strata-pool cluster status --cluster "$CLUSTER" --cluster-name "$name" --output-format=json \
       2>/dev/null | python3 -c "import json, sys; members = json.load(sys.stdin)['members']
-sys.exit(0 if any(m['id'] == '$id' and m['state'] == 'serving' for m in members) else 1)" && return
+sys.exit(0 if any(m['id'] == '$id' and m['state'] == 'serving' for m in members) else 1)" 2>/dev/null && return
     sleep 0.1
   done
   cat "$DIR/node-$id.log" >&2; echo "node $id does not serve" >&2; exit 1
