@@ -12,8 +12,8 @@
 //! and never need a whole frame in memory; [`decode_request_frame`] composes them for the fuzzer and tests.
 //!
 //! Modules build on each other in one direction: `codes` (opcodes, statuses, errors) → `limits` (sizes
-//! and bounds) → `frame` (the frame header) and `items` (item headers, HELLO, links, parts) → `request`
-//! (item heads, bodies and frames).
+//! and bounds) → `version` (an upsert's version), `frame` (the frame header) and `items` (item headers,
+//! HELLO, links, parts) → `request` (item heads, bodies and frames).
 #![deny(missing_docs, unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
