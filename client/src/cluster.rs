@@ -251,6 +251,11 @@ impl Client {
         let wanted = if options.replicas == 0 { routing.replicas } else { options.replicas };
         // Each replica keeps the count with the object, so that repairs re-create as many copies.
         let options = PutOptions { replicas: wanted, ..options };
+        // A removal goes to every serving node: an owner past the key's replicas (a spare), or one whose
+        // pass has not given its copy up yet, would otherwise keep the key and hand it back to the
+        // replicas at the next pass.
+        let wanted =
+            if opcode == Opcode::Remove { u8::try_from(routing.nodes.len()).unwrap_or(u8::MAX) } else { wanted };
         // A removal counts once any replica answered; a put once `min_replicas` of its replicas stored it.
         let needed = if opcode == Opcode::Remove { 1 } else { usize::from(routing.min_replicas.min(wanted)) };
         let everyone: Vec<usize> = (0..items.len()).collect();

@@ -21,22 +21,15 @@ use strata_client::{
 use strata_cluster::{View, WatchConfig};
 use strata_proto::placement;
 
+/// The nodes' lease (`common::start_cluster_node`).
 const TTL_SECONDS: u64 = 2;
 const KEYS: usize = 600;
 
 fn start_node(id: &str, listen: u16, etcd: u16) -> NodeProcess {
-    let (child, _lines, summary) = common::start_until_ready(|command| {
-        command
-            .args(["--listen", &format!("127.0.0.1:{listen}"), "--metrics", &format!("127.0.0.1:{}", free_port())])
-            .args(["--cores", "1", "--cpus", "0", "--dram", "64MiB", "--dram-only"])
-            .args(["--cluster", &format!("etcd://127.0.0.1:{etcd}"), "--cluster-name", "test"])
-            .args(["--node-id", id, "--lease-ttl", &format!("{TTL_SECONDS}s"), "--zone", &format!("zone-{id}")])
-            // Repair and rebalance off: this test is the clients' (cluster_repairs_rebalances_and_drains is
-            // the nodes'), and a join's moved keys must read as misses here, not be migrated.
-            .args(["--max-replicas", "2", "--repair-rate", "0"])
-    });
-    assert!(summary.contains(&format!("cluster: {id} in cluster test")), "{summary}");
-    NodeProcess(child)
+    // Repair and rebalance off: this test is the clients' (cluster_repairs_rebalances_and_drains is the
+    // nodes'), and a join's moved keys must read as misses here, not be migrated.
+    let zone = format!("zone-{id}");
+    common::start_cluster_node(id, listen, etcd, &["--zone", &zone, "--max-replicas", "2", "--repair-rate", "0"])
 }
 
 fn key(index: usize) -> Vec<u8> {

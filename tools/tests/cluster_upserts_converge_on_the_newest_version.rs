@@ -25,15 +25,7 @@ const KEYS: usize = 200;
 const ROUNDS: usize = 6;
 
 fn start_node(id: &str, listen: u16, etcd: u16) -> NodeProcess {
-    let (child, _lines, summary) = common::start_until_ready(|command| {
-        command
-            .args(["--listen", &format!("127.0.0.1:{listen}"), "--metrics", &format!("127.0.0.1:{}", free_port())])
-            .args(["--cores", "1", "--cpus", "0", "--dram", "64MiB", "--dram-only"])
-            .args(["--cluster", &format!("etcd://127.0.0.1:{etcd}"), "--cluster-name", "test"])
-            .args(["--node-id", id, "--lease-ttl", "2s", "--replicas", "2", "--max-replicas", "2"])
-    });
-    assert!(summary.contains(&format!("cluster: {id} in cluster test")), "{summary}");
-    NodeProcess(child)
+    common::start_cluster_node(id, listen, etcd, &["--replicas", "2", "--max-replicas", "2"])
 }
 
 fn key(index: usize) -> Vec<u8> {

@@ -18,8 +18,13 @@ pub enum Role {
         before: usize,
     },
     /// An owner past the replicas (a put may ask for more copies than the cluster's count): it keeps the
-    /// key and moves nothing.
-    Spare,
+    /// key, and copies it to the replicas that lack it when it is hot, as a departed owner does (a join
+    /// that puts a new node first leaves the old owner a spare: without the copy, readers, who go to the
+    /// first replica, would miss a key still held next door).
+    Spare {
+        /// Where a hot key goes; empty for a cold one.
+        copy_to: Vec<usize>,
+    },
     /// Not an owner any more (the key moved, or the node drains). It copies the key to the replicas that
     /// lack it when the key is hot (in DRAM) or the node drains, and gives its copy up either way: a key
     /// it no longer owns would be served stale if ownership came back after an upsert or a removal.
@@ -46,7 +51,9 @@ pub fn role(
             others: order[..replicas].iter().copied().filter(|&node| Some(node) != me).collect(),
             before: at,
         },
-        Some(at) if at < max_replicas.max(replicas) && !draining => Role::Spare,
+        Some(at) if at < max_replicas.max(replicas) && !draining => {
+            Role::Spare { copy_to: if hot { order[..replicas].to_vec() } else { Vec::new() } }
+        }
         _ if hot || draining => Role::Departed { copy_to: order[..replicas].to_vec() },
         _ => Role::Departed { copy_to: Vec::new() },
     }
@@ -56,7 +63,7 @@ pub fn role(
 pub fn to_ask(role: &Role) -> &[usize] {
     match role {
         Role::Replica { others, .. } => others,
-        Role::Spare => &[],
+        Role::Spare { copy_to } => copy_to,
         Role::Departed { copy_to } => copy_to,
     }
 }
@@ -93,7 +100,7 @@ pub fn decide(role: &Role, holds: impl Fn(usize) -> Option<bool>) -> Decision {
             let copy_to = if earlier_holder { Vec::new() } else { lacking(others) };
             Decision { copy_to, removal: Removal::Keep, held: true }
         }
-        Role::Spare => Decision { copy_to: Vec::new(), removal: Removal::Keep, held: true },
+        Role::Spare { copy_to } => Decision { copy_to: lacking(copy_to), removal: Removal::Keep, held: true },
         Role::Departed { copy_to } if copy_to.is_empty() => {
             Decision { copy_to: Vec::new(), removal: Removal::Now, held: false }
         }
@@ -137,8 +144,14 @@ mod tests {
     }
 
     #[test]
-    fn an_owner_past_the_replicas_keeps_its_copy() {
-        assert_eq!(role(&ORDER, Some(3), 2, 3, true, false), Role::Spare);
+    fn an_owner_past_the_replicas_keeps_its_copy_and_hands_a_hot_one_to_replicas_that_lack_it() {
+        let hot = role(&ORDER, Some(3), 2, 3, true, false);
+        assert_eq!(hot, Role::Spare { copy_to: vec![2, 0] });
+        let decision = decide(&hot, |node| Some(node == 2));
+        assert_eq!((decision.copy_to, decision.removal), (vec![0], Removal::Keep));
+        let cold = role(&ORDER, Some(3), 2, 3, false, false);
+        assert_eq!(cold, Role::Spare { copy_to: Vec::new() });
+        assert!(decide(&cold, |_| Some(false)).copy_to.is_empty(), "a cold key is left where it is");
     }
 
     #[test]

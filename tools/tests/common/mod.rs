@@ -72,6 +72,27 @@ impl Drop for NodeProcess {
     }
 }
 
+/// Starts node `id` of cluster `test` on the etcd at loopback port `etcd`: one shard on CPU 0, 64 MiB of DRAM
+/// only, a 2 s lease, metrics on a free port, listening on `listen`, with `extra` flags after those.
+#[allow(dead_code)]
+pub fn start_cluster_node(id: &str, listen: u16, etcd: u16, extra: &[&str]) -> NodeProcess {
+    let (child, _lines, summary) = start_until_ready(|command| {
+        command
+            .args([
+                "--listen",
+                &format!("127.0.0.1:{listen}"),
+                "--metrics",
+                &format!("127.0.0.1:{}", etcd::free_port()),
+            ])
+            .args(["--cores", "1", "--cpus", "0", "--dram", "64MiB", "--dram-only"])
+            .args(["--cluster", &format!("etcd://127.0.0.1:{etcd}"), "--cluster-name", "test"])
+            .args(["--node-id", id, "--lease-ttl", "2s"])
+            .args(extra)
+    });
+    assert!(summary.contains(&format!("cluster: {id} in cluster test")), "{summary}");
+    NodeProcess(child)
+}
+
 /// Waits (at most `limit`) until `watch`'s view serves exactly `ids`, and returns that view.
 #[allow(dead_code)]
 pub fn wait_for_view(
