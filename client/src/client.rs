@@ -215,6 +215,13 @@ pub(crate) struct Item<'a> {
     with_version: bool,
 }
 
+impl<'a> Item<'a> {
+    /// An item of `key` alone: no value, range, links, wait or version (what most opcodes send).
+    fn of(key: &'a [u8]) -> Self {
+        Self { key, value: &[], range: (0, 0), links: Links::NONE, wait_ms: 0, with_version: false }
+    }
+}
+
 impl Item<'_> {
     fn value_len(&self) -> usize {
         self.value.iter().map(|part| part.len()).sum()
@@ -594,7 +601,7 @@ impl Client {
     ) -> Result<usize, ClientError> {
         let len = u32::try_from(buffer.len()).map_err(|_| ClientError::TooLarge("range over 4 GiB".into()))?;
         let wait_ms = self.wait_millis(wait)?;
-        let items = [Item { key, value: &[], range: (offset, len), links: Links::NONE, wait_ms, with_version: false }];
+        let items = [Item { range: (offset, len), wait_ms, ..Item::of(key) }];
         let mut buffers = [buffer];
         let replies = self.run(Opcode::GetRange, &items, PutOptions::default(), Sink::Buffers(&mut buffers));
         one(replies).map(|reply| reply.data_len as usize)
@@ -620,7 +627,7 @@ impl Client {
     /// [`get_range_into_waiting`](Self::get_range_into_waiting) does (a progressive put: until it ends).
     pub fn get_into_waiting(&mut self, key: &[u8], buffer: &mut [u8], wait: Duration) -> Result<usize, ClientError> {
         let wait_ms = self.wait_millis(wait)?;
-        let items = [Item { key, value: &[], range: (0, 0), links: Links::NONE, wait_ms, with_version: false }];
+        let items = [Item { wait_ms, ..Item::of(key) }];
         let mut buffers = [buffer];
         let replies = self.run(Opcode::Get, &items, PutOptions::default(), Sink::Buffers(&mut buffers));
         one(replies).map(|reply| reply.data_len as usize)
@@ -653,17 +660,8 @@ impl Client {
             let error = ClientError::BufferTooSmall { needed: total as usize, available: destination.len() };
             return ranges.iter().map(|_| Err(error.clone())).collect();
         }
-        let items: Vec<Item<'_>> = ranges
-            .iter()
-            .map(|&(key, offset, len)| Item {
-                key,
-                value: &[],
-                range: (offset, len),
-                links: Links::NONE,
-                wait_ms,
-                with_version: false,
-            })
-            .collect();
+        let items: Vec<Item<'_>> =
+            ranges.iter().map(|&(key, offset, len)| Item { range: (offset, len), wait_ms, ..Item::of(key) }).collect();
         let mut buffers: Vec<&mut [u8]> = Vec::with_capacity(ranges.len());
         let mut rest = destination;
         for range in ranges {
@@ -706,7 +704,7 @@ impl Client {
 
     /// The length of `key`'s value.
     pub fn get_size(&mut self, key: &[u8]) -> Result<u64, ClientError> {
-        let items = [Item { key, value: &[], range: (0, 0), links: Links::NONE, wait_ms: 0, with_version: false }];
+        let items = [Item::of(key)];
         one(self.run(Opcode::Exists, &items, PutOptions::default(), Sink::None))
             .map(|reply| u64::from(reply.object_len))
     }
@@ -745,14 +743,7 @@ impl Client {
         let items: Vec<Item<'_>> = items
             .iter()
             .zip(&values)
-            .map(|((key, _), value)| Item {
-                key,
-                value: std::slice::from_ref(value),
-                range: (0, 0),
-                links: Links::NONE,
-                wait_ms: 0,
-                with_version: false,
-            })
+            .map(|((key, _), value)| Item { value: std::slice::from_ref(value), ..Item::of(key) })
             .collect();
         self.run(Opcode::Put, &items, options, Sink::None)
             .into_iter()
@@ -766,34 +757,15 @@ impl Client {
         items: &[(&[u8], &[&[u8]])],
         options: PutOptions,
     ) -> Vec<Result<(), ClientError>> {
-        let items: Vec<Item<'_>> = items
-            .iter()
-            .map(|(key, parts)| Item {
-                key,
-                value: parts,
-                range: (0, 0),
-                links: Links::NONE,
-                wait_ms: 0,
-                with_version: false,
-            })
-            .collect();
+        let items: Vec<Item<'_>> = items.iter().map(|(key, parts)| Item { value: parts, ..Item::of(key) }).collect();
         self.run(Opcode::Put, &items, options, Sink::None).into_iter().map(|result| result.map(|_| ())).collect()
     }
 
     /// Stores every block (value, parent, group) with `options`; a result per key. A serving engine's
     /// batch put after prefill: each block names the one before it in its chain.
     pub fn batch_put_blocks(&mut self, blocks: &[BlockPut<'_>], options: PutOptions) -> Vec<Result<(), ClientError>> {
-        let items: Vec<Item<'_>> = blocks
-            .iter()
-            .map(|block| Item {
-                key: block.key,
-                value: block.parts,
-                range: (0, 0),
-                links: block.links,
-                wait_ms: 0,
-                with_version: false,
-            })
-            .collect();
+        let items: Vec<Item<'_>> =
+            blocks.iter().map(|block| Item { value: block.parts, links: block.links, ..Item::of(block.key) }).collect();
         self.run(Opcode::Put, &items, options, Sink::None).into_iter().map(|result| result.map(|_| ())).collect()
     }
 
@@ -822,14 +794,7 @@ impl Client {
         let mut items = Vec::with_capacity(chains.iter().map(|chain| chain.len()).sum());
         for (chain_index, chain) in chains.iter().enumerate() {
             for key in chain.iter() {
-                items.push(Item {
-                    key,
-                    value: &[],
-                    range: (chain_index as u32, 0),
-                    links: Links::NONE,
-                    wait_ms: 0,
-                    with_version: false,
-                });
+                items.push(Item { range: (chain_index as u32, 0), ..Item::of(key) });
             }
         }
         let replies = self.run(Opcode::PrefixMatch, &items, PutOptions::default(), Sink::None);
@@ -940,8 +905,7 @@ impl Client {
     }
 
     fn broadcast_removal(&mut self, pattern: &[u8], flags: u32) -> Result<u64, ClientError> {
-        let items =
-            [Item { key: pattern, value: &[], range: (flags, 0), links: Links::NONE, wait_ms: 0, with_version: false }];
+        let items = [Item { range: (flags, 0), ..Item::of(pattern) }];
         self.sync_membership();
         let shards = self.peers.len();
         let one_send = [(0, 0)];
@@ -1225,9 +1189,7 @@ impl Client {
 }
 
 fn key_items<'a>(keys: &[&'a [u8]]) -> Vec<Item<'a>> {
-    keys.iter()
-        .map(|key| Item { key, value: &[], range: (0, 0), links: Links::NONE, wait_ms: 0, with_version: false })
-        .collect()
+    keys.iter().map(|key| Item::of(key)).collect()
 }
 
 fn one<T>(mut results: Vec<Result<T, ClientError>>) -> Result<T, ClientError> {

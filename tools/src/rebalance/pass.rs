@@ -448,6 +448,30 @@ mod tests {
         fn forget(&mut self, _: &Member) {}
     }
 
+    /// A drain pass of node "dead" (not in `view`), holding `tier`, to `owners`, with `workers` workers, the
+    /// cluster's replica count 1 and ownership reaching `max_replicas` nodes.
+    fn drain_a_dead_node(
+        view: &View,
+        tier: &Shared,
+        owners: &HashMap<String, Shared>,
+        max_replicas: usize,
+        workers: usize,
+    ) -> PassReport {
+        let stop = AtomicBool::new(false);
+        let context = PassContext {
+            view,
+            me: "dead",
+            replicas: 1,
+            max_replicas,
+            draining: true,
+            stop: &stop,
+            latest_epoch: &|| 5,
+            copy_policy: None,
+        };
+        let workers = (0..workers).map(|_| (tier.clone(), Everyone(owners.clone()), Throttle::new(u64::MAX))).collect();
+        run_pass_parallel(&context, &mut tier.clone(), workers).expect("pass")
+    }
+
     #[test]
     fn a_parallel_drain_copies_every_key_to_its_replica_once() {
         let members = vec![member("a", MemberState::Serving), member("b", MemberState::Serving)];
@@ -457,19 +481,7 @@ mod tests {
             (0..1000u32).map(|at| (format!("k{at}").into_bytes(), at.to_le_bytes().repeat(3))).collect();
         tier.0.lock().unwrap().extend(values.iter().cloned());
         let owners: HashMap<String, Shared> = ["a", "b"].iter().map(|id| (id.to_string(), Shared::default())).collect();
-        let stop = AtomicBool::new(false);
-        let context = PassContext {
-            view: &view,
-            me: "dead",
-            replicas: 1,
-            max_replicas: 1,
-            draining: true,
-            stop: &stop,
-            latest_epoch: &|| 5,
-            copy_policy: None,
-        };
-        let workers = (0..4).map(|_| (tier.clone(), Everyone(owners.clone()), Throttle::new(u64::MAX))).collect();
-        let report = run_pass_parallel(&context, &mut tier.clone(), workers).expect("pass");
+        let report = drain_a_dead_node(&view, &tier, &owners, 1, 4);
         assert_eq!((report.scanned, report.copied, report.left), (1000, 1000, 0), "{report:?}");
         let candidates = view.candidates();
         for (key, value) in &values {
@@ -490,19 +502,7 @@ mod tests {
         let values: Pairs = (0..300u32).map(|at| (format!("k{at}").into_bytes(), at.to_le_bytes().to_vec())).collect();
         tier.0.lock().unwrap().extend(values.iter().cloned());
         let owners: HashMap<String, Shared> = ids.iter().map(|id| (id.to_string(), Shared::default())).collect();
-        let stop = AtomicBool::new(false);
-        let context = PassContext {
-            view: &view,
-            me: "dead",
-            replicas: 1,
-            max_replicas: 3,
-            draining: true,
-            stop: &stop,
-            latest_epoch: &|| 5,
-            copy_policy: None,
-        };
-        let workers = (0..2).map(|_| (tier.clone(), Everyone(owners.clone()), Throttle::new(u64::MAX))).collect();
-        let report = run_pass_parallel(&context, &mut tier.clone(), workers).expect("pass");
+        let report = drain_a_dead_node(&view, &tier, &owners, 3, 2);
         assert_eq!((report.scanned, report.copied, report.left), (300, 900, 0), "three copies each: {report:?}");
         for id in ids {
             assert_eq!(owners[id].0.lock().unwrap().len(), 300, "{id} holds every key");
