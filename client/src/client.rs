@@ -26,11 +26,20 @@ pub struct ClientOptions {
     /// microseconds on a virtual machine) on every call that is answered within it, at the price of a busy
     /// core. None: always sleep.
     pub spin_before_block: Option<Duration>,
+    /// Offer the shared-memory path in HELLO: a node on this host then names its Unix socket, and values
+    /// of a [`SharedBuffer`](crate::SharedBuffer) move by one copy on the node instead of over TCP.
+    pub shared_memory: bool,
 }
 
 impl Default for ClientOptions {
     fn default() -> Self {
-        Self { token: None, timeout: Duration::from_secs(30), verify_checksums: true, spin_before_block: None }
+        Self {
+            token: None,
+            timeout: Duration::from_secs(30),
+            verify_checksums: true,
+            spin_before_block: None,
+            shared_memory: true,
+        }
     }
 }
 
@@ -92,6 +101,8 @@ pub(crate) struct ShardConnection {
     pub(crate) reader: BufReader<SpinReader>,
     pub(crate) writer: TcpStream,
     output: Vec<u8>,
+    /// The shard's Unix socket, if its HELLO offered the shared-memory path.
+    pub(crate) local_socket: Option<Vec<u8>>,
 }
 
 impl ShardConnection {
@@ -104,8 +115,10 @@ impl ShardConnection {
         stream.set_write_timeout(Some(options.timeout)).map_err(io)?;
         let writer = stream.try_clone().map_err(io)?;
         let reader = SpinReader { stream, spin: options.spin_before_block, nonblocking: false };
-        let mut connection = Self { reader: BufReader::with_capacity(64 << 10, reader), writer, output: Vec::new() };
-        let hello = HelloRequest { token: options.token.clone().unwrap_or_default() };
+        let mut connection =
+            Self { reader: BufReader::with_capacity(64 << 10, reader), writer, output: Vec::new(), local_socket: None };
+        let hello =
+            HelloRequest { token: options.token.clone().unwrap_or_default(), offers_shared: options.shared_memory };
         FrameHeader::request(Opcode::Hello, 0, 1, hello.encoded_len() as u64).encode_into(&mut connection.output);
         hello.encode_into(&mut connection.output);
         connection.flush().map_err(io)?;
@@ -113,12 +126,22 @@ impl ShardConnection {
         if header.status != Status::Ok {
             return Err(ClientError::from_status(header.status));
         }
-        if header.body_len != HELLO_REPLY_BYTES as u64 {
+        let longest = HELLO_REPLY_BYTES + 2 + strata_proto::MAX_SOCKET_NAME_BYTES;
+        if header.body_len < HELLO_REPLY_BYTES as u64 || header.body_len > longest as u64 {
             return Err(ClientError::Protocol(format!("HELLO reply of {} bytes", header.body_len)));
         }
-        let mut body = [0u8; HELLO_REPLY_BYTES];
+        let mut body = vec![0u8; header.body_len as usize];
         connection.reader.read_exact(&mut body).map_err(io)?;
-        let reply = HelloReply::decode(&body).map_err(|error| ClientError::Protocol(error.to_string()))?;
+        let protocol = |error: strata_proto::ProtoError| ClientError::Protocol(error.to_string());
+        let reply = HelloReply::decode(&body[..HELLO_REPLY_BYTES]).map_err(protocol)?;
+        let trailer = &body[HELLO_REPLY_BYTES..];
+        match (reply.shared_socket, trailer.is_empty()) {
+            (true, _) => {
+                connection.local_socket = Some(strata_proto::decode_socket_name(trailer).map_err(protocol)?.to_vec())
+            }
+            (false, true) => {}
+            (false, false) => return Err(ClientError::Protocol("bytes after a HELLO reply".into())),
+        }
         Ok((connection, reply))
     }
 
@@ -384,11 +407,13 @@ pub(crate) struct Peer {
     pub(crate) shard: u32,
     pub(crate) shard_count: u32,
     pub(crate) connection: Option<ShardConnection>,
+    /// Its connection over the shard's Unix socket, once a shared buffer was used with it.
+    pub(crate) local: Option<crate::shared::LocalConnection>,
 }
 
 impl Peer {
     pub(crate) fn new(addr: SocketAddr, node: std::sync::Arc<str>, shard: u32, shard_count: u32) -> Self {
-        Peer { addr, node, shard, shard_count, connection: None }
+        Peer { addr, node, shard, shard_count, connection: None, local: None }
     }
 }
 

@@ -15,6 +15,9 @@
 //! client checks after receiving. `get_into` reads the value from the socket straight into the caller's
 //! buffer.
 //!
+//! A client on the node's host moves the values of a [`SharedBuffer`] through shared memory: the node
+//! copies them between its DRAM and the buffer, and only headers cross a socket (`shared.rs`).
+//!
 //! The protocol logic (framing, batching, reply parsing) is written once, in the blocking [`Client`]
 //! (`std::net`). [`AsyncClient`] is the async front over it: runtime-agnostic futures (they work on tokio),
 //! the blocking client running on an I/O thread of its own, owned buffers in and out.
@@ -28,6 +31,7 @@ mod error;
 mod events;
 mod members;
 mod scan;
+mod shared;
 
 pub use crate::async_client::{AsyncClient, AsyncProgressivePut, OwnedBlock};
 pub use crate::client::{BlockPut, Client, ClientOptions, KeyRange, Location, ProgressivePut, VersionedValue};
@@ -35,6 +39,7 @@ pub use crate::cluster::ClusterOptions;
 pub use crate::error::ClientError;
 pub use crate::events::{EventBatch, EventStream, ShardEvent};
 pub use crate::scan::ScanPage;
+pub use crate::shared::{SharedBuffer, Transport};
 pub use strata_cluster::{MembersDocument, MembersWatch};
 pub use strata_proto::scan::ScanEntry;
 pub use strata_proto::{Event, EventRef, Links, Pin, PutOptions, RemovalReason, Tier, Version, WritePolicy};

@@ -65,6 +65,9 @@ pub struct EngineConfig {
     /// Busy-poll client sockets with non-blocking system calls instead of waiting on glommio's reactor:
     /// saves the reactor's wake-up on every frame; the shard's core never sleeps while a connection is open.
     pub busy_poll: bool,
+    /// Offer clients on the node's host the shared-memory path: each shard listens on an abstract Unix
+    /// socket named after the node's address, which its HELLO names to a client that offers the path.
+    pub shared_memory: bool,
     /// Inject these faults (seeded; the seed is offset by the shard id) into every shard's handles on file
     /// namespaces. For tests of torn writes and device errors; never set by the node binary.
     pub faults: Option<strata_nvme::FaultConfig>,
@@ -109,6 +112,7 @@ impl Default for EngineConfig {
             metrics: Some(SocketAddr::from(([127, 0, 0, 1], 9600))),
             spin_before_park: None,
             busy_poll: false,
+            shared_memory: true,
             faults: None,
             stall_timeout: Duration::from_secs(30),
             peers: crate::peer_limits::PeerLimits::default(),

@@ -576,6 +576,18 @@ fn spawn_shard(
             };
             drop(ready);
             glommio::spawn_local(crate::server::sweep_stalled_connections(Rc::downgrade(&server))).detach();
+            if shared.config.shared_memory {
+                let name = local_socket_name(shared.config.listen, shared.base_port, shard);
+                match bind_local_socket(&name) {
+                    Ok(local) => {
+                        server.offer_local_socket(name.into_bytes());
+                        let (server, shared) = (Rc::clone(&server), shared.clone());
+                        glommio::spawn_local(async move { accept_local_until_stopped(&server, &shared, local).await })
+                            .detach();
+                    }
+                    Err(error) => tracing::warn!("shard {shard}: no shared-memory path ({name}): {error}"),
+                }
+            }
             accept_until_stopped(&server, &shared, listener).await;
             // Requests stop here; what was committed is flushed next.
             crate::server::close_connections(&server);
@@ -651,6 +663,44 @@ async fn accept_until_stopped(server: &Rc<ShardServer>, shared: &ShardShared, li
         }
     }
 }
+
+/// The abstract Unix socket of shard `shard` of the node listening at `listen` (port `base_port`): unique
+/// on the host's network namespace as long as the TCP address is.
+fn local_socket_name(listen: SocketAddr, base_port: u16, shard: u32) -> String {
+    format!("strata-{}-{shard}", SocketAddr::new(listen.ip(), base_port))
+}
+
+fn bind_local_socket(name: &str) -> std::io::Result<std::os::unix::net::UnixListener> {
+    use std::os::linux::net::SocketAddrExt;
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+    let listener = std::os::unix::net::UnixListener::bind_addr(&addr)?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+/// Serves each connection the shard's Unix socket accepts, until the node stops. glommio's Unix listener
+/// cannot be adopted from a descriptor and its streams do not give theirs out (`recvmsg` needs it), so
+/// the listener is polled: a new local connection waits at most [`LOCAL_ACCEPT_POLL`] (connections are
+/// long-lived: one per shard per client).
+async fn accept_local_until_stopped(
+    server: &Rc<ShardServer>,
+    shared: &ShardShared,
+    listener: std::os::unix::net::UnixListener,
+) {
+    while !shared.stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                if stream.set_nonblocking(false).is_ok() {
+                    glommio::spawn_local(crate::server::serve_local(Rc::clone(server), stream)).detach();
+                }
+            }
+            Err(_) => glommio::timer::sleep(LOCAL_ACCEPT_POLL).await,
+        }
+    }
+}
+
+/// How often an idle shard looks for a new connection on its Unix socket.
+const LOCAL_ACCEPT_POLL: Duration = Duration::from_millis(5);
 
 /// Waits for every shard's start-up report: their recoveries, regions and pages, or the first failure.
 fn wait_for_shards(

@@ -14,11 +14,15 @@
 //! (`forward`), the event sender threads and the connections the stall sweeper watches. The shard itself
 //! knows none of these.
 
+mod client_stream;
 mod connection;
 mod get;
+mod local_socket;
 mod lookup;
 mod put;
+mod register;
 mod scan;
+mod shared_regions;
 mod subscribe;
 mod watch;
 
@@ -29,7 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use glommio::net::TcpStream;
-use strata_nvme::tcp::stream::{Socket, single_stream};
+use strata_nvme::tcp::stream::single_stream;
 use strata_proto::{
     FRAME_HEADER_BYTES, FrameHeader, HelloReply, HelloRequest, Opcode, ProtoError, RESPONSE_ITEM_BYTES,
     ResponseItemHeader, Status, decode_request_body,
@@ -42,6 +46,7 @@ use crate::ownership::OwnershipCache;
 use crate::peer_limits::PeerBudget;
 use crate::shard::Shard;
 use crate::tenants::Scope;
+use client_stream::ClientStream;
 use connection::{Connection, INPUT_BUFFER_BYTES};
 use watch::enlist;
 pub use watch::{ConnectionWatch, close_connections, sweep_stalled_connections};
@@ -60,6 +65,9 @@ pub struct ShardServer {
     watches: RefCell<Vec<Weak<ConnectionWatch>>>,
     /// This shard's copy of the node's ownership in a cluster.
     ownership: OwnershipCache,
+    /// The name of the shard's abstract Unix socket, offered to clients on the node's host (none: the
+    /// shared-memory path is off or its socket could not be bound).
+    local_socket: RefCell<Option<Vec<u8>>>,
 }
 
 impl ShardServer {
@@ -71,7 +79,20 @@ impl ShardServer {
         peers: Arc<PeerBudget>,
     ) -> Rc<Self> {
         let ownership = OwnershipCache::new(shard.config.ownership.clone());
-        Rc::new(Self { shard, forwarder, event_senders, peers, watches: RefCell::new(Vec::new()), ownership })
+        Rc::new(Self {
+            shard,
+            forwarder,
+            event_senders,
+            peers,
+            watches: RefCell::new(Vec::new()),
+            ownership,
+            local_socket: RefCell::new(None),
+        })
+    }
+
+    /// Offers the shard's Unix socket, named `name`, to clients on the node's host.
+    pub fn offer_local_socket(&self, name: Vec<u8>) {
+        *self.local_socket.borrow_mut() = Some(name);
     }
 
     /// The answer for an item of `key` sent under cluster epoch `epoch`, when it is MOVED: the node does
@@ -126,12 +147,26 @@ impl From<ProtoError> for ConnectionError {
     }
 }
 
-/// Serves one client connection until it closes or breaks the protocol; one past the node's connection
-/// limit is told so (`Quota`) and closed.
+/// Serves one client connection over TCP until it closes or breaks the protocol; one past the node's
+/// connection limit is told so (`Quota`) and closed.
 pub async fn serve(server: Rc<ShardServer>, stream: TcpStream) {
-    let shard = &server.shard;
     let _ = stream.set_nodelay(true);
-    let Ok(mut stream) = single_stream(stream, shard.config.busy_poll) else { return };
+    let peer_on_host = match (stream.peer_addr(), stream.local_addr()) {
+        (Ok(peer), Ok(local)) => peer.ip().is_loopback() || peer.ip() == local.ip(),
+        _ => false,
+    };
+    let Ok(socket) = single_stream(stream, server.shard.config.busy_poll) else { return };
+    serve_stream(server, ClientStream::Tcp(socket), peer_on_host).await;
+}
+
+/// Serves one client connection over the shard's Unix socket: the same protocol, plus shared memory.
+pub async fn serve_local(server: Rc<ShardServer>, stream: std::os::unix::net::UnixStream) {
+    let Ok(socket) = local_socket::LocalSocket::new(stream) else { return };
+    serve_stream(server, ClientStream::Local(socket), false).await;
+}
+
+async fn serve_stream(server: Rc<ShardServer>, mut stream: ClientStream, peer_on_host: bool) {
+    let shard = &server.shard;
     let peers = Arc::clone(&server.peers);
     let Some(slot) = peers.connect() else {
         add(&shard.metrics.connections_refused, 1);
@@ -141,11 +176,14 @@ pub async fn serve(server: Rc<ShardServer>, stream: TcpStream) {
     add(&shard.metrics.connections, 1);
     let watch = Rc::new(ConnectionWatch::new(stream.raw_fd()));
     enlist(&server, &watch);
+    let shared = matches!(stream, ClientStream::Local(_)).then(shared_regions::SharedRegions::default);
     let mut connection = Connection {
         watch,
         slot,
         peers,
         stream,
+        shared,
+        peer_on_host,
         input: vec![0u8; INPUT_BUFFER_BYTES].into_boxed_slice(),
         start: 0,
         end: 0,
@@ -201,7 +239,7 @@ pub async fn serve(server: Rc<ShardServer>, stream: TcpStream) {
 
 /// Tells a peer past the connection limit why it is closed: one error frame, sent within a bound of time
 /// (a peer that reads nothing cannot hold the task), then the end of the stream.
-async fn refuse_connection(shard: &Shard, stream: &mut Socket) {
+async fn refuse_connection(shard: &Shard, stream: &mut ClientStream) {
     let refusal = FrameHeader {
         opcode: Opcode::Hello,
         flags: 0,
@@ -252,6 +290,9 @@ async fn handle_frame(
         add(&shard.metrics.auth_failures, 1);
         return Err(ConnectionError::Protocol(Status::Unauthenticated, "no HELLO with a tenant's token".into()));
     };
+    if header.opcode == Opcode::Register {
+        return register::handle_register(connection, header).await;
+    }
     if header.opcode == Opcode::Put {
         let statuses = put::handle_put(server, connection, header, scope).await?;
         return reply_statuses(connection, header, &statuses).await;
@@ -374,23 +415,32 @@ async fn handle_hello(
         ));
     }
     *scope = Some(tenant);
+    // The Unix socket is offered to a client that can use it, on this host, over TCP.
+    let offered =
+        if hello.offers_shared && connection.peer_on_host { server.local_socket.borrow().clone() } else { None };
     let reply = HelloReply {
         shard_count: shard.shard_count,
         shard_id: shard.id,
         base_port: shard.base_port,
         limits: shard.config.limits,
+        shared_socket: offered.is_some(),
     };
+    let mut body = Vec::with_capacity(strata_proto::HELLO_REPLY_BYTES + 2 + strata_proto::MAX_SOCKET_NAME_BYTES);
+    reply.encode_into(&mut body);
+    if let Some(name) = &offered {
+        strata_proto::encode_socket_name(name, &mut body);
+    }
     FrameHeader {
         opcode: Opcode::Hello,
         flags: 0,
         request_id: header.request_id,
         count: 1,
         status: Status::Ok,
-        body_len: strata_proto::HELLO_REPLY_BYTES as u64,
+        body_len: body.len() as u64,
         epoch: 0,
     }
     .encode_into(&mut connection.output);
-    reply.encode_into(&mut connection.output);
+    connection.output.extend_from_slice(&body);
     connection.flush().await?;
     Ok(())
 }

@@ -46,6 +46,12 @@ pub enum Opcode {
     /// the cursor of the next page ([`SCAN_DONE`] after the last). A key stored for the whole scan is
     /// listed once; one put or removed during it may or may not be.
     Scan = 12,
+    /// Registers shared memory with the shard, or releases it: exactly one item, on a connection over the
+    /// node's Unix socket only (see [`shared`](crate::shared)). The memory (a sealed memfd) travels as
+    /// `SCM_RIGHTS` with the frame's bytes; the reply's `object len` is the region's id, which items with
+    /// [`ITEM_SHARED`](crate::ITEM_SHARED) name. With [`REGISTER_RELEASE`](crate::REGISTER_RELEASE) the item's
+    /// `offset` names a region to release instead, and no memory travels.
+    Register = 13,
 }
 
 /// In a LOCATE reply's `data crc`: the object has a copy in DRAM.
@@ -69,6 +75,7 @@ impl Opcode {
             10 => Opcode::Locate,
             11 => Opcode::Members,
             12 => Opcode::Scan,
+            13 => Opcode::Register,
             _ => return None,
         })
     }
@@ -88,11 +95,12 @@ impl Opcode {
             Opcode::Locate => "locate",
             Opcode::Members => "members",
             Opcode::Scan => "scan",
+            Opcode::Register => "register",
         }
     }
 
     /// Every opcode, in wire order.
-    pub const ALL: [Opcode; 12] = [
+    pub const ALL: [Opcode; 13] = [
         Opcode::Hello,
         Opcode::Put,
         Opcode::Get,
@@ -105,6 +113,7 @@ impl Opcode {
         Opcode::Locate,
         Opcode::Members,
         Opcode::Scan,
+        Opcode::Register,
     ];
 }
 

@@ -35,6 +35,7 @@
 
 use crate::codes::{Opcode, ProtoError, Status, u16_at, u32_at, u64_at};
 use crate::limits::{HELLO_REPLY_BYTES, Limits, MAX_TOKEN_BYTES, REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES};
+use crate::shared::{HELLO_OFFERS_SHARED, HELLO_SHARED_SOCKET, ITEM_SHARED, REGISTER_RELEASE};
 use crate::version::Version;
 
 /// When a put is acknowledged and where it goes.
@@ -142,6 +143,7 @@ const PUT_ITEM_FLAGS: u16 = 3
     | ITEM_LINKS
     | ITEM_PROGRESSIVE
     | ITEM_VERSIONED
+    | ITEM_SHARED
     | (MAX_ITEM_REPLICAS as u16) << ITEM_REPLICAS_SHIFT;
 /// Bytes of a links block's header.
 pub const LINKS_HEADER_BYTES: usize = 4;
@@ -384,7 +386,8 @@ impl RequestItemHeader {
         let known = match opcode {
             Opcode::Put => PUT_ITEM_FLAGS,
             Opcode::RemoveMatching | Opcode::Subscribe => ITEM_MATCH_ALL,
-            Opcode::Get => ITEM_WAIT | ITEM_WITH_VERSION,
+            Opcode::Get => ITEM_WAIT | ITEM_WITH_VERSION | ITEM_SHARED,
+            Opcode::Register => REGISTER_RELEASE,
             Opcode::GetRange => ITEM_WAIT,
             _ => 0,
         };
@@ -403,6 +406,12 @@ impl RequestItemHeader {
         if opcode == Opcode::Put && header.flags & ITEM_PIN_SOFT == 0 && header.offset != 0 {
             return Err(ProtoError::Field("offset of a put that is not soft-pinned"));
         }
+        if header.is_shared() && header.flags & (ITEM_PROGRESSIVE | ITEM_WITH_VERSION) != 0 {
+            return Err(ProtoError::Field("a shared item that is progressive or asks for its version"));
+        }
+        if opcode == Opcode::Register && header.flags & REGISTER_RELEASE == 0 && header.offset != 0 {
+            return Err(ProtoError::Field("offset of a REGISTER that releases nothing"));
+        }
         if header.flags & ITEM_WAIT != 0 && header.value_crc > MAX_ITEM_WAIT_MS {
             return Err(ProtoError::Field("a read's wait (at most 60,000 ms)"));
         }
@@ -413,9 +422,14 @@ impl RequestItemHeader {
         Ok(header)
     }
 
-    /// Bytes of value that follow the key in the request body.
+    /// Whether the value is in the client's shared memory, at the span after the key ([`ITEM_SHARED`]).
+    pub fn is_shared(&self) -> bool {
+        self.flags & ITEM_SHARED != 0
+    }
+
+    /// Bytes of value that follow the item's head in the request body (none for a shared put).
     pub fn body_value_len(&self, opcode: Opcode) -> u64 {
-        if opcode == Opcode::Put { u64::from(self.value_len) } else { 0 }
+        if opcode == Opcode::Put && !self.is_shared() { u64::from(self.value_len) } else { 0 }
     }
 }
 
@@ -466,18 +480,21 @@ impl ResponseItemHeader {
     }
 }
 
-/// A HELLO request body: an optional auth token (`token_len` u16, reserved u16, the token).
+/// A HELLO request body: an optional auth token (`token_len` u16, flags u16, the token).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HelloRequest {
     /// The token; empty for none.
     pub token: Vec<u8>,
+    /// The client can move values through shared memory ([`HELLO_OFFERS_SHARED`]).
+    pub offers_shared: bool,
 }
 
 impl HelloRequest {
     /// Appends the body.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&(self.token.len() as u16).to_le_bytes());
-        out.extend_from_slice(&0u16.to_le_bytes());
+        let flags = if self.offers_shared { HELLO_OFFERS_SHARED } else { 0 };
+        out.extend_from_slice(&flags.to_le_bytes());
         out.extend_from_slice(&self.token);
     }
 
@@ -495,21 +512,23 @@ impl HelloRequest {
         if len > MAX_TOKEN_BYTES {
             return Err(ProtoError::Field("token length"));
         }
-        if u16_at(body, 2) != 0 {
-            return Err(ProtoError::Field("reserved bytes of a HELLO"));
+        let flags = u16_at(body, 2);
+        if flags & !HELLO_OFFERS_SHARED != 0 {
+            return Err(ProtoError::Field("flags of a HELLO"));
         }
         if body.len() != 4 + len {
             return Err(ProtoError::BodyMismatch { items: (4 + len) as u64, body: body.len() as u64 });
         }
-        Ok(Self { token: body[4..].to_vec() })
+        Ok(Self { token: body[4..].to_vec(), offers_shared: flags & HELLO_OFFERS_SHARED != 0 })
     }
 }
 
-/// A HELLO reply body: the shard map and the node's bounds.
+/// A HELLO reply body: the shard map and the node's bounds; with flag [`HELLO_SHARED_SOCKET`], the name of
+/// the shard's Unix socket follows the 40 bytes (see [`shared`](crate::shared)).
 ///
 /// ```text
-///  0             4          8           10     12        16          20     24          32             40
-///  | shard count | shard id | base port | rsvd | max key | max batch | rsvd | max value | max put body |
+///  0             4          8           10      12        16          20     24          32             40
+///  | shard count | shard id | base port | flags | max key | max batch | rsvd | max value | max put body |
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HelloReply {
@@ -521,6 +540,8 @@ pub struct HelloReply {
     pub base_port: u16,
     /// The node's bounds.
     pub limits: Limits,
+    /// A socket name follows: the shard offers its shared-memory path to this client.
+    pub shared_socket: bool,
 }
 
 impl HelloReply {
@@ -529,7 +550,8 @@ impl HelloReply {
         out.extend_from_slice(&self.shard_count.to_le_bytes());
         out.extend_from_slice(&self.shard_id.to_le_bytes());
         out.extend_from_slice(&self.base_port.to_le_bytes());
-        out.extend_from_slice(&0u16.to_le_bytes());
+        let flags = if self.shared_socket { HELLO_SHARED_SOCKET } else { 0 };
+        out.extend_from_slice(&flags.to_le_bytes());
         out.extend_from_slice(&self.limits.max_key_bytes.to_le_bytes());
         out.extend_from_slice(&self.limits.max_batch_items.to_le_bytes());
         out.extend_from_slice(&0u32.to_le_bytes());
@@ -537,10 +559,15 @@ impl HelloReply {
         out.extend_from_slice(&self.limits.max_put_body_bytes.to_le_bytes());
     }
 
-    /// Decodes the 40 bytes.
+    /// Decodes the 40 bytes (a socket name after them is decoded by
+    /// [`decode_socket_name`](crate::decode_socket_name)).
     pub fn decode(body: &[u8]) -> Result<Self, ProtoError> {
         if body.len() != HELLO_REPLY_BYTES {
             return Err(ProtoError::Truncated { needed: HELLO_REPLY_BYTES, available: body.len() });
+        }
+        let flags = u16_at(body, 10);
+        if flags & !HELLO_SHARED_SOCKET != 0 {
+            return Err(ProtoError::Field("flags of a HELLO reply"));
         }
         let reply = Self {
             shard_count: u32_at(body, 0),
@@ -552,6 +579,7 @@ impl HelloReply {
                 max_value_bytes: u64_at(body, 24),
                 max_put_body_bytes: u64_at(body, 32),
             },
+            shared_socket: flags & HELLO_SHARED_SOCKET != 0,
         };
         if reply.shard_count == 0 || reply.shard_id >= reply.shard_count {
             return Err(ProtoError::Field("shard map"));
@@ -732,18 +760,21 @@ mod tests {
 
     #[test]
     fn hello_bodies_round_trip() {
-        let reply = HelloReply { shard_count: 3, shard_id: 2, base_port: 7600, limits: Limits::default() };
+        let reply =
+            HelloReply { shard_count: 3, shard_id: 2, base_port: 7600, limits: Limits::default(), shared_socket: true };
         let mut body = Vec::new();
         reply.encode_into(&mut body);
         assert_eq!(body.len(), HELLO_REPLY_BYTES);
         assert_eq!(HelloReply::decode(&body), Ok(reply));
-        let request = HelloRequest { token: b"secret".to_vec() };
+        body[10] = 2;
+        assert_eq!(HelloReply::decode(&body), Err(ProtoError::Field("flags of a HELLO reply")));
+        let request = HelloRequest { token: b"secret".to_vec(), offers_shared: true };
         let mut body = Vec::new();
         request.encode_into(&mut body);
         assert_eq!(body.len(), request.encoded_len());
         assert_eq!(HelloRequest::decode(&body), Ok(request));
-        body[2] = 1;
-        assert_eq!(HelloRequest::decode(&body), Err(ProtoError::Field("reserved bytes of a HELLO")));
+        body[2] = 2;
+        assert_eq!(HelloRequest::decode(&body), Err(ProtoError::Field("flags of a HELLO")));
         let bad = HelloReply { shard_id: 3, ..reply };
         let mut body = Vec::new();
         bad.encode_into(&mut body);

@@ -26,6 +26,7 @@ mod limits;
 pub mod placement;
 mod request;
 pub mod scan;
+pub mod shared;
 mod version;
 
 pub use codes::{LOCATED_IN_DRAM, LOCATED_ON_NVME, Opcode, PROTOCOL_VERSION, ProtoError, Status};
@@ -44,4 +45,8 @@ pub use request::{
     max_item_head_bytes,
 };
 pub use scan::{MAX_SCAN_KEYS, SCAN_DONE, SCAN_VERSIONED};
+pub use shared::{
+    HELLO_OFFERS_SHARED, HELLO_SHARED_SOCKET, ITEM_SHARED, MAX_SOCKET_NAME_BYTES, REGISTER_RELEASE, SHARED_SPAN_BYTES,
+    SharedSpan, decode_socket_name, encode_socket_name,
+};
 pub use version::{VERSION_BYTES, Version, VersionClock, WRITER_BITS};

@@ -36,7 +36,11 @@ impl Limits {
         match opcode {
             Opcode::Hello => (4 + MAX_TOKEN_BYTES) as u64,
             Opcode::Put => self.max_put_body_bytes,
-            _ => u64::from(self.max_batch_items) * (REQUEST_ITEM_BYTES as u64 + u64::from(self.max_key_bytes)),
+            // A shared get's span follows its key.
+            _ => {
+                u64::from(self.max_batch_items)
+                    * ((REQUEST_ITEM_BYTES + crate::shared::SHARED_SPAN_BYTES) as u64 + u64::from(self.max_key_bytes))
+            }
         }
     }
 }

@@ -9,6 +9,7 @@ use crate::codes::{Opcode, ProtoError};
 use crate::frame::{FRAME_HEADER_BYTES, FrameHeader};
 use crate::items::{HelloRequest, LINKS_HEADER_BYTES, Links, PART_HEADER_BYTES, RequestItemHeader, decode_part_header};
 use crate::limits::{Limits, REQUEST_ITEM_BYTES};
+use crate::shared::{SHARED_SPAN_BYTES, SharedSpan};
 use crate::version::{VERSION_BYTES, Version};
 
 /// The head of a request item: what comes before its value.
@@ -22,14 +23,16 @@ pub struct ItemHead<'a> {
     pub version: Option<Version>,
     /// What a put links it to.
     pub links: Links<'a>,
-    /// Bytes of the head (header, key, version, links block).
+    /// Where a shared item's value lies in the client's memory ([`ITEM_SHARED`](crate::ITEM_SHARED)).
+    pub shared: Option<SharedSpan>,
+    /// Bytes of the head (header, key, version, span, links block).
     pub len: usize,
 }
 
 /// The longest head an item of `limits` may have: its header, the longest key and, for a put, a links
 /// version and a links block naming the longest parent and group.
 pub fn max_item_head_bytes(limits: &Limits) -> usize {
-    REQUEST_ITEM_BYTES + 3 * limits.max_key_bytes as usize + VERSION_BYTES + LINKS_HEADER_BYTES
+    REQUEST_ITEM_BYTES + 3 * limits.max_key_bytes as usize + VERSION_BYTES + SHARED_SPAN_BYTES + LINKS_HEADER_BYTES
 }
 
 /// Decodes the head of the `opcode` item at the start of `bytes`: `Ok(None)` if `bytes` end before it
@@ -49,10 +52,19 @@ pub fn decode_item_head<'a>(
     } else {
         (None, key_end)
     };
+    let (shared, span_end) = if header.is_shared() {
+        let Some(span) = bytes.get(version_end..).and_then(SharedSpan::decode) else { return Ok(None) };
+        if opcode == Opcode::Put && span.len != header.value_len {
+            return Err(ProtoError::Field("a shared put's span length differs from its value length"));
+        }
+        (Some(span), version_end + SHARED_SPAN_BYTES)
+    } else {
+        (None, version_end)
+    };
     if opcode != Opcode::Put || !header.has_links() {
-        return Ok(Some(ItemHead { header, key, version, links: Links::NONE, len: version_end }));
+        return Ok(Some(ItemHead { header, key, version, links: Links::NONE, shared, len: span_end }));
     }
-    let links_at = version_end;
+    let links_at = span_end;
     let Some(links_header) = bytes.get(links_at..links_at + LINKS_HEADER_BYTES) else { return Ok(None) };
     let (parent_len, group_len) = Links::decode_header(links_header, limits)?;
     let end = links_at + LINKS_HEADER_BYTES + parent_len + group_len;
@@ -60,7 +72,7 @@ pub fn decode_item_head<'a>(
         return Ok(None);
     }
     let (links, links_len) = Links::decode(&bytes[links_at..end], limits)?;
-    Ok(Some(ItemHead { header, key, version, links, len: links_at + links_len }))
+    Ok(Some(ItemHead { header, key, version, links, shared, len: links_at + links_len }))
 }
 
 /// One item of a decoded request.
@@ -74,6 +86,8 @@ pub struct RequestItem<'a> {
     pub version: Option<Version>,
     /// What a put links it to.
     pub links: Links<'a>,
+    /// Where a shared item's value lies in the client's memory.
+    pub shared: Option<SharedSpan>,
     /// Its value (puts), else empty. For a progressive put: its parts with their headers, as sent (the
     /// framing is checked: the part lengths add up to the value length).
     pub value: &'a [u8],
@@ -112,7 +126,14 @@ pub fn decode_request_body<'a>(
             return Err(ProtoError::BodyMismatch { items: (at + end) as u64, body: body.len() as u64 });
         }
         let value = &rest[head.len..end];
-        items.push(RequestItem { header: head.header, key: head.key, version: head.version, links: head.links, value });
+        items.push(RequestItem {
+            header: head.header,
+            key: head.key,
+            version: head.version,
+            links: head.links,
+            shared: head.shared,
+            value,
+        });
         at += end;
     }
     if at != body.len() {
@@ -205,5 +226,40 @@ mod tests {
         let mut plain = bytes.clone();
         plain[2..4].copy_from_slice(&(flags & !ITEM_UPSERT | ITEM_LINKS).to_le_bytes());
         assert!(decode_item_head(&plain, Opcode::Put, &limits).is_err());
+    }
+
+    #[test]
+    fn a_shared_items_value_is_in_the_clients_memory_not_in_the_body() {
+        use crate::shared::{ITEM_SHARED, SharedSpan};
+        let limits = Limits::default();
+        let span = SharedSpan { region: 1, len: 4096, offset: 8192 };
+        let mut body = Vec::new();
+        RequestItemHeader { key_len: 3, flags: ITEM_SHARED, value_len: 4096, value_crc: 7, ..Default::default() }
+            .encode_into(&mut body);
+        body.extend_from_slice(b"put");
+        span.encode_into(&mut body);
+        let frame = FrameHeader::request(Opcode::Put, 1, 1, body.len() as u64);
+        let items = decode_request_body(&frame, &body, &limits).expect("a shared put");
+        assert_eq!((items[0].shared, items[0].value.len()), (Some(span), 0), "no value bytes follow");
+        for cut in 0..body.len() {
+            assert_eq!(decode_item_head(&body[..cut], Opcode::Put, &limits), Ok(None), "cut at {cut}");
+        }
+        // A put's span must be as long as its value.
+        let mut bad = body.clone();
+        bad[REQUEST_ITEM_BYTES + 3 + 4..REQUEST_ITEM_BYTES + 3 + 8].copy_from_slice(&4095u32.to_le_bytes());
+        assert!(decode_item_head(&bad, Opcode::Put, &limits).is_err());
+        // A get's span is the room the client offers; it may not also ask for the object's version.
+        let mut get = Vec::new();
+        RequestItemHeader { key_len: 3, flags: ITEM_SHARED, ..Default::default() }.encode_into(&mut get);
+        get.extend_from_slice(b"get");
+        span.encode_into(&mut get);
+        let frame = FrameHeader::request(Opcode::Get, 2, 1, get.len() as u64);
+        assert_eq!(decode_request_body(&frame, &get, &limits).expect("a shared get")[0].shared, Some(span));
+        get[2..4].copy_from_slice(&(ITEM_SHARED | crate::items::ITEM_WITH_VERSION).to_le_bytes());
+        assert!(decode_request_body(&frame, &get, &limits).is_err());
+        // Only gets and puts name spans.
+        let frame = FrameHeader::request(Opcode::Exists, 3, 1, get.len() as u64);
+        get[2..4].copy_from_slice(&ITEM_SHARED.to_le_bytes());
+        assert!(decode_request_body(&frame, &get, &limits).is_err());
     }
 }

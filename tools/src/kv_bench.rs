@@ -16,7 +16,10 @@ use anyhow::{Context, bail};
 use hdrhistogram::Histogram;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use strata_client::{BlockPut, Client, ClientError, ClientOptions, ClusterOptions, Links, PutOptions, WritePolicy};
+use strata_client::{
+    BlockPut, Client, ClientError, ClientOptions, ClusterOptions, Links, PutOptions, SharedBuffer, Transport,
+    WritePolicy,
+};
 
 use crate::block_bench::options::RandomDistribution;
 use crate::block_bench::workload::BlockPicker;
@@ -40,6 +43,18 @@ pub enum KvOp {
     #[value(name = "prefix-match")]
     #[serde(rename = "prefix-match")]
     PrefixMatch,
+}
+
+/// How a run's values move between the node and the bench.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvTransport {
+    /// Over TCP, into and out of the bench's own buffers (the shared-memory path is not offered).
+    Tcp,
+    /// Through shared memory (`SharedBuffer`): the run fails unless the node offered the path.
+    Shm,
+    /// `SharedBuffer` calls, through shared memory where the node offers it, else over TCP.
+    Auto,
 }
 
 /// `strata-bench kv` options.
@@ -69,6 +84,9 @@ pub struct KvArgs {
     /// Keys in the working set.
     #[arg(long, default_value_t = 10_000)]
     pub keys: u64,
+    /// How values move: tcp, shm (shared memory with a node on this host) or auto.
+    #[arg(long, value_enum, default_value_t = KvTransport::Tcp)]
+    pub transport: KvTransport,
     /// Keys per call (1: single-key calls).
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
@@ -238,6 +256,13 @@ impl Values {
         out[..take].copy_from_slice(&tag[..take]);
     }
 
+    /// Makes `out` (as long as a value, holding a value already) key `index`'s value: its tag.
+    pub fn stamp(&self, index: u64, out: &mut [u8]) {
+        let tag = index.to_le_bytes();
+        let take = tag.len().min(out.len());
+        out[..take].copy_from_slice(&tag[..take]);
+    }
+
     /// Whether `bytes` is key `index`'s value.
     pub fn matches(&self, index: u64, bytes: &[u8]) -> bool {
         let tag = index.to_le_bytes();
@@ -324,6 +349,7 @@ fn connect(args: &KvArgs) -> anyhow::Result<Client> {
     let options = ClientOptions {
         token: args.token.as_ref().map(|token| token.as_bytes().to_vec()),
         spin_before_block,
+        shared_memory: args.transport != KvTransport::Tcp,
         ..ClientOptions::default()
     };
     if let Some(etcd) = &args.cluster {
@@ -335,7 +361,12 @@ fn connect(args: &KvArgs) -> anyhow::Result<Client> {
         };
         return Client::connect_cluster(&cluster).with_context(|| format!("connecting to cluster {etcd}"));
     }
-    Client::connect(args.server.as_str(), options).with_context(|| format!("connecting to {}", args.server))
+    let mut client =
+        Client::connect(args.server.as_str(), options).with_context(|| format!("connecting to {}", args.server))?;
+    if args.transport == KvTransport::Shm && client.shared_transport() != Transport::SharedMemory {
+        bail!("--transport shm: the node did not offer the shared-memory path (is it on this host, and on?)");
+    }
+    Ok(client)
 }
 
 /// The bench's puts replace what a previous run or the preload stored under the same key.
@@ -588,6 +619,18 @@ fn run_thread(
     };
     let value_len = args.value_size as usize;
     let mut buffers: Vec<Vec<u8>> = vec![vec![0u8; value_len]; args.batch];
+    // With --transport shm or auto, values move through one shared buffer, a span per key of a call.
+    let mut shared = match args.transport {
+        KvTransport::Tcp => None,
+        _ => Some(SharedBuffer::new(value_len.max(1) * args.batch).context("a shared buffer")?),
+    };
+    let spans: Vec<(usize, usize)> = (0..args.batch).map(|at| (at * value_len, value_len)).collect();
+    if let Some(shared) = shared.as_mut() {
+        // Each span holds a value from the start; a put then only stamps its key's tag, as `fill` does.
+        for span in shared.as_mut_slice().chunks_mut(value_len.max(1)) {
+            span.copy_from_slice(&values.pattern[..span.len()]);
+        }
+    }
     let mut put_values: Vec<Vec<u8>> = vec![Vec::new(); args.batch];
     let interval = (args.rate > 0.0).then(|| Duration::from_secs_f64(args.connections as f64 / args.rate));
     let mut next_call =
@@ -682,12 +725,21 @@ fn run_thread(
                 }
             }
         } else if is_get {
-            let mut slices: Vec<&mut [u8]> =
-                buffers.iter_mut().take(indices.len()).map(|buffer| &mut buffer[..]).collect();
-            let replies = client.batch_get_into(&key_refs, &mut slices);
+            let replies = match shared.as_mut() {
+                Some(shared) => client.batch_get_into_shared(&key_refs, shared, &spans[..indices.len()]),
+                None => {
+                    let mut slices: Vec<&mut [u8]> =
+                        buffers.iter_mut().take(indices.len()).map(|buffer| &mut buffer[..]).collect();
+                    client.batch_get_into(&key_refs, &mut slices)
+                }
+            };
             let elapsed = scheduled.elapsed().as_nanos() as u64;
             result.record(elapsed);
-            for ((reply, &index), buffer) in replies.into_iter().zip(&indices).zip(&buffers) {
+            for (at, (reply, &index)) in replies.into_iter().zip(&indices).enumerate() {
+                let buffer = match &shared {
+                    Some(shared) => &shared.as_slice()[spans[at].0..spans[at].0 + value_len],
+                    None => &buffers[at][..],
+                };
                 match reply {
                     Ok(len) => {
                         result.bytes += len as u64;
@@ -702,10 +754,15 @@ fn run_thread(
                 }
             }
         } else {
-            for (buffer, &index) in put_values.iter_mut().zip(&indices) {
-                values.fill(index, buffer);
-            }
-            let replies = if args.link_parents.is_some() {
+            let replies = if let Some(shared) = shared.as_mut() {
+                for (at, &index) in indices.iter().enumerate() {
+                    values.stamp(index, &mut shared.as_mut_slice()[spans[at].0..spans[at].0 + value_len]);
+                }
+                client.batch_put_from_shared(&key_refs, shared, &spans[..indices.len()], upserts(policy))
+            } else if args.link_parents.is_some() {
+                for (buffer, &index) in put_values.iter_mut().zip(&indices) {
+                    values.fill(index, buffer);
+                }
                 let parts: Vec<[&[u8]; 1]> = put_values.iter().map(|value| [&value[..]]).collect();
                 let blocks: Vec<BlockPut<'_>> = (0..key_refs.len())
                     .map(|at| BlockPut {
@@ -716,6 +773,9 @@ fn run_thread(
                     .collect();
                 client.batch_put_blocks(&blocks, upserts(policy))
             } else {
+                for (buffer, &index) in put_values.iter_mut().zip(&indices) {
+                    values.fill(index, buffer);
+                }
                 let items: Vec<(&[u8], &[u8])> = key_refs.iter().zip(&put_values).map(|(k, v)| (*k, &v[..])).collect();
                 client.batch_put_with(&items, upserts(policy))
             };

@@ -15,6 +15,7 @@ pub mod kv_bench;
 pub mod kv_events;
 pub mod kv_timeline;
 pub mod logging;
+pub mod memcpy_bench;
 pub mod node;
 pub mod pool;
 pub mod rebalance;

@@ -118,6 +118,11 @@ pub struct NodeSettings {
     /// frame; a shard's core never sleeps while a client is connected.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub busy_poll: Option<bool>,
+    /// Offer clients on this host the shared-memory path (values copied between the node's DRAM and memory
+    /// the client registered, requests over an abstract Unix socket); `--shared-memory false` turns it
+    /// off. [default: true]
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub shared_memory: Option<bool>,
     /// Close a connection whose peer stalls mid-frame this long (a value or a progressive put's next part
     /// that stops arriving, a reply it stops reading), freeing what it held; 0s: never. [default: 30s]
     #[arg(long)]
@@ -191,6 +196,7 @@ impl NodeSettings {
             low_watermark,
             spin_before_park,
             busy_poll,
+            shared_memory,
             promote_window,
             nvme_queue_depth,
             stall_timeout,
@@ -314,6 +320,7 @@ impl NodeSettings {
             config.spin_before_park = Some(parse_duration(spin)?);
         }
         config.busy_poll = self.busy_poll.unwrap_or(false);
+        config.shared_memory = self.shared_memory.unwrap_or(true);
         if let Some(window) = &self.promote_window {
             config.promote_window = parse_duration(window)?;
         }

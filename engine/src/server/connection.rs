@@ -5,10 +5,11 @@ use std::io;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use strata_nvme::tcp::stream::Socket;
-use strata_proto::{Limits, Opcode, ProtoError, REQUEST_ITEM_BYTES, RequestItemHeader, decode_item_head};
+use strata_proto::{Limits, Opcode, ProtoError, REQUEST_ITEM_BYTES, RequestItemHeader, SharedSpan, decode_item_head};
 
 use super::ConnectionError;
+use super::client_stream::ClientStream;
+use super::shared_regions::SharedRegions;
 use super::watch::{ConnectionWatch, on_socket};
 use crate::peer_limits::{ConnectionSlot, PeerBudget};
 
@@ -24,6 +25,8 @@ pub(super) struct OwnedHead {
     pub(super) version: Option<strata_proto::Version>,
     pub(super) parent: Option<Vec<u8>>,
     pub(super) group: Option<Vec<u8>>,
+    /// Where a shared item's value lies in the client's memory.
+    pub(super) shared: Option<SharedSpan>,
     /// Bytes it took.
     pub(super) len: usize,
 }
@@ -36,7 +39,11 @@ pub(super) struct Connection {
     pub(super) slot: ConnectionSlot,
     /// Where partial-frame bytes are claimed.
     pub(super) peers: Arc<PeerBudget>,
-    pub(super) stream: Socket,
+    pub(super) stream: ClientStream,
+    /// The memory a local connection registered (none over TCP: shared items are refused there).
+    pub(super) shared: Option<SharedRegions>,
+    /// A TCP peer on the node's own host, to which the shard offers its Unix socket.
+    pub(super) peer_on_host: bool,
     pub(super) input: Box<[u8]>,
     pub(super) start: usize,
     pub(super) end: usize,
@@ -141,6 +148,7 @@ impl Connection {
                     version: head.version,
                     parent: head.links.parent.map(<[u8]>::to_vec),
                     group: head.links.group.map(<[u8]>::to_vec),
+                    shared: head.shared,
                     len: head.len,
                 };
                 self.start += head.len;

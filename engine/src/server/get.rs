@@ -83,6 +83,15 @@ pub(super) async fn handle_get<'a>(
         }
         results.into_iter().map(|result| result.unwrap_or(Err(Status::NotFound))).collect()
     };
+    // Shared items (a local client's) are copied into its memory now; their replies carry no data.
+    let results: Vec<Reply> = results
+        .into_iter()
+        .zip(items)
+        .map(|(result, item)| match (result, item.shared) {
+            (Ok(hit), Some(span)) => Reply::Shared(copy_to_client(connection, &span, &hit)),
+            (result, _) => Reply::Sent(result),
+        })
+        .collect();
     // Items that asked for their version get it before their bytes (ITEM_WITH_VERSION).
     let with_version: Vec<bool> = items.iter().map(|item| item.header.flags & ITEM_WITH_VERSION != 0).collect();
     let body_len: u64 = results
@@ -90,7 +99,7 @@ pub(super) async fn handle_get<'a>(
         .zip(&with_version)
         .map(|(result, &versioned)| {
             let prefix = if versioned { VERSION_BYTES as u64 } else { 0 };
-            RESPONSE_ITEM_BYTES as u64 + result.as_ref().map_or(0, |hit| prefix + hit.len() as u64)
+            RESPONSE_ITEM_BYTES as u64 + result.sent().map_or(0, |hit| prefix + hit.len() as u64)
         })
         .sum();
     FrameHeader {
@@ -108,7 +117,8 @@ pub(super) async fn handle_get<'a>(
     let mut heads: Vec<usize> = Vec::with_capacity(results.len());
     for ((result, moved), &versioned) in results.iter().zip(&moved).zip(&with_version) {
         match (result, moved) {
-            (Ok(hit), _) if versioned => {
+            (Reply::Shared(answer), _) => answer.encode_into(&mut connection.output),
+            (Reply::Sent(Ok(hit)), _) if versioned => {
                 let version = hit.version.unwrap_or_default().encode();
                 ResponseItemHeader {
                     status: Status::Ok,
@@ -119,7 +129,7 @@ pub(super) async fn handle_get<'a>(
                 .encode_into(&mut connection.output);
                 connection.output.extend_from_slice(&version);
             }
-            (Ok(hit), _) => ResponseItemHeader {
+            (Reply::Sent(Ok(hit)), _) => ResponseItemHeader {
                 status: Status::Ok,
                 data_len: hit.len() as u32,
                 data_crc: hit.data_crc,
@@ -127,8 +137,8 @@ pub(super) async fn handle_get<'a>(
             }
             .encode_into(&mut connection.output),
             // MOVED carries the node's epoch.
-            (Err(_), Some(answer)) => answer.encode_into(&mut connection.output),
-            (Err(status), None) => ResponseItemHeader::status(*status).encode_into(&mut connection.output),
+            (Reply::Sent(Err(_)), Some(answer)) => answer.encode_into(&mut connection.output),
+            (Reply::Sent(Err(status)), None) => ResponseItemHeader::status(*status).encode_into(&mut connection.output),
         }
         heads.push(connection.output.len());
     }
@@ -138,7 +148,7 @@ pub(super) async fn handle_get<'a>(
     for (result, &head_end) in results.iter().zip(&heads) {
         pieces.push(io::IoSlice::new(&output[head_start..head_end]));
         head_start = head_end;
-        if let Ok(hit) = result {
+        if let Some(hit) = result.sent() {
             pieces.extend(hit.slices().into_iter().filter(|slice| !slice.is_empty()).map(io::IoSlice::new));
         }
     }
@@ -147,7 +157,45 @@ pub(super) async fn handle_get<'a>(
     connection.output = output;
     connection.output.clear();
     written?;
-    Ok(count(results.iter().map(|result| result.as_ref().map_or_else(|status| *status, |_| Status::Ok))))
+    Ok(count(results.iter().map(Reply::status)))
+}
+
+/// One item's answer: sent on the socket (its value follows its header), or copied into the client's
+/// shared memory (its header alone).
+enum Reply {
+    Sent(Result<ReadHit, Status>),
+    Shared(ResponseItemHeader),
+}
+
+impl Reply {
+    fn sent(&self) -> Option<&ReadHit> {
+        match self {
+            Reply::Sent(Ok(hit)) => Some(hit),
+            _ => None,
+        }
+    }
+
+    fn status(&self) -> Status {
+        match self {
+            Reply::Sent(result) => result.as_ref().map_or_else(|status| *status, |_| Status::Ok),
+            Reply::Shared(answer) => answer.status,
+        }
+    }
+}
+
+/// Copies a hit into the span of the client's memory its item named: the answer says how many bytes and
+/// their crc32c (the client checks them in its memory), or why not: the span is not the connection's
+/// (`Invalid`), or the value does not fit in it (`TooLarge`, with the value's length).
+fn copy_to_client(connection: &Connection, span: &strata_proto::SharedSpan, hit: &ReadHit) -> ResponseItemHeader {
+    let len = hit.len();
+    if len > span.len as usize {
+        return ResponseItemHeader { object_len: len as u32, ..ResponseItemHeader::status(Status::TooLarge) };
+    }
+    let copied = connection.shared.as_ref().is_some_and(|regions| regions.copy_into(span, &hit.slices()));
+    if !copied {
+        return ResponseItemHeader::status(Status::Invalid);
+    }
+    ResponseItemHeader { status: Status::Ok, data_len: 0, data_crc: hit.data_crc, object_len: len as u32 }
 }
 
 /// The items of a batch that DRAM answers (a hit, a miss, a bad range), each checked in order with the

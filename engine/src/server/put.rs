@@ -7,7 +7,7 @@ use std::rc::Rc;
 
 use strata_proto::{
     FrameHeader, Links, Opcode, PART_HEADER_BYTES, ProtoError, PutOptions, RequestItemHeader, ResponseItemHeader,
-    Status, decode_item_head, decode_part_header,
+    SharedSpan, Status, decode_item_head, decode_part_header,
 };
 
 use super::connection::{Connection, OwnedHead};
@@ -35,7 +35,7 @@ pub(super) async fn handle_put(
         let Some(head) = connection.read_item_head(Opcode::Put, &limits, body.left()).await? else {
             return Err(ProtoError::BodyMismatch { items: body.len + 1, body: body.len }.into());
         };
-        body.take(head.len as u64 + u64::from(head.header.value_len))?;
+        body.take(head.len as u64 + head.header.body_value_len(Opcode::Put))?;
         match put_item(server, connection, (scope, header.epoch), head, &mut body).await? {
             Stored::Durable(point) => {
                 durable.push((statuses.len(), point));
@@ -104,6 +104,7 @@ async fn put_item(
     }
     let owner = server.other_owner(&head.key);
     let options = PutOptions::decode(&item, head.version);
+    let shared = head.shared;
     let key = scope.scoped_owned(head.key);
     // The parent and the group are scoped like keys, so that tenants never link across.
     let parent = head.parent.map(|name| scope.scoped_owned(name));
@@ -115,34 +116,58 @@ async fn put_item(
     };
     let stored = match owner {
         Some(owner) => {
-            let arrived = receive_value(connection, &item, body).await?;
+            let arrived = receive_value(connection, (&item, shared.as_ref()), body).await?;
             drop(claim);
-            let Some((value, value_crc)) = arrived else { return Ok(Stored::Answered(Status::TransferChecksum)) };
+            let (value, value_crc) = match arrived {
+                Ok(arrived) => arrived,
+                Err(status) => return Ok(Stored::Answered(status)),
+            };
             let op = ForwardOp::Put { value, value_crc, options, parent, group };
             Stored::Answered(server.forward(owner, &key, op).await.status)
         }
         None => {
             let links = Links { parent: parent.as_deref(), group: group.as_deref() };
-            put_here(shard, connection, (&key, item, options), links, body).await?
+            put_here(shard, connection, (&key, item, options), (links, shared.as_ref()), body).await?
         }
     };
     Ok(stored)
 }
 
-/// Receives a value to forward into a buffer of its own; `None` if it failed its crc.
+/// Receives a value to forward into a buffer of its own; the status to answer if it failed its crc or
+/// named memory the connection does not have.
 async fn receive_value(
     connection: &mut Connection,
-    item: &RequestItemHeader,
+    (item, shared): (&RequestItemHeader, Option<&SharedSpan>),
     body: &mut BodyCursor,
-) -> Result<Option<(Vec<u8>, u32)>, ConnectionError> {
+) -> Result<Result<(Vec<u8>, u32), Status>, ConnectionError> {
     let mut value = vec![0u8; item.value_len as usize];
-    let crc = if item.is_progressive() {
-        receive_parts(connection, Destination::Buffer(&mut value), None, body).await?
-    } else {
-        let crc = connection.read_exact_crc(&mut value).await?;
-        (crc == item.value_crc).then_some(crc)
+    if item.is_progressive() {
+        let crc = receive_parts(connection, Destination::Buffer(&mut value), None, body).await?;
+        return Ok(crc.map(|crc| (value, crc)).ok_or(Status::TransferChecksum));
+    }
+    Ok(receive_whole(connection, item, shared, &mut value).await?.map(|crc| (value, crc)))
+}
+
+/// Receives a whole (not progressive) value into `destination`, from the socket or from the client's
+/// shared memory, and checks it against the item's crc: its crc, or the status to answer.
+async fn receive_whole(
+    connection: &mut Connection,
+    item: &RequestItemHeader,
+    shared: Option<&SharedSpan>,
+    destination: &mut [u8],
+) -> Result<Result<u32, Status>, ConnectionError> {
+    let crc = match shared {
+        None => connection.read_exact_crc(destination).await?,
+        Some(span) => {
+            let copied = connection.shared.as_ref().is_some_and(|regions| regions.copy_out(span, destination));
+            if !copied {
+                return Ok(Err(Status::Invalid));
+            }
+            // Checked on the node's own copy: the client may write its memory meanwhile.
+            crc32c::crc32c(destination)
+        }
     };
-    Ok(crc.map(|crc| (value, crc)))
+    Ok(if crc == item.value_crc { Ok(crc) } else { Err(Status::TransferChecksum) })
 }
 
 /// Stores a put item of this shard: admitted, its value read from the socket straight into its DRAM
@@ -151,7 +176,7 @@ async fn put_here(
     shard: &Rc<Shard>,
     connection: &mut Connection,
     (key, item, mut options): (&[u8], RequestItemHeader, PutOptions),
-    links: Links<'_>,
+    (links, shared): (Links<'_>, Option<&SharedSpan>),
     body: &mut BodyCursor,
 ) -> Result<Stored, ConnectionError> {
     let mut reservation = match shard.admit_put(key, item.value_len, &mut options).await {
@@ -174,8 +199,8 @@ async fn put_here(
         }
     } else {
         let value = reservation.bytes_mut(key_len, item.value_len as usize);
-        if connection.read_exact_crc(value).await? != item.value_crc {
-            return Ok(Stored::Answered(Status::TransferChecksum));
+        if let Err(status) = receive_whole(connection, &item, shared, value).await? {
+            return Ok(Stored::Answered(status));
         }
         (item.value_crc, None)
     };
@@ -214,7 +239,7 @@ fn claim_arriving_value(
     item: &RequestItemHeader,
     key_len: usize,
 ) -> Result<Option<PartialClaim>, ()> {
-    if !item.is_progressive() && connection.buffered() as u64 >= u64::from(item.value_len) {
+    if !item.is_progressive() && connection.buffered() as u64 >= item.body_value_len(Opcode::Put) {
         return Ok(None);
     }
     let bytes = key_len as u64 + u64::from(item.value_len);
@@ -259,7 +284,7 @@ fn buffered_put_item<'a>(bytes: &'a [u8], limits: &strata_proto::Limits) -> Opti
     if head.header.is_progressive() {
         return None;
     }
-    Some((head.key, head.len + head.header.value_len as usize))
+    Some((head.key, head.len + head.header.body_value_len(Opcode::Put) as usize))
 }
 
 /// Skips a refused put item's value: its bytes, or a progressive put's parts.
@@ -269,7 +294,7 @@ async fn skip_value(
     body: &mut BodyCursor,
 ) -> Result<(), ConnectionError> {
     if !item.is_progressive() {
-        connection.skip(u64::from(item.value_len)).await?;
+        connection.skip(item.body_value_len(Opcode::Put)).await?;
         return Ok(());
     }
     let mut left = u64::from(item.value_len);

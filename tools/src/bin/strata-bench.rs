@@ -56,6 +56,9 @@ enum Command {
     /// Watch one CPU for stalls: a pinned thread reads the clock in a loop and counts the gaps longer than
     /// --threshold (kernel threads, interrupts, other tenants of the host). The floor under any p99.
     Stalls(strata_tools::stall_bench::StallArgs),
+    /// One thread copying a value between two buffers: the reference for the shared-memory path. Prints
+    /// JSON: size, copies_per_sec, bytes_per_sec.
+    Memcpy(strata_tools::memcpy_bench::MemcpyArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -89,7 +92,8 @@ enum OutputFormat {
     Json,
 }
 
-const SUBCOMMANDS_AND_CLAP_FLAGS: [&str; 8] = ["alloc", "kv", "stalls", "help", "-h", "--help", "-V", "--version"];
+const SUBCOMMANDS_AND_CLAP_FLAGS: [&str; 9] =
+    ["alloc", "kv", "stalls", "memcpy", "help", "-h", "--help", "-V", "--version"];
 
 fn main() -> anyhow::Result<()> {
     let arguments: Vec<String> = std::env::args().skip(1).collect();
@@ -102,6 +106,10 @@ fn main() -> anyhow::Result<()> {
         Command::Alloc(args) => run_alloc(args),
         Command::Kv(args) => run_kv(*args),
         Command::Stalls(args) => run_stalls(&args),
+        Command::Memcpy(args) => {
+            println!("{}", serde_json::to_string(&strata_tools::memcpy_bench::run(&args))?);
+            Ok(())
+        }
     }
 }
 

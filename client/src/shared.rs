@@ -1,0 +1,511 @@
+//! The shared-memory path, for a client on the node's host: values move between the node's DRAM and a
+//! [`SharedBuffer`] by one copy on the node, with requests and replies (headers only) over each shard's
+//! Unix socket.
+//!
+//! A [`SharedBuffer`] is a memfd this client allocated, sealed against shrinking and growing (the node
+//! maps it, and a file that shrank under its mapping would fault it). It is registered with a shard the
+//! first time a call sends one of its keys there, over a connection of its own to the shard's Unix socket
+//! (the name the shard's HELLO gave), passing the memfd as `SCM_RIGHTS`. The node copies only into memory
+//! a connection registered, and never shares its own.
+//!
+//! Where the path is not there (a node on another host, a cluster client, a node that runs without it,
+//! [`ClientOptions::shared_memory`](crate::ClientOptions) off), the same calls move the same bytes over
+//! TCP, into and out of the same buffer. Buffers the caller allocated itself always use TCP.
+//!
+//! Checksums stay end to end: a get's reply carries the value's stored crc32c, checked here over the bytes
+//! the node copied; a put carries the crc32c computed here, checked by the node over its own copy.
+
+use std::io::{BufReader, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use strata_proto::{
+    FRAME_HEADER_BYTES, FrameHeader, HelloRequest, ITEM_SHARED, Opcode, PutOptions, REGISTER_RELEASE,
+    REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, SHARED_SPAN_BYTES, SharedSpan,
+    Status, shard_of,
+};
+
+use crate::client::{Client, ClientOptions};
+use crate::error::ClientError;
+
+static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Memory a node on this host can copy values into and out of directly: a sealed memfd, mapped here.
+pub struct SharedBuffer {
+    memory: OwnedFd,
+    base: NonNull<u8>,
+    len: usize,
+    /// Names the buffer among this process's, for the shards it is registered with.
+    id: u64,
+}
+
+// SAFETY: the buffer owns its mapping and descriptor; moving it to another thread moves that ownership.
+// Shared references only read (`as_slice`); writes need `&mut`.
+#[allow(unsafe_code)]
+unsafe impl Send for SharedBuffer {}
+#[allow(unsafe_code)]
+unsafe impl Sync for SharedBuffer {}
+
+impl SharedBuffer {
+    /// Allocates `len` bytes (zeroed, faulted in).
+    pub fn new(len: usize) -> Result<Self, ClientError> {
+        if len == 0 {
+            return Err(ClientError::TooLarge("a shared buffer of 0 bytes".into()));
+        }
+        let failed = |what: &str| ClientError::Connection(format!("{what}: {}", std::io::Error::last_os_error()));
+        // SAFETY: memfd_create takes a NUL-terminated name and flags; it returns a new descriptor or -1.
+        #[allow(unsafe_code)]
+        let fd = unsafe { libc::memfd_create(c"strata-buffer".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+        if fd < 0 {
+            return Err(failed("memfd_create"));
+        }
+        // SAFETY: `fd` is a fresh descriptor nothing else owns.
+        #[allow(unsafe_code)]
+        let memory = unsafe { OwnedFd::from_raw_fd(fd) };
+        let file = std::fs::File::from(memory.try_clone().map_err(|error| ClientError::from_io(&error))?);
+        file.set_len(len as u64).map_err(|error| ClientError::from_io(&error))?;
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: fcntl on a descriptor this function owns; no memory is passed.
+        #[allow(unsafe_code)]
+        if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } < 0 {
+            return Err(failed("sealing the memfd"));
+        }
+        // SAFETY: a new shared mapping of the whole file, which the seals keep at `len` bytes.
+        #[allow(unsafe_code)]
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(failed("mapping the memfd"));
+        }
+        let base = NonNull::new(base.cast::<u8>()).ok_or_else(|| failed("mapping the memfd"))?;
+        Ok(Self { memory, base, len, id: NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed) })
+    }
+
+    /// Its length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty (never: buffers have at least one byte).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Its bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the mapping is `len` bytes, valid for as long as `self`; writes need `&mut self`.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::slice::from_raw_parts(self.base.as_ptr(), self.len)
+        }
+    }
+
+    /// Its bytes, to write.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` makes this the only reference.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::slice::from_raw_parts_mut(self.base.as_ptr(), self.len)
+        }
+    }
+
+    /// The first byte's address (for bindings that hand the memory to numpy or torch).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+
+    /// Disjoint mutable slices of `spans` (offset, length), for the TCP path; `None` if two overlap or one
+    /// runs past the end.
+    fn split_mut(&mut self, spans: &[(usize, usize)]) -> Option<Vec<&mut [u8]>> {
+        let mut order: Vec<usize> = (0..spans.len()).collect();
+        order.sort_by_key(|&index| spans[index].0);
+        let mut end = 0usize;
+        for &index in &order {
+            let (offset, len) = spans[index];
+            if offset < end || offset.checked_add(len)? > self.len {
+                return None;
+            }
+            end = offset + len;
+        }
+        // SAFETY: the spans lie within the mapping and do not overlap (checked above), and `&mut self`
+        // keeps any other reference out for the slices' lifetime.
+        #[allow(unsafe_code)]
+        Some(
+            spans
+                .iter()
+                .map(|&(offset, len)| unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr().add(offset), len) })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for SharedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: the mapping `new` made, unmapped once; a node that still maps the memfd keeps its own.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::munmap(self.base.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+/// How a call's values moved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// Copied by the node into or out of the shared buffer.
+    SharedMemory,
+    /// Over TCP.
+    Tcp,
+}
+
+/// A connection to one shard's Unix socket, and the buffers registered on it.
+pub(crate) struct LocalConnection {
+    writer: UnixStream,
+    reader: BufReader<UnixStream>,
+    /// (buffer id, region id) of each buffer registered here.
+    regions: Vec<(u64, u32)>,
+    next_request_id: u64,
+}
+
+impl LocalConnection {
+    /// Connects to the abstract socket `name` and says HELLO.
+    fn open(name: &[u8], options: &ClientOptions) -> Result<Self, ClientError> {
+        use std::os::linux::net::SocketAddrExt;
+        let io = |error: std::io::Error| ClientError::Connection(format!("the shard's Unix socket: {error}"));
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name).map_err(io)?;
+        let writer = UnixStream::connect_addr(&addr).map_err(io)?;
+        writer.set_read_timeout(Some(options.timeout)).map_err(io)?;
+        writer.set_write_timeout(Some(options.timeout)).map_err(io)?;
+        let reader = BufReader::with_capacity(64 << 10, writer.try_clone().map_err(io)?);
+        let mut connection = Self { writer, reader, regions: Vec::new(), next_request_id: 1 };
+        let hello = HelloRequest { token: options.token.clone().unwrap_or_default(), offers_shared: false };
+        let mut frame = Vec::new();
+        FrameHeader::request(Opcode::Hello, 0, 1, hello.encoded_len() as u64).encode_into(&mut frame);
+        hello.encode_into(&mut frame);
+        connection.writer.write_all(&frame).map_err(|error| ClientError::from_io(&error))?;
+        let header = connection.read_header(Opcode::Hello, 0)?;
+        let mut body = vec![0u8; header.body_len.min(1024) as usize];
+        connection.reader.read_exact(&mut body).map_err(|error| ClientError::from_io(&error))?;
+        Ok(connection)
+    }
+
+    fn read_header(&mut self, opcode: Opcode, request_id: u64) -> Result<FrameHeader, ClientError> {
+        let mut bytes = [0u8; FRAME_HEADER_BYTES];
+        self.reader.read_exact(&mut bytes).map_err(|error| ClientError::from_io(&error))?;
+        let header = FrameHeader::decode(&bytes).map_err(|error| ClientError::Protocol(error.to_string()))?;
+        if header.status != Status::Ok {
+            return Err(ClientError::from_status(header.status));
+        }
+        if header.request_id != request_id || header.opcode != opcode {
+            return Err(ClientError::Protocol(format!("reply {} to request {request_id}", header.request_id)));
+        }
+        Ok(header)
+    }
+
+    /// Reads the reply to a frame of `count` items that carry no data.
+    fn read_reply(
+        &mut self,
+        opcode: Opcode,
+        request_id: u64,
+        count: usize,
+    ) -> Result<Vec<ResponseItemHeader>, ClientError> {
+        let header = self.read_header(opcode, request_id)?;
+        if header.count as usize != count || header.body_len != (count * RESPONSE_ITEM_BYTES) as u64 {
+            return Err(ClientError::Protocol(format!(
+                "{} replies ({} bytes) to {count} items",
+                header.count, header.body_len
+            )));
+        }
+        let mut items = Vec::with_capacity(count);
+        let mut bytes = [0u8; RESPONSE_ITEM_BYTES];
+        for _ in 0..count {
+            self.reader.read_exact(&mut bytes).map_err(|error| ClientError::from_io(&error))?;
+            let item = ResponseItemHeader::decode(&bytes).map_err(|error| ClientError::Protocol(error.to_string()))?;
+            if item.data_len != 0 {
+                return Err(ClientError::Protocol("data in the reply to a shared item".into()));
+            }
+            items.push(item);
+        }
+        Ok(items)
+    }
+
+    fn request_id(&mut self) -> u64 {
+        self.next_request_id += 1;
+        self.next_request_id
+    }
+
+    /// The region `buffer` is on this connection, registering it first if it is not.
+    fn region(&mut self, buffer: &SharedBuffer) -> Result<u32, ClientError> {
+        if let Some(&(_, region)) = self.regions.iter().find(|(id, _)| *id == buffer.id) {
+            return Ok(region);
+        }
+        let request_id = self.request_id();
+        let mut frame = Vec::new();
+        FrameHeader::request(Opcode::Register, request_id, 1, REQUEST_ITEM_BYTES as u64 + 1).encode_into(&mut frame);
+        RequestItemHeader { key_len: 1, ..Default::default() }.encode_into(&mut frame);
+        frame.push(b'*');
+        send_with_descriptor(&self.writer, &frame, buffer.memory.as_raw_fd())
+            .map_err(|error| ClientError::from_io(&error))?;
+        let answer = self.read_reply(Opcode::Register, request_id, 1)?[0];
+        if answer.status != Status::Ok {
+            return Err(ClientError::from_status(answer.status));
+        }
+        self.regions.push((buffer.id, answer.object_len));
+        Ok(answer.object_len)
+    }
+
+    /// Releases the region of buffer `id`, if it has one here.
+    fn release(&mut self, id: u64) -> Result<(), ClientError> {
+        let Some(at) = self.regions.iter().position(|(buffer, _)| *buffer == id) else { return Ok(()) };
+        let (_, region) = self.regions.remove(at);
+        let request_id = self.request_id();
+        let mut frame = Vec::new();
+        FrameHeader::request(Opcode::Register, request_id, 1, REQUEST_ITEM_BYTES as u64 + 1).encode_into(&mut frame);
+        RequestItemHeader { key_len: 1, flags: REGISTER_RELEASE, offset: region, ..Default::default() }
+            .encode_into(&mut frame);
+        frame.push(b'*');
+        self.writer.write_all(&frame).map_err(|error| ClientError::from_io(&error))?;
+        self.read_reply(Opcode::Register, request_id, 1).map(|_| ())
+    }
+}
+
+/// Sends `bytes` with `fd` attached (`SCM_RIGHTS`): the node receives the descriptor with the frame.
+fn send_with_descriptor(socket: &UnixStream, bytes: &[u8], fd: std::os::fd::RawFd) -> std::io::Result<()> {
+    let mut control = [0u64; 4];
+    let mut iov = libc::iovec { iov_base: bytes.as_ptr().cast_mut().cast(), iov_len: bytes.len() };
+    // SAFETY: an all-zero msghdr is valid; the fields set below point at `iov`, `bytes` and `control`,
+    // which outlive the call, and the control message is written within `control` (CMSG_SPACE of one
+    // descriptor is 24 bytes).
+    #[allow(unsafe_code)]
+    let sent = unsafe {
+        let mut message: libc::msghdr = std::mem::zeroed();
+        message.msg_iov = &mut iov;
+        message.msg_iovlen = 1;
+        message.msg_control = control.as_mut_ptr().cast();
+        message.msg_controllen = libc::CMSG_SPACE(size_of::<libc::c_int>() as u32) as usize;
+        let header = libc::CMSG_FIRSTHDR(&message);
+        (*header).cmsg_level = libc::SOL_SOCKET;
+        (*header).cmsg_type = libc::SCM_RIGHTS;
+        (*header).cmsg_len = libc::CMSG_LEN(size_of::<libc::c_int>() as u32) as usize;
+        libc::CMSG_DATA(header).cast::<libc::c_int>().write_unaligned(fd);
+        libc::sendmsg(socket.as_raw_fd(), &message, libc::MSG_NOSIGNAL)
+    };
+    if sent < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // The rest (a frame is small; a stream socket may still take it in two sends).
+    let sent = sent as usize;
+    if sent < bytes.len() {
+        let mut writer = socket;
+        writer.write_all(&bytes[sent..])?;
+    }
+    Ok(())
+}
+
+/// The keys of a call, their spans, and the indices (into both) of one frame's items.
+type SharedItems<'a, 'k> = (&'a [&'k [u8]], &'a [(usize, usize)], &'a [usize]);
+
+impl Client {
+    /// How this client moves the values of a [`SharedBuffer`]: through shared memory when every shard of
+    /// its node offered the path (a node on this host, a client of one node), else over TCP.
+    pub fn shared_transport(&mut self) -> Transport {
+        if self.cluster.is_some() || !self.options.shared_memory {
+            return Transport::Tcp;
+        }
+        let offered = (0..self.peers.len())
+            .all(|peer| self.connection(peer).is_ok_and(|connection| connection.local_socket.is_some()));
+        if offered { Transport::SharedMemory } else { Transport::Tcp }
+    }
+
+    /// Reads the values of `keys` into `buffer`, each at its span (offset, length): the bytes read, or
+    /// why not (`BufferTooSmall` when a value is longer than its span). Spans must not overlap.
+    pub fn batch_get_into_shared(
+        &mut self,
+        keys: &[&[u8]],
+        buffer: &mut SharedBuffer,
+        spans: &[(usize, usize)],
+    ) -> Vec<Result<usize, ClientError>> {
+        if keys.len() != spans.len() {
+            return keys.iter().map(|_| Err(ClientError::Protocol("a span per key expected".into()))).collect();
+        }
+        if self.shared_transport() == Transport::Tcp {
+            let Some(mut slices) = buffer.split_mut(spans) else {
+                return keys
+                    .iter()
+                    .map(|_| Err(ClientError::Protocol("spans overlap or run past the buffer".into())))
+                    .collect();
+            };
+            return self.batch_get_into(keys, &mut slices);
+        }
+        let verify = self.options.verify_checksums;
+        let replies = self.shared_exchange(Opcode::Get, keys, buffer, spans, None);
+        replies
+            .into_iter()
+            .zip(spans)
+            .map(|(reply, &(offset, len))| {
+                let item = reply?;
+                match item.status {
+                    Status::Ok if item.object_len as usize <= len => {
+                        let bytes = &buffer.as_slice()[offset..offset + item.object_len as usize];
+                        if verify && crc32c::crc32c(bytes) != item.data_crc {
+                            return Err(ClientError::Checksum);
+                        }
+                        Ok(item.object_len as usize)
+                    }
+                    Status::Ok => Err(ClientError::Protocol("a shared get copied past its span".into())),
+                    Status::TooLarge => {
+                        Err(ClientError::BufferTooSmall { needed: item.object_len as usize, available: len })
+                    }
+                    status => Err(ClientError::from_status(status)),
+                }
+            })
+            .collect()
+    }
+
+    /// Stores the values at `spans` (offset, length) of `buffer` under `keys`.
+    pub fn batch_put_from_shared(
+        &mut self,
+        keys: &[&[u8]],
+        buffer: &SharedBuffer,
+        spans: &[(usize, usize)],
+        options: PutOptions,
+    ) -> Vec<Result<(), ClientError>> {
+        let in_buffer =
+            spans.iter().all(|&(offset, len)| offset.checked_add(len).is_some_and(|end| end <= buffer.len()));
+        if keys.len() != spans.len() || !in_buffer {
+            return keys
+                .iter()
+                .map(|_| Err(ClientError::Protocol("a span within the buffer per key expected".into())))
+                .collect();
+        }
+        if self.shared_transport() == Transport::Tcp {
+            let items: Vec<(&[u8], &[u8])> = keys
+                .iter()
+                .zip(spans)
+                .map(|(key, &(offset, len))| (*key, &buffer.as_slice()[offset..offset + len]))
+                .collect();
+            return self.batch_put_with(&items, options);
+        }
+        let replies = self.shared_exchange(Opcode::Put, keys, buffer, spans, Some(options));
+        replies
+            .into_iter()
+            .map(|reply| match reply?.status {
+                Status::Ok => Ok(()),
+                status => Err(ClientError::from_status(status)),
+            })
+            .collect()
+    }
+
+    /// Forgets `buffer` on every shard it was registered with (the node unmaps it). Dropping the buffer
+    /// without this is safe: the node keeps its mapping until the connection closes.
+    pub fn release_shared(&mut self, buffer: &SharedBuffer) -> Result<(), ClientError> {
+        for peer in &mut self.peers {
+            if let Some(local) = peer.local.as_mut() {
+                local.release(buffer.id)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends the shared items of `keys` to their shards, in frames within the node's bounds, and collects a
+    /// reply per key.
+    fn shared_exchange(
+        &mut self,
+        opcode: Opcode,
+        keys: &[&[u8]],
+        buffer: &SharedBuffer,
+        spans: &[(usize, usize)],
+        put: Option<PutOptions>,
+    ) -> Vec<Result<ResponseItemHeader, ClientError>> {
+        let mut results: Vec<Result<ResponseItemHeader, ClientError>> =
+            keys.iter().map(|_| Err(ClientError::Protocol("no reply".into()))).collect();
+        let shards = self.hello.shard_count;
+        let max_items = self.hello.limits.max_batch_items.max(1) as usize;
+        let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); self.peers.len()];
+        for (index, key) in keys.iter().enumerate() {
+            if key.is_empty() || key.len() > self.hello.limits.max_key_bytes as usize {
+                results[index] = Err(ClientError::TooLarge(format!("key of {} bytes", key.len())));
+            } else if spans[index].1 > u32::MAX as usize {
+                results[index] = Err(ClientError::TooLarge(format!("a span of {} bytes", spans[index].1)));
+            } else {
+                by_shard[shard_of(key, shards) as usize].push(index);
+            }
+        }
+        for (peer, indices) in by_shard.iter().enumerate() {
+            for chunk in indices.chunks(max_items) {
+                let answers = self.local_frame(peer, opcode, (keys, spans, chunk), buffer, put);
+                match answers {
+                    Ok(answers) => {
+                        for (&index, answer) in chunk.iter().zip(answers) {
+                            results[index] = Ok(answer);
+                        }
+                    }
+                    Err(error) => {
+                        self.peers[peer].local = None;
+                        for &index in chunk {
+                            results[index] = Err(error.clone());
+                        }
+                    }
+                }
+            }
+        }
+        results
+    }
+
+    /// One frame of shared items (`chunk`, into `keys` and `spans`) to `peer`'s Unix socket, and its reply.
+    fn local_frame(
+        &mut self,
+        peer: usize,
+        opcode: Opcode,
+        (keys, spans, chunk): SharedItems<'_, '_>,
+        buffer: &SharedBuffer,
+        put: Option<PutOptions>,
+    ) -> Result<Vec<ResponseItemHeader>, ClientError> {
+        if self.peers[peer].local.is_none() {
+            let name = self.connection(peer)?.local_socket.clone();
+            let name = name.ok_or_else(|| ClientError::Connection("the shard offers no shared-memory path".into()))?;
+            self.peers[peer].local = Some(LocalConnection::open(&name, &self.options)?);
+        }
+        let local = self.peers[peer].local.as_mut().ok_or_else(|| ClientError::Connection("no connection".into()))?;
+        let region = local.region(buffer)?;
+        let request_id = local.request_id();
+        let (put_flags, put_offset) = put.map_or((0, 0), |options| options.encode());
+        let version = put.and_then(|options| options.version).map(|version| version.encode());
+        let mut body = Vec::with_capacity(chunk.len() * (REQUEST_ITEM_BYTES + SHARED_SPAN_BYTES + 64));
+        for &index in chunk {
+            let (key, (offset, len)) = (keys[index], spans[index]);
+            let bytes = &buffer.as_slice()[offset..offset + len];
+            let header = match put {
+                Some(_) => RequestItemHeader {
+                    key_len: key.len() as u16,
+                    flags: put_flags | ITEM_SHARED,
+                    value_len: len as u32,
+                    value_crc: crc32c::crc32c(bytes),
+                    offset: put_offset,
+                },
+                None => RequestItemHeader { key_len: key.len() as u16, flags: ITEM_SHARED, ..Default::default() },
+            };
+            header.encode_into(&mut body);
+            body.extend_from_slice(key);
+            if let Some(version) = &version {
+                body.extend_from_slice(version);
+            }
+            SharedSpan { region, len: len as u32, offset: offset as u64 }.encode_into(&mut body);
+        }
+        let mut frame = Vec::with_capacity(FRAME_HEADER_BYTES + body.len());
+        FrameHeader::request(opcode, request_id, chunk.len() as u32, body.len() as u64).encode_into(&mut frame);
+        frame.extend_from_slice(&body);
+        local.writer.write_all(&frame).map_err(|error| ClientError::from_io(&error))?;
+        local.read_reply(opcode, request_id, chunk.len())
+    }
+}

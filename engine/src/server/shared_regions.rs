@@ -1,0 +1,161 @@
+//! The shared memory one local connection registered: sealed memfds the node mapped, by id, and the one
+//! copy between a region and the node's own memory that a shared item costs.
+//!
+//! Safety of the mapping rests on the seal: a region is accepted only if the client sealed it against
+//! shrinking (`F_SEAL_SHRINK`), so no page the node mapped can vanish under a copy (which would raise
+//! SIGBUS in the node). The client may still write its memory while the node copies: the node never makes
+//! a Rust reference to a region, only raw copies, and checks a put's crc on its own copy of the bytes.
+//!
+//! A region stays mapped until the connection releases it or closes, so a client that dies mid-transfer
+//! leaves the node a valid mapping, unmapped when its connection is closed.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::ptr::NonNull;
+
+use strata_proto::SharedSpan;
+
+/// Regions one connection may hold at once.
+pub(super) const MAX_REGIONS: usize = 64;
+/// Bytes one connection may hold mapped at once. Pages of a region the node writes (a get into memory
+/// the client never touched) are allocated then; the bound caps what a client can make the node allocate.
+pub(super) const MAX_REGION_BYTES: u64 = 64 << 30;
+
+/// Why a REGISTER was refused.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RegisterError {
+    /// The frame came with no descriptor.
+    #[error("no descriptor came with the REGISTER")]
+    NoDescriptor,
+    /// The descriptor is not a memfd sealed against shrinking.
+    #[error("the memory is not a memfd sealed against shrinking (F_SEAL_SHRINK)")]
+    NotSealed,
+    /// An empty file.
+    #[error("an empty region")]
+    Empty,
+    /// Past [`MAX_REGIONS`] or [`MAX_REGION_BYTES`].
+    #[error("past the connection's bound of shared memory ({MAX_REGIONS} regions, {MAX_REGION_BYTES} bytes)")]
+    Bound,
+    /// `fstat` or `mmap` failed.
+    #[error("mapping the region: {0}")]
+    Map(std::io::Error),
+}
+
+impl RegisterError {
+    pub(crate) fn status(&self) -> strata_proto::Status {
+        match self {
+            RegisterError::Bound => strata_proto::Status::Quota,
+            _ => strata_proto::Status::Invalid,
+        }
+    }
+}
+
+/// A memfd mapped shared, read-write, for the life of the region.
+struct Region {
+    id: u32,
+    base: NonNull<u8>,
+    len: usize,
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: `base` and `len` are the mapping `map` made, unmapped once, here.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::munmap(self.base.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+/// The regions of one connection.
+#[derive(Default)]
+pub(crate) struct SharedRegions {
+    regions: Vec<Region>,
+    next_id: u32,
+}
+
+impl SharedRegions {
+    /// Maps a client's memfd; returns its id.
+    pub(crate) fn register(&mut self, memory: OwnedFd) -> Result<u32, RegisterError> {
+        let fd = memory.as_raw_fd();
+        // SAFETY: fcntl(F_GET_SEALS) reads the descriptor's seals; it has no memory effects.
+        #[allow(unsafe_code)]
+        let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+            return Err(RegisterError::NotSealed);
+        }
+        let len = std::fs::File::from(memory.try_clone().map_err(RegisterError::Map)?)
+            .metadata()
+            .map_err(RegisterError::Map)?
+            .len();
+        if len == 0 {
+            return Err(RegisterError::Empty);
+        }
+        let held: u64 = self.regions.iter().map(|region| region.len as u64).sum();
+        if self.regions.len() >= MAX_REGIONS || held + len > MAX_REGION_BYTES {
+            return Err(RegisterError::Bound);
+        }
+        let len = len as usize;
+        // SAFETY: a fresh shared mapping of `len` bytes of the file, at an address the kernel picks; the
+        // seal keeps the file at least this long for as long as it is mapped.
+        #[allow(unsafe_code)]
+        let base = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+        };
+        if base == libc::MAP_FAILED {
+            return Err(RegisterError::Map(std::io::Error::last_os_error()));
+        }
+        let base = NonNull::new(base.cast::<u8>()).ok_or(RegisterError::Map(std::io::ErrorKind::Other.into()))?;
+        self.next_id += 1;
+        self.regions.push(Region { id: self.next_id, base, len });
+        Ok(self.next_id)
+    }
+
+    /// Unmaps region `id`; false if there is none.
+    pub(crate) fn release(&mut self, id: u32) -> bool {
+        let before = self.regions.len();
+        self.regions.retain(|region| region.id != id);
+        self.regions.len() != before
+    }
+
+    /// The first byte of `span` in its region, if the region exists and holds the whole span.
+    fn place(&self, span: &SharedSpan) -> Option<*mut u8> {
+        let region = self.regions.iter().find(|region| region.id == span.region)?;
+        let end = span.end()?;
+        if end > region.len as u64 {
+            return None;
+        }
+        // SAFETY: `offset` ≤ `end` ≤ the mapping's length, so the pointer stays within the mapping.
+        #[allow(unsafe_code)]
+        Some(unsafe { region.base.as_ptr().add(span.offset as usize) })
+    }
+
+    /// Copies `pieces`, in order, to the start of `span` (a get); false if the span is not the
+    /// connection's or the pieces do not fit in it.
+    pub(crate) fn copy_into(&self, span: &SharedSpan, pieces: &[&[u8]]) -> bool {
+        let total: usize = pieces.iter().map(|piece| piece.len()).sum();
+        let Some(mut at) = self.place(span).filter(|_| total <= span.len as usize) else { return false };
+        for piece in pieces {
+            // SAFETY: the destination lies within the mapping (`place` checked the span, `total` fits in
+            // it); the source is the node's own memory, which no mapping of a client overlaps.
+            #[allow(unsafe_code)]
+            unsafe {
+                std::ptr::copy_nonoverlapping(piece.as_ptr(), at, piece.len());
+                at = at.add(piece.len());
+            }
+        }
+        true
+    }
+
+    /// Copies `span` into `destination` (a put; as long as the span); false if the span is not the
+    /// connection's.
+    pub(crate) fn copy_out(&self, span: &SharedSpan, destination: &mut [u8]) -> bool {
+        let Some(from) = self.place(span).filter(|_| destination.len() == span.len as usize) else { return false };
+        // SAFETY: the source lies within the mapping (checked by `place`) and the destination is the
+        // node's own memory, `span.len` bytes long.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::ptr::copy_nonoverlapping(from, destination.as_mut_ptr(), destination.len());
+        }
+        true
+    }
+}
