@@ -124,9 +124,14 @@ impl SharedBuffer {
         self.base.as_ptr()
     }
 
-    /// Disjoint mutable slices of `spans` (offset, length), for the TCP path; `None` if two overlap or one
-    /// runs past the end.
-    fn split_mut(&mut self, spans: &[(usize, usize)]) -> Option<Vec<&mut [u8]>> {
+    /// Disjoint mutable slices of `spans` (offset, length); `None` if two overlap or one runs past the end.
+    ///
+    /// # Safety
+    /// Nothing else may reference the spans' bytes while the slices live.
+    // The memory is the node's to write as much as this process's: `&self` hands out `&mut` only under
+    // the caller's promise above, as `UnsafeCell` would.
+    #[allow(unsafe_code, clippy::mut_from_ref)]
+    unsafe fn split_mut(&self, spans: &[(usize, usize)]) -> Option<Vec<&mut [u8]>> {
         let mut order: Vec<usize> = (0..spans.len()).collect();
         order.sort_by_key(|&index| spans[index].0);
         let mut end = 0usize;
@@ -137,9 +142,8 @@ impl SharedBuffer {
             }
             end = offset + len;
         }
-        // SAFETY: the spans lie within the mapping and do not overlap (checked above), and `&mut self`
-        // keeps any other reference out for the slices' lifetime.
-        #[allow(unsafe_code)]
+        // SAFETY: the spans lie within the mapping and do not overlap (checked above); the caller keeps
+        // any other reference to them out for the slices' lifetime.
         Some(
             spans
                 .iter()
@@ -171,7 +175,7 @@ pub enum Transport {
 /// A connection to one shard's Unix socket, and the buffers registered on it.
 pub(crate) struct LocalConnection {
     writer: UnixStream,
-    reader: BufReader<UnixStream>,
+    reader: BufReader<SpinningReader>,
     /// (buffer id, region id) of each buffer registered here.
     regions: Vec<(u64, u32)>,
     next_request_id: u64,
@@ -186,7 +190,8 @@ impl LocalConnection {
         let writer = UnixStream::connect_addr(&addr).map_err(io)?;
         writer.set_read_timeout(Some(options.timeout)).map_err(io)?;
         writer.set_write_timeout(Some(options.timeout)).map_err(io)?;
-        let reader = BufReader::with_capacity(64 << 10, writer.try_clone().map_err(io)?);
+        let stream = writer.try_clone().map_err(io)?;
+        let reader = BufReader::with_capacity(64 << 10, SpinningReader { stream, spin: options.spin_before_block });
         let mut connection = Self { writer, reader, regions: Vec::new(), next_request_id: 1 };
         let hello = HelloRequest { token: options.token.clone().unwrap_or_default(), offers_shared: false };
         let mut frame = Vec::new();
@@ -279,6 +284,44 @@ impl LocalConnection {
     }
 }
 
+/// The read side of a local connection: with a spin, non-blocking receives (`MSG_DONTWAIT`, which leaves
+/// the socket, shared with the writer, blocking) for that long before a blocking read, as `SpinReader`
+/// does over TCP.
+struct SpinningReader {
+    stream: UnixStream,
+    spin: Option<std::time::Duration>,
+}
+
+impl Read for SpinningReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let Some(spin) = self.spin else { return self.stream.read(buf) };
+        let started = std::time::Instant::now();
+        for attempt in 1u32.. {
+            // SAFETY: recv(2) writes at most `buf.len()` bytes into `buf`.
+            #[allow(unsafe_code)]
+            let read =
+                unsafe { libc::recv(self.stream.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+            if read >= 0 {
+                return Ok(read as usize);
+            }
+            let error = std::io::Error::last_os_error();
+            if error.kind() != std::io::ErrorKind::WouldBlock && error.kind() != std::io::ErrorKind::Interrupted {
+                return Err(error);
+            }
+            if started.elapsed() >= spin {
+                break;
+            }
+            // Let the kernel's own threads on this core run now and then (see `SpinReader`).
+            if attempt.is_multiple_of(1024) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        self.stream.read(buf)
+    }
+}
+
 /// Sends `bytes` with `fd` attached (`SCM_RIGHTS`): the node receives the descriptor with the frame.
 fn send_with_descriptor(socket: &UnixStream, bytes: &[u8], fd: std::os::fd::RawFd) -> std::io::Result<()> {
     let mut control = [0u64; 4];
@@ -335,28 +378,47 @@ impl Client {
         buffer: &mut SharedBuffer,
         spans: &[(usize, usize)],
     ) -> Vec<Result<usize, ClientError>> {
-        if keys.len() != spans.len() {
-            return keys.iter().map(|_| Err(ClientError::Protocol("a span per key expected".into()))).collect();
+        // SAFETY: `&mut` keeps every other reference to the buffer's bytes out while the call runs.
+        #[allow(unsafe_code)]
+        unsafe {
+            self.batch_get_into_shared_unchecked(keys, buffer, spans)
         }
+    }
+
+    /// [`Client::batch_get_into_shared`] through a shared reference, for bindings whose callers hold the
+    /// buffer's memory themselves (Python's `alloc_buffer`).
+    ///
+    /// # Safety
+    /// No reference to the bytes of `spans` may be alive, and nothing else may read or write them, while
+    /// the call runs: the node (or this call, over TCP) writes them.
+    #[allow(unsafe_code)]
+    pub unsafe fn batch_get_into_shared_unchecked(
+        &mut self,
+        keys: &[&[u8]],
+        buffer: &SharedBuffer,
+        spans: &[(usize, usize)],
+    ) -> Vec<Result<usize, ClientError>> {
+        let failed = |why: &str| keys.iter().map(|_| Err(ClientError::Protocol(why.into()))).collect();
+        if keys.len() != spans.len() {
+            return failed("a span per key expected");
+        }
+        // SAFETY: the caller hands the spans' bytes to this call (this function's contract).
+        let Some(mut slices) = (unsafe { buffer.split_mut(spans) }) else {
+            return failed("spans overlap or run past the buffer");
+        };
         if self.shared_transport() == Transport::Tcp {
-            let Some(mut slices) = buffer.split_mut(spans) else {
-                return keys
-                    .iter()
-                    .map(|_| Err(ClientError::Protocol("spans overlap or run past the buffer".into())))
-                    .collect();
-            };
             return self.batch_get_into(keys, &mut slices);
         }
         let verify = self.options.verify_checksums;
         let replies = self.shared_exchange(Opcode::Get, keys, buffer, spans, None);
         replies
             .into_iter()
-            .zip(spans)
-            .map(|(reply, &(offset, len))| {
+            .zip(slices)
+            .map(|(reply, slice)| {
                 let item = reply?;
                 match item.status {
-                    Status::Ok if item.object_len as usize <= len => {
-                        let bytes = &buffer.as_slice()[offset..offset + item.object_len as usize];
+                    Status::Ok if item.object_len as usize <= slice.len() => {
+                        let bytes = &slice[..item.object_len as usize];
                         if verify && crc32c::crc32c(bytes) != item.data_crc {
                             return Err(ClientError::Checksum);
                         }
@@ -364,7 +426,7 @@ impl Client {
                     }
                     Status::Ok => Err(ClientError::Protocol("a shared get copied past its span".into())),
                     Status::TooLarge => {
-                        Err(ClientError::BufferTooSmall { needed: item.object_len as usize, available: len })
+                        Err(ClientError::BufferTooSmall { needed: item.object_len as usize, available: slice.len() })
                     }
                     status => Err(ClientError::from_status(status)),
                 }
@@ -484,13 +546,13 @@ impl Client {
         let mut body = Vec::with_capacity(chunk.len() * (REQUEST_ITEM_BYTES + SHARED_SPAN_BYTES + 64));
         for &index in chunk {
             let (key, (offset, len)) = (keys[index], spans[index]);
-            let bytes = &buffer.as_slice()[offset..offset + len];
             let header = match put {
+                // A get's spans are not read here: the caller handed them to the node to write.
                 Some(_) => RequestItemHeader {
                     key_len: key.len() as u16,
                     flags: put_flags | ITEM_SHARED,
                     value_len: len as u32,
-                    value_crc: crc32c::crc32c(bytes),
+                    value_crc: crc32c::crc32c(&buffer.as_slice()[offset..offset + len]),
                     offset: put_offset,
                 },
                 None => RequestItemHeader { key_len: key.len() as u16, flags: ITEM_SHARED, ..Default::default() },

@@ -161,7 +161,7 @@ pub async fn serve(server: Rc<ShardServer>, stream: TcpStream) {
 
 /// Serves one client connection over the shard's Unix socket: the same protocol, plus shared memory.
 pub async fn serve_local(server: Rc<ShardServer>, stream: std::os::unix::net::UnixStream) {
-    let Ok(socket) = local_socket::LocalSocket::new(stream) else { return };
+    let Ok(socket) = local_socket::LocalSocket::new(stream, server.shard.config.busy_poll) else { return };
     serve_stream(server, ClientStream::Local(socket), false).await;
 }
 

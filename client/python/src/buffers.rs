@@ -111,3 +111,60 @@ pub fn object_bytes(buffer: &pyo3::buffer::PyUntypedBuffer) -> Option<&[u8]> {
     // exporter kept from resizing it) until the `PyUntypedBuffer` the slice borrows from is released.
     Some(unsafe { std::slice::from_raw_parts(buffer.buf_ptr() as *const u8, len) })
 }
+
+/// A shared buffer and spans (offset, length) of it.
+pub type Held = (std::sync::Arc<strata_client::SharedBuffer>, Vec<(usize, usize)>);
+
+/// Buffers of shared memory the store allocated (`alloc_buffer`): a node on this host copies values into
+/// and out of them directly. They live as long as the store (a node that mapped one keeps its mapping
+/// until the connection closes, so freeing one early would gain nothing there).
+#[derive(Default)]
+pub struct SharedBuffers {
+    buffers: Mutex<Vec<std::sync::Arc<strata_client::SharedBuffer>>>,
+}
+
+impl SharedBuffers {
+    /// Allocates `len` bytes and registers them in `registry` (so every `*_into` / `*_from` call takes
+    /// addresses in them); their address.
+    pub fn alloc(&self, len: usize, registry: &Registry) -> Result<usize, strata_client::ClientError> {
+        let buffer = std::sync::Arc::new(strata_client::SharedBuffer::new(len)?);
+        let address = buffer.as_ptr() as usize;
+        if !registry.register(address, len) {
+            return Err(strata_client::ClientError::Protocol("a new mapping overlaps a registered buffer".into()));
+        }
+        self.buffers.lock().unwrap_or_else(|poison| poison.into_inner()).push(buffer);
+        Ok(address)
+    }
+
+    /// The shared buffer that holds every range `(start, len)`, and each range as a span (offset, len)
+    /// of it; `None` if no one buffer holds them all.
+    pub fn holding(&self, ranges: &[(usize, usize)]) -> Option<Held> {
+        let (first, _) = *ranges.first()?;
+        let buffers = self.buffers.lock().unwrap_or_else(|poison| poison.into_inner());
+        let buffer = buffers.iter().find(|buffer| {
+            let base = buffer.as_ptr() as usize;
+            (base..base + buffer.len()).contains(&first)
+        })?;
+        let base = buffer.as_ptr() as usize;
+        let spans: Option<Vec<(usize, usize)>> = ranges
+            .iter()
+            .map(|&(start, len)| {
+                let end = start.checked_add(len)?;
+                (start >= base && end <= base + buffer.len()).then_some((start - base, len))
+            })
+            .collect();
+        Some((std::sync::Arc::clone(buffer), spans?))
+    }
+}
+
+/// Reads `keys` into the spans of a shared buffer (`batch_get_into_shared_unchecked`).
+pub fn get_into_shared(
+    client: &mut strata_client::Client,
+    keys: &[&[u8]],
+    buffer: &strata_client::SharedBuffer,
+    spans: &[(usize, usize)],
+) -> Vec<Result<usize, strata_client::ClientError>> {
+    // SAFETY: the spans are memory the caller registered (its own allocation) and handed to this call, as
+    // for every `*_into` call (`register_buffer`'s contract); the client checks that they do not overlap.
+    unsafe { client.batch_get_into_shared_unchecked(keys, buffer, spans) }
+}

@@ -20,7 +20,7 @@ use strata_client::{
     BlockPut, Client, ClientError, ClientOptions, ClusterOptions, Links, Pin, PutOptions, WritePolicy,
 };
 
-use crate::buffers::{Registry, disjoint, object_bytes};
+use crate::buffers::{Registry, SharedBuffers, disjoint, get_into_shared, object_bytes};
 use crate::codes;
 use crate::events::EventSubscription;
 use crate::pool::ClientPool;
@@ -31,6 +31,8 @@ use crate::progressive::{ProgressivePut, State};
 pub struct StrataStore {
     clients: ClientPool,
     registry: Arc<Registry>,
+    /// Buffers of shared memory (`alloc_buffer`), registered in `registry` too.
+    shared: SharedBuffers,
 }
 
 /// A read's `wait=` in seconds, as a duration: finite and not negative.
@@ -170,12 +172,17 @@ fn per_key_units(results: Option<Vec<Result<(), ClientError>>>, count: usize) ->
 impl StrataStore {
     #[new]
     fn new() -> Self {
-        Self { clients: ClientPool::default(), registry: Arc::new(Registry::default()) }
+        Self {
+            clients: ClientPool::default(),
+            registry: Arc::new(Registry::default()),
+            shared: SharedBuffers::default(),
+        }
     }
 
     /// Connects to a node: `address` is `"host:port"` (any shard's port) or a list of them, tried in
     /// order; or to a cluster: `"etcd://host:port[,host:port…]"`. Options by keyword: `token` (str or
-    /// bytes), `timeout_seconds` (30), `verify_checksums` (True), `spin_microseconds` (busy-poll replies
+    /// bytes), `timeout_seconds` (30), `verify_checksums` (True), `shared_memory` (True: buffers of
+    /// `alloc_buffer` move through shared memory with a node on this host), `spin_microseconds` (busy-poll replies
     /// before sleeping; 0); for a cluster, `cluster_name` ("strata"), `replicas` (per put, 1) and
     /// `min_replicas` (1). A node of a cluster makes this a client of its cluster (members learnt from
     /// it), unless `single_node=True`. Returns 0 or a negative code.
@@ -207,6 +214,7 @@ impl StrataStore {
                         client_options.timeout = Duration::from_secs_f64(seconds);
                     }
                     "verify_checksums" => client_options.verify_checksums = value.extract()?,
+                    "shared_memory" => client_options.shared_memory = value.extract()?,
                     "spin_microseconds" => {
                         let micros: u64 = value.extract()?;
                         client_options.spin_before_block = (micros > 0).then(|| Duration::from_micros(micros));
@@ -371,6 +379,10 @@ impl StrataStore {
     ) -> PyResult<i64> {
         let key = key_of(key)?;
         let wait = wait_of(wait)?;
+        if let Some((shared, spans)) = self.shared.holding(&[(buffer_ptr, size)]).filter(|_| wait.is_zero()) {
+            let read = self.with_client(py, |client| get_into_shared(client, &[&key], &shared, &spans));
+            return Ok(per_key_lens(read, 1)[0]);
+        }
         let Some(buffer) = self.registry.write(buffer_ptr, size) else { return Ok(codes::INVALID_PARAMS) };
         Ok(self
             .with_client(py, |client| codes::of_len(&client.get_into_waiting(&key, buffer, wait)))
@@ -443,6 +455,11 @@ impl StrataStore {
         let key = key_of(key)?;
         let options = put_options(config, false)?;
         let (parent, group) = (link_name(parent)?, link_name(group)?);
+        let unlinked = parent.is_none() && group.is_none();
+        if let Some((shared, spans)) = self.shared.holding(&[(buffer_ptr, size)]).filter(|_| unlinked) {
+            let stored = self.with_client(py, |client| client.batch_put_from_shared(&[&key], &shared, &spans, options));
+            return Ok(per_key_units(stored, 1)[0]);
+        }
         let Some(value) = self.registry.read(buffer_ptr, size) else { return Ok(codes::INVALID_PARAMS) };
         let links = Links { parent: parent.as_deref(), group: group.as_deref() };
         Ok(self
@@ -472,6 +489,14 @@ impl StrataStore {
         if buffer_ptrs.len() != keys.len() || sizes.len() != keys.len() {
             return Ok(failed(keys.len(), codes::INVALID_PARAMS));
         }
+        let ranges: Vec<(usize, usize)> = buffer_ptrs.iter().copied().zip(sizes.iter().copied()).collect();
+        let unlinked = parents.iter().chain(&groups).all(Option::is_none);
+        // From a buffer of `alloc_buffer`: the node copies out of it (shared memory), or TCP sends it.
+        if let Some((buffer, spans)) = self.shared.holding(&ranges).filter(|_| unlinked) {
+            let keys = &keys;
+            let results = self.with_client(py, |client| client.batch_put_from_shared(keys, &buffer, &spans, options));
+            return Ok(per_key_units(results, keys.len()));
+        }
         let values: Option<Vec<Vec<&[u8]>>> = buffer_ptrs
             .iter()
             .zip(&sizes)
@@ -498,10 +523,15 @@ impl StrataStore {
             return Ok(failed(key_refs.len(), codes::INVALID_PARAMS));
         }
         let ranges: Vec<(usize, usize)> = buffer_ptrs.into_iter().zip(sizes).collect();
+        let keys = &key_refs;
+        // Into a buffer of `alloc_buffer`: the node copies into it (shared memory), or TCP fills it.
+        if let Some((buffer, spans)) = self.shared.holding(&ranges) {
+            let results = self.with_client(py, |client| get_into_shared(client, keys, &buffer, &spans));
+            return Ok(per_key_lens(results, keys.len()));
+        }
         let Some(mut buffers) = self.writable(&ranges) else {
             return Ok(failed(key_refs.len(), codes::INVALID_PARAMS));
         };
-        let keys = &key_refs;
         let results = self.with_client(py, |client| client.batch_get_into(keys, &mut buffers));
         Ok(per_key_lens(results, keys.len()))
     }
@@ -661,6 +691,16 @@ impl StrataStore {
     /// `INVALID_PARAMS` for an empty range or one that overlaps a registered buffer.
     fn register_buffer(&self, buffer_ptr: usize, size: usize) -> i64 {
         if self.registry.register(buffer_ptr, size) { codes::OK } else { codes::INVALID_PARAMS }
+    }
+
+    /// Allocates `size` bytes of shared memory (a sealed memfd) and registers them as a buffer; returns
+    /// their address. A node on this host copies values into and out of such a buffer directly (one copy,
+    /// no socket); elsewhere the same calls use TCP. The memory lives as long as the store. Raises
+    /// `MemoryError` if it cannot be allocated.
+    fn alloc_buffer(&self, size: usize) -> PyResult<usize> {
+        self.shared
+            .alloc(size, &self.registry)
+            .map_err(|error| pyo3::exceptions::PyMemoryError::new_err(format!("alloc_buffer({size}): {error}")))
     }
 
     /// Unregisters the buffer registered at `buffer_ptr`; 0, or `INVALID_PARAMS` if none was.

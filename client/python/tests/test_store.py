@@ -1,5 +1,6 @@
 """Every StrataStore method against a real node, including the error codes of each."""
 
+import ctypes
 import threading
 import time
 import uuid
@@ -133,6 +134,42 @@ def test_put_from_and_get_into_use_registered_buffers_only(store):
     assert store.get_range_into(key, len(value) - 10, target_address, 100) == strata.INVALID_PARAMS
     assert store.unregister_buffer(source_address) == 0
     assert store.unregister_buffer(target_address) == 0
+
+
+def node_maps_shared_buffers(node):
+    """Whether the node process maps a buffer of ``alloc_buffer`` (the shared-memory path was used)."""
+    with open(f"/proc/{node.process.pid}/maps") as maps:
+        return "memfd:strata-buffer" in maps.read()
+
+
+def test_alloc_buffer_moves_values_through_shared_memory_or_tcp(node):
+    values = [pattern(seed, size) for seed, size in enumerate([1, 4096, 100_000, 4 << 20])]
+    for shared in (False, True):
+        store = StrataStore()
+        assert store.setup(node.address, shared_memory=shared) == 0
+        buffer = store.alloc_buffer(sum(len(value) for value in values) + 4096)
+        view = np.frombuffer(buffer, dtype=np.uint8)
+        base = ctypes.addressof(buffer)
+        offsets = np.cumsum([0] + [len(value) for value in values[:-1]]).tolist()
+        for offset, value in zip(offsets, values):
+            view[offset : offset + len(value)] = np.frombuffer(value, dtype=np.uint8)
+        keys = [unique(f"alloc-{shared}") for _ in values]
+        sizes = [len(value) for value in values]
+        assert store.batch_put_from(keys, [base + offset for offset in offsets], sizes) == [0] * len(keys)
+        view[:] = 0
+        assert store.batch_get_into(keys, [base + offset for offset in offsets], sizes) == sizes
+        for offset, value in zip(offsets, values):
+            assert view[offset : offset + len(value)].tobytes() == value
+        # The values read over the other path, and by a plain get.
+        assert store.get(keys[2]) == values[2]
+        assert store.get_into(keys[1], base + 8, 4096) == 4096
+        assert view[8 : 8 + 4096].tobytes() == values[1]
+        assert store.put_from(unique("one"), base, 4096) == 0
+        # A range too small for its value, and one past the buffer.
+        assert store.get_into(keys[3], base, 1 << 20) == strata.INVALID_PARAMS
+        assert store.get_into(keys[0], base + len(buffer), 1) == strata.INVALID_PARAMS
+        store.close()
+    assert node_maps_shared_buffers(node), "the node mapped a buffer: values moved through shared memory"
 
 
 def test_register_buffer_refuses_overlaps_and_unregister_unknown_addresses(store):

@@ -3,9 +3,11 @@
 //! writes through glommio's reactor.
 //!
 //! A read is tried without blocking first; when nothing is there it waits on the reactor for the socket to
-//! become readable (a `MSG_PEEK` receive of one byte, which consumes nothing) and tries again. A busy
-//! connection thus costs one system call per read, an idle one costs nothing. glommio's stream does not
-//! give its descriptor out, so it runs on a duplicate of the one `recvmsg` reads.
+//! become readable (a `MSG_PEEK` receive of one byte, which consumes nothing) and tries again, or, on a
+//! node that busy-polls its sockets, yields and tries again (`idle_poll`). A busy connection thus costs
+//! one system call per read, an idle one nothing (or a core, busy-polled). A write is a non-blocking send
+//! first too, and goes through the reactor only for what the socket's buffer did not take. glommio's
+//! stream does not give its descriptor out, so it runs on a duplicate of the one `recvmsg` reads.
 
 use std::collections::VecDeque;
 use std::io;
@@ -30,15 +32,17 @@ pub(crate) struct LocalSocket {
     descriptors: VecDeque<OwnedFd>,
     /// A read brought more descriptors than allowed, or the kernel cut the control data short.
     overrun: bool,
+    /// Busy-poll for input instead of waiting on the reactor.
+    polled: bool,
 }
 
 impl LocalSocket {
-    pub(crate) fn new(socket: std::os::unix::net::UnixStream) -> io::Result<Self> {
+    pub(crate) fn new(socket: std::os::unix::net::UnixStream, polled: bool) -> io::Result<Self> {
         let duplicate = socket.try_clone()?.into_raw_fd();
         // SAFETY: `duplicate` is a fresh descriptor of a connected Unix stream socket that nothing else owns.
         #[allow(unsafe_code)]
         let stream = unsafe { UnixStream::from_raw_fd(duplicate) };
-        Ok(Self { socket, stream, descriptors: VecDeque::new(), overrun: false })
+        Ok(Self { socket, stream, descriptors: VecDeque::new(), overrun: false, polled })
     }
 
     pub(crate) fn raw_fd(&self) -> RawFd {
@@ -53,8 +57,13 @@ impl LocalSocket {
     /// Reads what is there (at least one byte; 0 at end of stream), keeping any descriptors that came with
     /// it.
     pub(crate) async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut misses = 0u32;
         loop {
             match self.receive(buf) {
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock && self.polled => {
+                    misses += 1;
+                    strata_nvme::tcp::stream::idle_poll(misses).await;
+                }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
                     let mut byte = [0u8; 1];
                     if self.stream.peek(&mut byte).await? == 0 {
@@ -79,7 +88,32 @@ impl LocalSocket {
     }
 
     pub(crate) async fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        self.stream.write_all(buf).await
+        let mut sent = 0;
+        while sent < buf.len() {
+            let rest = &buf[sent..];
+            // SAFETY: send(2) reads `rest`, which is valid for its length, and writes no memory.
+            #[allow(unsafe_code)]
+            let result = unsafe {
+                libc::send(
+                    self.socket.as_raw_fd(),
+                    rest.as_ptr().cast(),
+                    rest.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            if result >= 0 {
+                sent += result as usize;
+                continue;
+            }
+            let error = io::Error::last_os_error();
+            match error.kind() {
+                io::ErrorKind::Interrupted => {}
+                // The socket's buffer is full: the rest waits on the reactor.
+                io::ErrorKind::WouldBlock => return self.stream.write_all(rest).await,
+                _ => return Err(error),
+            }
+        }
+        Ok(())
     }
 
     pub(crate) async fn shutdown(&mut self) -> io::Result<()> {

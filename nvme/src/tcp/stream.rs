@@ -165,7 +165,7 @@ const MISSES_PER_KERNEL_YIELD: u32 = 64;
 /// socket's latency at a few microseconds — except every [`MISSES_PER_BACKGROUND_POLL`] misses, so that the
 /// reactor's other work (a listener's accept above all) waits about a millisecond, not the 100 ms preempt
 /// timer: a busy-polled node took 80–100 ms to serve a client's new connection.
-async fn idle_poll(misses: u32) {
+pub async fn idle_poll(misses: u32) {
     if misses.is_multiple_of(MISSES_PER_KERNEL_YIELD) {
         std::thread::yield_now();
     }

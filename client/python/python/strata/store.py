@@ -11,13 +11,15 @@ Engines call Mooncake's store in several forms; each is accepted here, so that r
   ``master_server_address`` (or ``server_address``) names the Strata node: ``"host:port"``, a list of them,
   or a comma-separated string, tried in order; a node of a cluster makes the store a client of the whole
   cluster, whose members it learns from the node (Strata's option ``single_node=True``: that node alone). The segment and buffer sizes, the protocol and the devices
-  are accepted and unused: the node owns its memory, and transfers go over TCP. ``engine`` (a Mooncake
+  are accepted and unused: the node owns its memory, and transfers go over TCP (or shared memory, below). ``engine`` (a Mooncake
   ``TransferEngine`` to share, which SGLang passes eighth, usually None) is accepted and unused: Strata has
   its own transport. ``tenant_id``, when not empty, is the tenant's token (the node's ``--tenant`` list).
   ``metadata_server`` of the form ``"etcd://host:port[,host:port…]"`` means a cluster: the store reads its
   members from etcd, routes each key to the nodes that own it, and ``master_server_address`` may be empty;
   any other ``metadata_server`` is unused. ``ReplicateConfig.replica_num`` is the number of nodes that store
   a put in a cluster (Strata options ``cluster_name``, ``replicas`` and ``min_replicas`` by keyword).
+- ``alloc_buffer(size)``: shared memory that a node on this host copies values into and out of (the
+  ``*_into`` / ``*_from`` calls on its addresses); Strata's own, beside Mooncake's ``register_buffer``.
 - ``remove(key, force=)``, ``remove_all(force=)``, ``remove_by_regex(pattern, force=)``,
   ``batch_remove(keys, force=)``: ``force`` is accepted; a node has no lease that blocks a removal.
 """
@@ -43,6 +45,7 @@ _STRATA_OPTIONS = (
     "token",
     "timeout_seconds",
     "verify_checksums",
+    "shared_memory",
     "spin_microseconds",
     "cluster_name",
     "replicas",
@@ -145,6 +148,18 @@ class StrataStore(_NativeStore):
     def __init__(self):
         super().__init__()
         self._local_hostname = None
+        self._shared_buffers = []
+
+    def alloc_buffer(self, size):
+        """``size`` bytes of shared memory, registered as a buffer: a writable ctypes array (the buffer
+        protocol: ``numpy.frombuffer``, ``torch.frombuffer`` and ``memoryview`` use it without a copy;
+        ``ctypes.addressof`` gives the address the ``*_into`` / ``*_from`` calls take). A node on this host
+        copies values into and out of it directly; elsewhere the same calls use TCP. It lives as long as
+        the store. Buffers the caller allocated itself (``register_buffer``) always use TCP."""
+        address = super().alloc_buffer(size)
+        array = (ctypes.c_ubyte * size).from_address(address)
+        self._shared_buffers.append(array)
+        return array
 
     # ---- setup --------------------------------------------------------------------------------------
 
