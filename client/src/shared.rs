@@ -365,9 +365,30 @@ impl Client {
         if self.cluster.is_some() || !self.options.shared_memory {
             return Transport::Tcp;
         }
-        let offered = (0..self.peers.len())
-            .all(|peer| self.connection(peer).is_ok_and(|connection| connection.local_socket.is_some()));
-        if offered { Transport::SharedMemory } else { Transport::Tcp }
+        let reached = (0..self.peers.len()).all(|peer| self.local_connection(peer));
+        if reached { Transport::SharedMemory } else { Transport::Tcp }
+    }
+
+    /// Whether `peer`'s Unix socket is open, opening it if its HELLO offered one. A socket that cannot be
+    /// opened (a peer that looked local and is not, say) is forgotten: this client then uses TCP there.
+    fn local_connection(&mut self, peer: usize) -> bool {
+        if self.peers[peer].local.is_some() {
+            return true;
+        }
+        let Ok(connection) = self.connection(peer) else { return false };
+        let Some(name) = connection.local_socket.clone() else { return false };
+        match LocalConnection::open(&name, &self.options) {
+            Ok(local) => {
+                self.peers[peer].local = Some(local);
+                true
+            }
+            Err(_) => {
+                if let Some(connection) = self.peers[peer].connection.as_mut() {
+                    connection.local_socket = None;
+                }
+                false
+            }
+        }
     }
 
     /// Reads the values of `keys` into `buffer`, each at its span (offset, length): the bytes read, or
@@ -533,10 +554,8 @@ impl Client {
         buffer: &SharedBuffer,
         put: Option<PutOptions>,
     ) -> Result<Vec<ResponseItemHeader>, ClientError> {
-        if self.peers[peer].local.is_none() {
-            let name = self.connection(peer)?.local_socket.clone();
-            let name = name.ok_or_else(|| ClientError::Connection("the shard offers no shared-memory path".into()))?;
-            self.peers[peer].local = Some(LocalConnection::open(&name, &self.options)?);
+        if !self.local_connection(peer) {
+            return Err(ClientError::Connection("the shard's Unix socket cannot be reached".into()));
         }
         let local = self.peers[peer].local.as_mut().ok_or_else(|| ClientError::Connection("no connection".into()))?;
         let region = local.region(buffer)?;

@@ -295,3 +295,26 @@ fn a_client_that_goes_away_mid_transfer_leaves_the_node_serving_and_unmapped() {
     assert!(open <= 3, "{open} connections open: the gone client's was closed");
     node.shutdown().expect("shutdown");
 }
+
+#[test]
+fn a_node_without_the_path_is_served_over_tcp_with_the_same_calls() {
+    let mut node_config = config(&[0], 16 << 20);
+    node_config.shared_memory = false;
+    let node = start(node_config);
+    let mut client = shared_client(&node, None);
+    assert_eq!(client.shared_transport(), Transport::Tcp, "nothing offered");
+    let mut buffer = SharedBuffer::new(8192).expect("buffer");
+    buffer.as_mut_slice()[..5000].copy_from_slice(&value_of(5, 5000));
+    let stored = client.batch_put_from_shared(&[b"tcp-shared"], &buffer, &[(0, 5000)], PutOptions::default());
+    stored[0].as_ref().expect("a put over TCP from a shared buffer");
+    let read = client.batch_get_into_shared(&[b"tcp-shared"], &mut buffer, &[(5000, 3000)]);
+    assert!(matches!(read[0], Err(ClientError::BufferTooSmall { needed: 5000, available: 3000 })), "{:?}", read[0]);
+    let mut into = SharedBuffer::new(5000).expect("buffer");
+    assert_eq!(client.batch_get_into_shared(&[b"tcp-shared"], &mut into, &[(0, 5000)])[0].as_ref().ok(), Some(&5000));
+    assert!(into.as_slice() == &value_of(5, 5000)[..]);
+    // The node has no Unix socket to reach.
+    let name = format!("strata-{}-0", node.local_addr());
+    let addr = SocketAddr::from_abstract_name(name.as_bytes()).expect("name");
+    assert!(UnixStream::connect_addr(&addr).is_err(), "no socket listens");
+    node.shutdown().expect("shutdown");
+}
