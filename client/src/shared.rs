@@ -33,6 +33,10 @@ use crate::error::ClientError;
 static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Memory a node on this host can copy values into and out of directly: a sealed memfd, mapped here.
+///
+/// A shard maps a buffer the first time a call uses it, and keeps the mapping until the client releases it
+/// ([`Client::release_shared`]) or the connection closes; a connection holds at most 64 buffers. Dropping
+/// a buffer a node still maps is safe (the node's mapping keeps the memory), but holds one of those places.
 pub struct SharedBuffer {
     memory: OwnedFd,
     base: NonNull<u8>,
@@ -199,7 +203,11 @@ impl LocalConnection {
         hello.encode_into(&mut frame);
         connection.writer.write_all(&frame).map_err(|error| ClientError::from_io(&error))?;
         let header = connection.read_header(Opcode::Hello, 0)?;
-        let mut body = vec![0u8; header.body_len.min(1024) as usize];
+        // No offer was made here, so the reply is the 40 bytes alone.
+        if header.body_len != strata_proto::HELLO_REPLY_BYTES as u64 {
+            return Err(ClientError::Protocol(format!("HELLO reply of {} bytes", header.body_len)));
+        }
+        let mut body = [0u8; strata_proto::HELLO_REPLY_BYTES];
         connection.reader.read_exact(&mut body).map_err(|error| ClientError::from_io(&error))?;
         Ok(connection)
     }

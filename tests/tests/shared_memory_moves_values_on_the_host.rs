@@ -318,3 +318,42 @@ fn a_node_without_the_path_is_served_over_tcp_with_the_same_calls() {
     assert!(UnixStream::connect_addr(&addr).is_err(), "no socket listens");
     node.shutdown().expect("shutdown");
 }
+
+#[test]
+fn a_released_buffer_is_unmapped_by_the_node_and_registered_again_on_use() {
+    let node = start(config(&[0], 16 << 20));
+    let mut client = shared_client(&node, None);
+    client.put(b"released", &value_of(8, 3000)).expect("put");
+    let mut buffer = SharedBuffer::new(4096).expect("buffer");
+    // This process maps the buffer once itself; the node (in this process too) once more while it holds it.
+    // Mappings are told apart by the memfd's inode: other tests of this binary map buffers meanwhile.
+    let inode = inode_mapped_at(buffer.as_ptr() as usize);
+    let mappings = || mappings_of_inode(&inode);
+    let alone = mappings();
+    assert_eq!(alone, 1);
+    assert_eq!(client.batch_get_into_shared(&[b"released"], &mut buffer, &[(0, 4096)])[0].as_ref().ok(), Some(&3000));
+    assert_eq!(mappings(), alone + 1, "the node maps the buffer it was given");
+    client.release_shared(&buffer).expect("release");
+    assert_eq!(mappings(), alone, "the node unmapped it");
+    buffer.as_mut_slice().fill(0);
+    assert_eq!(client.batch_get_into_shared(&[b"released"], &mut buffer, &[(0, 4096)])[0].as_ref().ok(), Some(&3000));
+    assert!(buffer.as_slice()[..3000] == value_of(8, 3000)[..], "registered again on its next use");
+    node.shutdown().expect("shutdown");
+}
+
+/// The inode field of the mapping that starts at `address` in /proc/self/maps.
+fn inode_mapped_at(address: usize) -> String {
+    let start = format!("{address:x}-");
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
+    let line = maps.lines().find(|line| line.starts_with(&start)).expect("the buffer's mapping");
+    line.split_whitespace().nth(4).expect("inode").to_string()
+}
+
+/// Mappings of memfds with inode `inode` in this process.
+fn mappings_of_inode(inode: &str) -> usize {
+    std::fs::read_to_string("/proc/self/maps")
+        .expect("maps")
+        .lines()
+        .filter(|line| line.contains("memfd:") && line.split_whitespace().nth(4) == Some(inode))
+        .count()
+}
