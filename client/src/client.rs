@@ -73,28 +73,38 @@ impl Read for SpinReader {
             self.stream.set_nonblocking(true)?;
             self.nonblocking = true;
         }
-        let started = std::time::Instant::now();
-        for attempt in 1u32.. {
-            match self.stream.read(buf) {
-                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
-                    if started.elapsed() >= spin {
-                        break;
-                    }
-                    // Let the kernel's own threads on this core run now and then (every 1024 polls): loopback and NIC work
-                    // deferred to ksoftirqd (delivering the very reply awaited here) would otherwise wait
-                    // for the scheduler to preempt this spinning thread, milliseconds later.
-                    if attempt.is_multiple_of(1024) {
-                        std::thread::yield_now();
-                    } else {
-                        std::hint::spin_loop();
-                    }
-                }
-                other => return other,
-            }
+        let polled = spin_for(spin, || match self.stream.read(buf) {
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => None,
+            other => Some(other),
+        });
+        if let Some(result) = polled {
+            return result;
         }
         self.blocking()?;
         self.stream.read(buf)
     }
+}
+
+/// Tries `attempt` (a non-blocking read: `None` while nothing is there) until it answers or `spin` has
+/// passed (`None` then). Every 1024 tries the kernel's own threads on this core get to run: loopback and NIC
+/// work deferred to ksoftirqd (delivering the very reply awaited here) would otherwise wait for the
+/// scheduler to preempt the spinning thread, milliseconds later.
+pub(crate) fn spin_for<T>(spin: Duration, mut attempt: impl FnMut() -> Option<T>) -> Option<T> {
+    let started = std::time::Instant::now();
+    for tries in 1u32.. {
+        if let Some(answer) = attempt() {
+            return Some(answer);
+        }
+        if started.elapsed() >= spin {
+            break;
+        }
+        if tries.is_multiple_of(1024) {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    None
 }
 
 pub(crate) struct ShardConnection {

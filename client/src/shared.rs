@@ -263,10 +263,7 @@ impl LocalConnection {
             return Ok(region);
         }
         let request_id = self.request_id();
-        let mut frame = Vec::new();
-        FrameHeader::request(Opcode::Register, request_id, 1, REQUEST_ITEM_BYTES as u64 + 1).encode_into(&mut frame);
-        RequestItemHeader { key_len: 1, ..Default::default() }.encode_into(&mut frame);
-        frame.push(b'*');
+        let frame = register_frame(request_id, RequestItemHeader { key_len: 1, ..Default::default() });
         send_with_descriptor(&self.writer, &frame, buffer.memory.as_raw_fd())
             .map_err(|error| ClientError::from_io(&error))?;
         let answer = self.read_reply(Opcode::Register, request_id, 1)?[0];
@@ -282,11 +279,8 @@ impl LocalConnection {
         let Some(at) = self.regions.iter().position(|(buffer, _)| *buffer == id) else { return Ok(()) };
         let (_, region) = self.regions.remove(at);
         let request_id = self.request_id();
-        let mut frame = Vec::new();
-        FrameHeader::request(Opcode::Register, request_id, 1, REQUEST_ITEM_BYTES as u64 + 1).encode_into(&mut frame);
-        RequestItemHeader { key_len: 1, flags: REGISTER_RELEASE, offset: region, ..Default::default() }
-            .encode_into(&mut frame);
-        frame.push(b'*');
+        let release = RequestItemHeader { key_len: 1, flags: REGISTER_RELEASE, offset: region, ..Default::default() };
+        let frame = register_frame(request_id, release);
         self.writer.write_all(&frame).map_err(|error| ClientError::from_io(&error))?;
         self.read_reply(Opcode::Register, request_id, 1).map(|_| ())
     }
@@ -303,31 +297,31 @@ struct SpinningReader {
 impl Read for SpinningReader {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let Some(spin) = self.spin else { return self.stream.read(buf) };
-        let started = std::time::Instant::now();
-        for attempt in 1u32.. {
+        let fd = self.stream.as_raw_fd();
+        let polled = crate::client::spin_for(spin, || {
             // SAFETY: recv(2) writes at most `buf.len()` bytes into `buf`.
             #[allow(unsafe_code)]
-            let read =
-                unsafe { libc::recv(self.stream.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+            let read = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
             if read >= 0 {
-                return Ok(read as usize);
+                return Some(Ok(read as usize));
             }
             let error = std::io::Error::last_os_error();
-            if error.kind() != std::io::ErrorKind::WouldBlock && error.kind() != std::io::ErrorKind::Interrupted {
-                return Err(error);
-            }
-            if started.elapsed() >= spin {
-                break;
-            }
-            // Let the kernel's own threads on this core run now and then (see `SpinReader`).
-            if attempt.is_multiple_of(1024) {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
+            (error.kind() != std::io::ErrorKind::WouldBlock).then_some(Err(error))
+        });
+        if let Some(result) = polled {
+            return result;
         }
         self.stream.read(buf)
     }
+}
+
+/// A REGISTER frame of one item, `item`, with the one-byte key nobody reads.
+fn register_frame(request_id: u64, item: RequestItemHeader) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(FRAME_HEADER_BYTES + REQUEST_ITEM_BYTES + 1);
+    FrameHeader::request(Opcode::Register, request_id, 1, REQUEST_ITEM_BYTES as u64 + 1).encode_into(&mut frame);
+    item.encode_into(&mut frame);
+    frame.push(b'*');
+    frame
 }
 
 /// Sends `bytes` with `fd` attached (`SCM_RIGHTS`): the node receives the descriptor with the frame.
@@ -570,7 +564,11 @@ impl Client {
         let request_id = local.request_id();
         let (put_flags, put_offset) = put.map_or((0, 0), |options| options.encode());
         let version = put.and_then(|options| options.version).map(|version| version.encode());
-        let mut body = Vec::with_capacity(chunk.len() * (REQUEST_ITEM_BYTES + SHARED_SPAN_BYTES + 64));
+        let version_len = version.map_or(0, |version| version.len());
+        let body_len: usize =
+            chunk.iter().map(|&index| REQUEST_ITEM_BYTES + keys[index].len() + version_len + SHARED_SPAN_BYTES).sum();
+        let mut frame = Vec::with_capacity(FRAME_HEADER_BYTES + body_len);
+        FrameHeader::request(opcode, request_id, chunk.len() as u32, body_len as u64).encode_into(&mut frame);
         for &index in chunk {
             let (key, (offset, len)) = (keys[index], spans[index]);
             let header = match put {
@@ -584,16 +582,13 @@ impl Client {
                 },
                 None => RequestItemHeader { key_len: key.len() as u16, flags: ITEM_SHARED, ..Default::default() },
             };
-            header.encode_into(&mut body);
-            body.extend_from_slice(key);
+            header.encode_into(&mut frame);
+            frame.extend_from_slice(key);
             if let Some(version) = &version {
-                body.extend_from_slice(version);
+                frame.extend_from_slice(version);
             }
-            SharedSpan { region, len: len as u32, offset: offset as u64 }.encode_into(&mut body);
+            SharedSpan { region, len: len as u32, offset: offset as u64 }.encode_into(&mut frame);
         }
-        let mut frame = Vec::with_capacity(FRAME_HEADER_BYTES + body.len());
-        FrameHeader::request(opcode, request_id, chunk.len() as u32, body.len() as u64).encode_into(&mut frame);
-        frame.extend_from_slice(&body);
         local.writer.write_all(&frame).map_err(|error| ClientError::from_io(&error))?;
         local.read_reply(opcode, request_id, chunk.len())
     }

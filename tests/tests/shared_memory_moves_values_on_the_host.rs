@@ -100,11 +100,15 @@ fn a_span_smaller_than_its_value_is_refused_and_left_untouched() {
     node.shutdown().expect("shutdown");
 }
 
+/// The abstract Unix socket shard 0 of `node` listens on (the name its HELLO gives).
+fn shard_socket(node: &strata_engine::Node) -> SocketAddr {
+    let name = format!("strata-{}-0", node.local_addr());
+    SocketAddr::from_abstract_name(name.as_bytes()).expect("name")
+}
+
 /// A raw connection to shard 0's Unix socket, past its HELLO.
 fn raw_local(node: &strata_engine::Node, token: &[u8]) -> UnixStream {
-    let name = format!("strata-{}-0", node.local_addr());
-    let addr = SocketAddr::from_abstract_name(name.as_bytes()).expect("name");
-    let mut stream = UnixStream::connect_addr(&addr).expect("the shard's Unix socket");
+    let mut stream = UnixStream::connect_addr(&shard_socket(node)).expect("the shard's Unix socket");
     stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
     let hello = HelloRequest { token: token.to_vec(), offers_shared: false };
     let mut frame = Vec::new();
@@ -313,9 +317,7 @@ fn a_node_without_the_path_is_served_over_tcp_with_the_same_calls() {
     assert_eq!(client.batch_get_into_shared(&[b"tcp-shared"], &mut into, &[(0, 5000)])[0].as_ref().ok(), Some(&5000));
     assert!(into.as_slice() == &value_of(5, 5000)[..]);
     // The node has no Unix socket to reach.
-    let name = format!("strata-{}-0", node.local_addr());
-    let addr = SocketAddr::from_abstract_name(name.as_bytes()).expect("name");
-    assert!(UnixStream::connect_addr(&addr).is_err(), "no socket listens");
+    assert!(UnixStream::connect_addr(&shard_socket(&node)).is_err(), "no socket listens");
     node.shutdown().expect("shutdown");
 }
 

@@ -29,11 +29,16 @@ impl ClientStream {
         }
     }
 
-    pub(crate) async fn read_exact(&mut self, buf: &mut [u8]) -> io::Result<()> {
-        match self {
-            ClientStream::Tcp(socket) => socket.read_exact(buf).await,
-            ClientStream::Local(socket) => socket.read_exact(buf).await,
+    /// Fills `buf` (either socket: the loop over `read` serves both).
+    pub(crate) async fn read_exact(&mut self, mut buf: &mut [u8]) -> io::Result<()> {
+        while !buf.is_empty() {
+            let read = self.read(buf).await?;
+            if read == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            buf = &mut buf[read..];
         }
+        Ok(())
     }
 
     pub(crate) async fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {

@@ -76,17 +76,6 @@ impl LocalSocket {
         }
     }
 
-    pub(crate) async fn read_exact(&mut self, mut buf: &mut [u8]) -> io::Result<()> {
-        while !buf.is_empty() {
-            let read = self.read(buf).await?;
-            if read == 0 {
-                return Err(io::ErrorKind::UnexpectedEof.into());
-            }
-            buf = &mut buf[read..];
-        }
-        Ok(())
-    }
-
     pub(crate) async fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
         let mut sent = 0;
         while sent < buf.len() {
