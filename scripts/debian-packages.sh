@@ -7,11 +7,14 @@
 #   tshark: the independent NVMe/TCP decoder (nvme/tests/tshark_decodes_every_pdu_we_send.rs).
 #   iproute2: `ip`, which builds the network namespaces of the partition test
 #     (tools/tests/cluster_takes_over_a_cut_off_nodes_tier.rs).
+#   libibverbs-dev, librdmacm-dev, libclang-dev: feature `rdma` (rdma-sys runs bindgen over the system's
+#     verbs headers and links its rdma-core); the guest that runs those tests takes Debian's rdma-core too
+#     (tests/lab/rdma-guest).
 # The Linux kernel NVMe/TCP guest (QEMU, busybox, nvme-cli, Debian's kernel) is installed and built by
 # tests/lab/kernel-nvmf prepare, from scripts/test.sh.
 set -euo pipefail
 
-debian_packages=(protobuf-compiler etcd-server fio tshark iproute2)
+debian_packages=(protobuf-compiler etcd-server fio tshark iproute2 libibverbs-dev librdmacm-dev libclang-dev)
 
 # tshark asks whether non-root users may capture; answer before installing, so apt never waits.
 echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections 2>/dev/null || true

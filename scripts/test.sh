@@ -12,6 +12,8 @@ tests/lab/kernel-nvmf prepare
 
 # Unit, integration and doc tests.
 cargo test --workspace
+# RDMA verbs (feature rdma): device-free tests here, the rest in a soft-RoCE guest (this machine has no RDMA).
+tests/lab/rdma-tests
 # The allocator's property and edge-case tests again with its expensive invariant walk after every operation.
 cargo test -p strata-alloc --features invariants --test allocator_edge_cases --test allocator_matches_reference_model
 

@@ -1,4 +1,4 @@
-//! `strata-ffi`: bindgen bindings to native libraries (SPDK, ibverbs) behind features, and the client's C
+//! `strata-ffi`: bindgen bindings to native libraries (SPDK) behind features, and the client's C
 //! ABI.
 //!
 //! Empty until a native binding is needed. See `ARCHITECTURE.md`.
