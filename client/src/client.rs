@@ -29,6 +29,9 @@ pub struct ClientOptions {
     /// Offer the shared-memory path in HELLO: a node on this host then names its Unix socket, and values
     /// of a [`SharedBuffer`](crate::SharedBuffer) move by one copy on the node instead of over TCP.
     pub shared_memory: bool,
+    /// Offer RDMA in HELLO, on this device (as `ibv_devices` names it): the values of an `RdmaBuffer` then
+    /// move by RDMA (needs feature `rdma`; a node without a device, or a build without it, uses TCP).
+    pub rdma_device: Option<String>,
 }
 
 impl Default for ClientOptions {
@@ -39,6 +42,7 @@ impl Default for ClientOptions {
             verify_checksums: true,
             spin_before_block: None,
             shared_memory: true,
+            rdma_device: None,
         }
     }
 }
@@ -113,6 +117,8 @@ pub(crate) struct ShardConnection {
     output: Vec<u8>,
     /// The shard's Unix socket, if its HELLO offered the shared-memory path.
     pub(crate) local_socket: Option<Vec<u8>>,
+    /// The shard offered to connect an RDMA queue pair (its HELLO's `rdma`).
+    pub(crate) rdma_offered: bool,
 }
 
 impl ShardConnection {
@@ -125,10 +131,18 @@ impl ShardConnection {
         stream.set_write_timeout(Some(options.timeout)).map_err(io)?;
         let writer = stream.try_clone().map_err(io)?;
         let reader = SpinReader { stream, spin: options.spin_before_block, nonblocking: false };
-        let mut connection =
-            Self { reader: BufReader::with_capacity(64 << 10, reader), writer, output: Vec::new(), local_socket: None };
-        let hello =
-            HelloRequest { token: options.token.clone().unwrap_or_default(), offers_shared: options.shared_memory };
+        let mut connection = Self {
+            reader: BufReader::with_capacity(64 << 10, reader),
+            writer,
+            output: Vec::new(),
+            local_socket: None,
+            rdma_offered: false,
+        };
+        let hello = HelloRequest {
+            token: options.token.clone().unwrap_or_default(),
+            offers_shared: options.shared_memory,
+            offers_rdma: options.rdma_device.is_some() && strata_transfer::RDMA_BUILT,
+        };
         FrameHeader::request(Opcode::Hello, 0, 1, hello.encoded_len() as u64).encode_into(&mut connection.output);
         hello.encode_into(&mut connection.output);
         connection.flush().map_err(io)?;
@@ -144,6 +158,7 @@ impl ShardConnection {
         connection.reader.read_exact(&mut body).map_err(io)?;
         let protocol = |error: strata_proto::ProtoError| ClientError::Protocol(error.to_string());
         let reply = HelloReply::decode(&body[..HELLO_REPLY_BYTES]).map_err(protocol)?;
+        connection.rdma_offered = reply.rdma;
         let trailer = &body[HELLO_REPLY_BYTES..];
         match (reply.shared_socket, trailer.is_empty()) {
             (true, _) => {
@@ -197,11 +212,23 @@ impl ShardConnection {
         item: RequestItemHeader,
         max_data: u32,
     ) -> Result<(ResponseItemHeader, Vec<u8>), ClientError> {
+        self.ask_one_keyed(opcode, request_id, (item, b"*"), max_data)
+    }
+
+    /// [`ShardConnection::ask_one`] with `key` as the item's key (a token the opcode carries there).
+    pub(crate) fn ask_one_keyed(
+        &mut self,
+        opcode: Opcode,
+        request_id: u64,
+        (item, key): (RequestItemHeader, &[u8]),
+        max_data: u32,
+    ) -> Result<(ResponseItemHeader, Vec<u8>), ClientError> {
         let io = |error: std::io::Error| ClientError::from_io(&error);
         let mut frame = Vec::new();
-        FrameHeader::request(opcode, request_id, 1, REQUEST_ITEM_BYTES as u64 + 1).encode_into(&mut frame);
-        RequestItemHeader { key_len: 1, ..item }.encode_into(&mut frame);
-        frame.push(b'*');
+        let body_len = (REQUEST_ITEM_BYTES + key.len()) as u64;
+        FrameHeader::request(opcode, request_id, 1, body_len).encode_into(&mut frame);
+        RequestItemHeader { key_len: key.len() as u16, ..item }.encode_into(&mut frame);
+        frame.extend_from_slice(key);
         self.send(&frame).map_err(io)?;
         self.flush().map_err(io)?;
         let header = self.read_header(opcode, request_id)?;
@@ -419,11 +446,23 @@ pub(crate) struct Peer {
     pub(crate) connection: Option<ShardConnection>,
     /// Its connection over the shard's Unix socket, once a shared buffer was used with it.
     pub(crate) local: Option<crate::shared::LocalConnection>,
+    /// Its RDMA queue pair and the buffers registered with it, once an RDMA buffer was used with it.
+    #[cfg(feature = "rdma")]
+    pub(crate) rdma: Option<crate::rdma::RdmaPeer>,
 }
 
 impl Peer {
     pub(crate) fn new(addr: SocketAddr, node: std::sync::Arc<str>, shard: u32, shard_count: u32) -> Self {
-        Peer { addr, node, shard, shard_count, connection: None, local: None }
+        Peer {
+            addr,
+            node,
+            shard,
+            shard_count,
+            connection: None,
+            local: None,
+            #[cfg(feature = "rdma")]
+            rdma: None,
+        }
     }
 }
 
@@ -440,6 +479,9 @@ pub struct Client {
     /// The cluster epoch every request frame carries (0: none, a client of one node).
     pub(crate) frame_epoch: u64,
     pub(crate) next_request_id: u64,
+    /// This client's RDMA device and protection domain (`ClientOptions::rdma_device`), or why there is none.
+    #[cfg(feature = "rdma")]
+    pub(crate) rdma: Result<crate::rdma::ClientRdma, String>,
 }
 
 impl Client {
@@ -458,12 +500,27 @@ impl Client {
                 Peer::new(addr, "".into(), shard, hello.shard_count)
             })
             .collect();
-        let mut client = Self { options, hello, peers, cluster: None, frame_epoch: 0, next_request_id: 1 };
+        let mut client = Self {
+            #[cfg(feature = "rdma")]
+            rdma: crate::rdma::ClientRdma::open(&options),
+            options,
+            hello,
+            peers,
+            cluster: None,
+            frame_epoch: 0,
+            next_request_id: 1,
+        };
         client.peers[hello.shard_id as usize].connection = Some(first);
         for shard in 0..hello.shard_count {
             client.connection(shard as usize)?;
         }
         Ok(client)
+    }
+
+    /// A fresh request id.
+    pub(crate) fn next_id(&mut self) -> u64 {
+        self.next_request_id += 1;
+        self.next_request_id
     }
 
     /// Shards this client reaches: the node's, or every serving node's in a cluster.
@@ -570,8 +627,7 @@ impl Client {
         self.connection(peer)?;
         let mut connection =
             self.peers[peer].connection.take().ok_or_else(|| ClientError::Connection("no connection".into()))?;
-        let request_id = self.next_request_id;
-        self.next_request_id += 1;
+        let request_id = self.next_id();
         let (flags, offset) = options.encode();
         let flags = flags | ITEM_PROGRESSIVE | if links.is_none() { 0 } else { ITEM_LINKS };
         FrameHeader::request(Opcode::Put, request_id, 1, body_len)
@@ -946,8 +1002,7 @@ impl Client {
         let one_send = [(0, 0)];
         let mut sent = Vec::with_capacity(shards);
         for shard in 0..shards {
-            let request_id = self.next_request_id;
-            self.next_request_id += 1;
+            let request_id = self.next_id();
             let connection = self.connection(shard)?;
             let sending = send_frame(
                 connection,
@@ -1095,8 +1150,7 @@ impl Client {
     /// tried on a new connection.
     fn send_next(&mut self, peer: usize, batch: &mut Batch<'_, '_>, results: &mut [Result<ItemReply, ClientError>]) {
         while let Some(indices) = batch.frames[peer].pop_front() {
-            let request_id = self.next_request_id;
-            self.next_request_id += 1;
+            let request_id = self.next_id();
             let sent = self.connection(peer).and_then(|connection| {
                 let frame = (batch.opcode, batch.epoch);
                 send_frame(connection, frame, request_id, batch.items, (batch.sends, &indices), batch.options)

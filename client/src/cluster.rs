@@ -146,6 +146,9 @@ impl Client {
             cluster: Some(Box::new(routing)),
             frame_epoch: 0,
             next_request_id: 1,
+            // A cluster client moves values over TCP.
+            #[cfg(feature = "rdma")]
+            rdma: Err("RDMA serves clients of one node".into()),
         };
         client.peers[0].connection = Some(connection);
         client.sync_membership();

@@ -58,6 +58,10 @@ pub enum ClientError {
     /// reader should see was lost.
     #[error("a newer version of the key is stored")]
     Superseded,
+    /// The value could not be moved by RDMA (the queue pair to the node failed, or the node's access to the
+    /// buffer was refused); for a get, the span's bytes are not to be trusted.
+    #[error("the RDMA transfer failed")]
+    Transfer,
     /// The node no longer holds the key under the cluster's membership, which moved to `epoch`; nothing
     /// was done. A cluster client re-reads the members and retries once before reporting it.
     #[error("the key moved to other nodes (cluster epoch {epoch})")]
@@ -85,6 +89,7 @@ impl ClientError {
             Status::Quota => ClientError::Quota,
             Status::Moved => ClientError::Moved { epoch: 0 },
             Status::Superseded => ClientError::Superseded,
+            Status::Transfer => ClientError::Transfer,
         }
     }
 

@@ -16,7 +16,9 @@
 //! buffer.
 //!
 //! A client on the node's host moves the values of a [`SharedBuffer`] through shared memory: the node
-//! copies them between its DRAM and the buffer, and only headers cross a socket (`shared.rs`).
+//! copies them between its DRAM and the buffer, and only headers cross a socket (`shared.rs`). With feature
+//! `rdma`, the values of an `RdmaBuffer` move by RDMA: the node reads and writes the registered buffer, and
+//! the TCP connection carries only headers (`rdma.rs`).
 //!
 //! The protocol logic (framing, batching, reply parsing) is written once, in the blocking [`Client`]
 //! (`std::net`). [`AsyncClient`] is the async front over it: runtime-agnostic futures (they work on tokio),
@@ -30,6 +32,8 @@ mod cluster;
 mod error;
 mod events;
 mod members;
+#[cfg(feature = "rdma")]
+mod rdma;
 mod scan;
 mod shared;
 
@@ -38,6 +42,8 @@ pub use crate::client::{BlockPut, Client, ClientOptions, KeyRange, Location, Pro
 pub use crate::cluster::ClusterOptions;
 pub use crate::error::ClientError;
 pub use crate::events::{EventBatch, EventStream, ShardEvent};
+#[cfg(feature = "rdma")]
+pub use crate::rdma::RdmaBuffer;
 pub use crate::scan::ScanPage;
 pub use crate::shared::{SharedBuffer, Transport};
 pub use strata_cluster::{MembersDocument, MembersWatch};

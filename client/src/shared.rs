@@ -174,6 +174,8 @@ pub enum Transport {
     SharedMemory,
     /// Over TCP.
     Tcp,
+    /// Written or read by the node with RDMA, into or out of a registered buffer.
+    Rdma,
 }
 
 /// A connection to one shard's Unix socket, and the buffers registered on it.
@@ -197,7 +199,8 @@ impl LocalConnection {
         let stream = writer.try_clone().map_err(io)?;
         let reader = BufReader::with_capacity(64 << 10, SpinningReader { stream, spin: options.spin_before_block });
         let mut connection = Self { writer, reader, regions: Vec::new(), next_request_id: 1 };
-        let hello = HelloRequest { token: options.token.clone().unwrap_or_default(), offers_shared: false };
+        let hello =
+            HelloRequest { token: options.token.clone().unwrap_or_default(), offers_shared: false, offers_rdma: false };
         let mut frame = Vec::new();
         FrameHeader::request(Opcode::Hello, 0, 1, hello.encoded_len() as u64).encode_into(&mut frame);
         hello.encode_into(&mut frame);
@@ -357,8 +360,11 @@ fn send_with_descriptor(socket: &UnixStream, bytes: &[u8], fd: std::os::fd::RawF
     Ok(())
 }
 
+/// The keys of a put, the memory their values lie in, and each value's span there.
+pub(crate) type InPlaceValues<'a, 'k> = (&'a [&'k [u8]], &'a [u8], &'a [(usize, usize)]);
+
 /// The keys of a call, their spans, and the indices (into both) of one frame's items.
-type SharedItems<'a, 'k> = (&'a [&'k [u8]], &'a [(usize, usize)], &'a [usize]);
+pub(crate) type SharedItems<'a, 'k> = (&'a [&'k [u8]], &'a [(usize, usize)], &'a [usize]);
 
 impl Client {
     /// How this client moves the values of a [`SharedBuffer`]: through shared memory when every shard of
@@ -432,29 +438,10 @@ impl Client {
         if self.shared_transport() == Transport::Tcp {
             return self.batch_get_into(keys, &mut slices);
         }
-        let verify = self.options.verify_checksums;
-        let replies = self.shared_exchange(Opcode::Get, keys, buffer, spans, None);
-        replies
-            .into_iter()
-            .zip(slices)
-            .map(|(reply, slice)| {
-                let item = reply?;
-                match item.status {
-                    Status::Ok if item.object_len as usize <= slice.len() => {
-                        let bytes = &slice[..item.object_len as usize];
-                        if verify && crc32c::crc32c(bytes) != item.data_crc {
-                            return Err(ClientError::Checksum);
-                        }
-                        Ok(item.object_len as usize)
-                    }
-                    Status::Ok => Err(ClientError::Protocol("a shared get copied past its span".into())),
-                    Status::TooLarge => {
-                        Err(ClientError::BufferTooSmall { needed: item.object_len as usize, available: slice.len() })
-                    }
-                    status => Err(ClientError::from_status(status)),
-                }
-            })
-            .collect()
+        let replies = self.shared_exchange(keys, spans, |client, peer, chunk| {
+            client.local_frame(peer, Opcode::Get, (keys, spans, chunk), buffer, None)
+        });
+        received_in_place(replies, slices, self.options.verify_checksums)
     }
 
     /// Stores the values at `spans` (offset, length) of `buffer` under `keys`.
@@ -465,30 +452,35 @@ impl Client {
         spans: &[(usize, usize)],
         options: PutOptions,
     ) -> Vec<Result<(), ClientError>> {
+        let in_place = |client: &mut Client| client.shared_transport() == Transport::SharedMemory;
+        self.put_in_place((keys, buffer.as_slice(), spans), options, in_place, |client, peer, chunk| {
+            client.local_frame(peer, Opcode::Put, (keys, spans, chunk), buffer, Some(options))
+        })
+    }
+
+    /// Stores the values at `spans` (offset, length) of `values` under `keys`: in place, one frame (`frame`)
+    /// per shard's share, when `in_place` says the transport moves them so; else over TCP.
+    pub(crate) fn put_in_place(
+        &mut self,
+        (keys, values, spans): InPlaceValues<'_, '_>,
+        options: PutOptions,
+        in_place: impl FnOnce(&mut Client) -> bool,
+        frame: impl FnMut(&mut Client, usize, &[usize]) -> Result<Vec<ResponseItemHeader>, ClientError>,
+    ) -> Vec<Result<(), ClientError>> {
         let in_buffer =
-            spans.iter().all(|&(offset, len)| offset.checked_add(len).is_some_and(|end| end <= buffer.len()));
+            spans.iter().all(|&(offset, len)| offset.checked_add(len).is_some_and(|end| end <= values.len()));
         if keys.len() != spans.len() || !in_buffer {
             return keys
                 .iter()
                 .map(|_| Err(ClientError::Protocol("a span within the buffer per key expected".into())))
                 .collect();
         }
-        if self.shared_transport() == Transport::Tcp {
-            let items: Vec<(&[u8], &[u8])> = keys
-                .iter()
-                .zip(spans)
-                .map(|(key, &(offset, len))| (*key, &buffer.as_slice()[offset..offset + len]))
-                .collect();
+        if !in_place(self) {
+            let items: Vec<(&[u8], &[u8])> =
+                keys.iter().zip(spans).map(|(key, &(offset, len))| (*key, &values[offset..offset + len])).collect();
             return self.batch_put_with(&items, options);
         }
-        let replies = self.shared_exchange(Opcode::Put, keys, buffer, spans, Some(options));
-        replies
-            .into_iter()
-            .map(|reply| match reply?.status {
-                Status::Ok => Ok(()),
-                status => Err(ClientError::from_status(status)),
-            })
-            .collect()
+        stored_in_place(self.shared_exchange(keys, spans, frame))
     }
 
     /// Forgets `buffer` on every shard it was registered with (the node unmaps it). Dropping the buffer
@@ -502,15 +494,13 @@ impl Client {
         Ok(())
     }
 
-    /// Sends the shared items of `keys` to their shards, in frames within the node's bounds, and collects a
-    /// reply per key.
-    fn shared_exchange(
+    /// Sends the shared items of `keys` to their shards, one frame (`frame`: the client, the peer, the items'
+    /// indices) at a time within the node's bounds, and collects a reply per key.
+    pub(crate) fn shared_exchange(
         &mut self,
-        opcode: Opcode,
         keys: &[&[u8]],
-        buffer: &SharedBuffer,
         spans: &[(usize, usize)],
-        put: Option<PutOptions>,
+        mut frame: impl FnMut(&mut Client, usize, &[usize]) -> Result<Vec<ResponseItemHeader>, ClientError>,
     ) -> Vec<Result<ResponseItemHeader, ClientError>> {
         let mut results: Vec<Result<ResponseItemHeader, ClientError>> =
             keys.iter().map(|_| Err(ClientError::Protocol("no reply".into()))).collect();
@@ -528,15 +518,13 @@ impl Client {
         }
         for (peer, indices) in by_shard.iter().enumerate() {
             for chunk in indices.chunks(max_items) {
-                let answers = self.local_frame(peer, opcode, (keys, spans, chunk), buffer, put);
-                match answers {
+                match frame(self, peer, chunk) {
                     Ok(answers) => {
                         for (&index, answer) in chunk.iter().zip(answers) {
                             results[index] = Ok(answer);
                         }
                     }
                     Err(error) => {
-                        self.peers[peer].local = None;
                         for &index in chunk {
                             results[index] = Err(error.clone());
                         }
@@ -560,36 +548,95 @@ impl Client {
             return Err(ClientError::Connection("the shard's Unix socket cannot be reached".into()));
         }
         let local = self.peers[peer].local.as_mut().ok_or_else(|| ClientError::Connection("no connection".into()))?;
-        let region = local.region(buffer)?;
-        let request_id = local.request_id();
-        let (put_flags, put_offset) = put.map_or((0, 0), |options| options.encode());
-        let version = put.and_then(|options| options.version).map(|version| version.encode());
-        let version_len = version.map_or(0, |version| version.len());
-        let body_len: usize =
-            chunk.iter().map(|&index| REQUEST_ITEM_BYTES + keys[index].len() + version_len + SHARED_SPAN_BYTES).sum();
-        let mut frame = Vec::with_capacity(FRAME_HEADER_BYTES + body_len);
-        FrameHeader::request(opcode, request_id, chunk.len() as u32, body_len as u64).encode_into(&mut frame);
-        for &index in chunk {
-            let (key, (offset, len)) = (keys[index], spans[index]);
-            let header = match put {
-                // A get's spans are not read here: the caller handed them to the node to write.
-                Some(_) => RequestItemHeader {
-                    key_len: key.len() as u16,
-                    flags: put_flags | ITEM_SHARED,
-                    value_len: len as u32,
-                    value_crc: crc32c::crc32c(&buffer.as_slice()[offset..offset + len]),
-                    offset: put_offset,
-                },
-                None => RequestItemHeader { key_len: key.len() as u16, flags: ITEM_SHARED, ..Default::default() },
-            };
-            header.encode_into(&mut frame);
-            frame.extend_from_slice(key);
-            if let Some(version) = &version {
-                frame.extend_from_slice(version);
-            }
-            SharedSpan { region, len: len as u32, offset: offset as u64 }.encode_into(&mut frame);
+        let answers = local.region(buffer).and_then(|region| {
+            let request_id = local.request_id();
+            let frame = shared_frame(opcode, request_id, (keys, spans, chunk), (region, buffer.as_slice()), put);
+            local.writer.write_all(&frame).map_err(|error| ClientError::from_io(&error))?;
+            local.read_reply(opcode, request_id, chunk.len())
+        });
+        if answers.is_err() {
+            self.peers[peer].local = None;
         }
-        local.writer.write_all(&frame).map_err(|error| ClientError::from_io(&error))?;
-        local.read_reply(opcode, request_id, chunk.len())
+        answers
     }
+}
+
+/// A frame of shared items (`chunk`, into `keys` and `spans`) naming region `region`, whose bytes (`values`)
+/// a put's crcs are taken over.
+pub(crate) fn shared_frame(
+    opcode: Opcode,
+    request_id: u64,
+    (keys, spans, chunk): SharedItems<'_, '_>,
+    (region, values): (u32, &[u8]),
+    put: Option<PutOptions>,
+) -> Vec<u8> {
+    let (put_flags, put_offset) = put.map_or((0, 0), |options| options.encode());
+    let version = put.and_then(|options| options.version).map(|version| version.encode());
+    let version_len = version.map_or(0, |version| version.len());
+    let body_len: usize =
+        chunk.iter().map(|&index| REQUEST_ITEM_BYTES + keys[index].len() + version_len + SHARED_SPAN_BYTES).sum();
+    let mut frame = Vec::with_capacity(FRAME_HEADER_BYTES + body_len);
+    FrameHeader::request(opcode, request_id, chunk.len() as u32, body_len as u64).encode_into(&mut frame);
+    for &index in chunk {
+        let (key, (offset, len)) = (keys[index], spans[index]);
+        let header = match put {
+            // A get's spans are not read here: the caller handed them to the node to write.
+            Some(_) => RequestItemHeader {
+                key_len: key.len() as u16,
+                flags: put_flags | ITEM_SHARED,
+                value_len: len as u32,
+                value_crc: crc32c::crc32c(&values[offset..offset + len]),
+                offset: put_offset,
+            },
+            None => RequestItemHeader { key_len: key.len() as u16, flags: ITEM_SHARED, ..Default::default() },
+        };
+        header.encode_into(&mut frame);
+        frame.extend_from_slice(key);
+        if let Some(version) = &version {
+            frame.extend_from_slice(version);
+        }
+        SharedSpan { region, len: len as u32, offset: offset as u64 }.encode_into(&mut frame);
+    }
+    frame
+}
+
+/// The results of gets whose values the node moved into `slices` (one per key): the bytes, checked against
+/// the reply's crc32c when `verify`, or why not.
+pub(crate) fn received_in_place(
+    replies: Vec<Result<ResponseItemHeader, ClientError>>,
+    slices: Vec<&mut [u8]>,
+    verify: bool,
+) -> Vec<Result<usize, ClientError>> {
+    replies
+        .into_iter()
+        .zip(slices)
+        .map(|(reply, slice)| {
+            let item = reply?;
+            match item.status {
+                Status::Ok if item.object_len as usize <= slice.len() => {
+                    let bytes = &slice[..item.object_len as usize];
+                    if verify && crc32c::crc32c(bytes) != item.data_crc {
+                        return Err(ClientError::Checksum);
+                    }
+                    Ok(item.object_len as usize)
+                }
+                Status::Ok => Err(ClientError::Protocol("a shared get moved past its span".into())),
+                Status::TooLarge => {
+                    Err(ClientError::BufferTooSmall { needed: item.object_len as usize, available: slice.len() })
+                }
+                status => Err(ClientError::from_status(status)),
+            }
+        })
+        .collect()
+}
+
+/// The results of puts whose values the node took from the caller's memory.
+pub(crate) fn stored_in_place(replies: Vec<Result<ResponseItemHeader, ClientError>>) -> Vec<Result<(), ClientError>> {
+    replies
+        .into_iter()
+        .map(|reply| match reply?.status {
+            Status::Ok => Ok(()),
+            status => Err(ClientError::from_status(status)),
+        })
+        .collect()
 }

@@ -68,6 +68,10 @@ pub struct EngineConfig {
     /// Offer clients on the node's host the shared-memory path: each shard listens on an abstract Unix
     /// socket named after the node's address, which its HELLO names to a client that offers the path.
     pub shared_memory: bool,
+    /// Move values by RDMA on this device (as `ibv_devices` names it) for clients that have one: gets are
+    /// RDMA-written into, and puts RDMA-read from, memory the client registered. Needs a build with feature
+    /// `rdma`; none: TCP and shared memory only.
+    pub rdma_device: Option<String>,
     /// Inject these faults (seeded; the seed is offset by the shard id) into every shard's handles on file
     /// namespaces. For tests of torn writes and device errors; never set by the node binary.
     pub faults: Option<strata_nvme::FaultConfig>,
@@ -113,6 +117,7 @@ impl Default for EngineConfig {
             spin_before_park: None,
             busy_poll: false,
             shared_memory: true,
+            rdma_device: None,
             faults: None,
             stall_timeout: Duration::from_secs(30),
             peers: crate::peer_limits::PeerLimits::default(),

@@ -96,6 +96,12 @@ impl DramTier {
         self.segment.range(self.offset(slot) + at as u64, len)
     }
 
+    /// Where the segment lies (its first byte, its length), to register it with an RDMA device.
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub fn segment_memory(&self) -> (*mut u8, usize) {
+        (self.segment.start(), self.segment.len())
+    }
+
     /// Pages backing the segment.
     pub fn pages(&self) -> PageKind {
         self.segment.pages()

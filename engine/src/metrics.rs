@@ -58,6 +58,14 @@ pub struct ShardMetrics {
     pub forwarded: AtomicU64,
     /// Items answered MOVED: sent under an older cluster membership for keys the node no longer owns.
     pub moved: AtomicU64,
+    /// RDMA queue pairs connected for clients (RDMA_CONNECT).
+    pub rdma_connections: AtomicU64,
+    /// RDMA READs and WRITEs posted.
+    pub rdma_work_requests: AtomicU64,
+    /// RDMA work requests that completed with an error (their items answered TRANSFER).
+    pub rdma_failures: AtomicU64,
+    /// Times a connection waited on the reactor for its completion channel (the queue was empty once armed).
+    pub rdma_waits: AtomicU64,
     /// Bytes received in values.
     pub bytes_in: AtomicU64,
     /// Bytes sent in values.
@@ -300,7 +308,7 @@ fn render_tiers(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
 /// The node-wide counters and gauges.
 fn render_counters(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
     let sum = |field: Field| sum_of(shards, field);
-    let counters: [(&str, &str, Field); 34] = [
+    let counters: [(&str, &str, Field); 38] = [
         ("strata_misses_total", "Lookups that found no object.", |s| &s.ops[Opcode::Get as usize - 1].misses),
         ("strata_promotions_total", "Objects promoted from NVMe to DRAM.", |s| &s.promotions),
         ("strata_promotions_skipped_total", "NVMe hits due for promotion that found no DRAM room at once.", |s| {
@@ -327,6 +335,14 @@ fn render_counters(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
             "strata_moved_total",
             "Items answered MOVED: an older cluster membership's request for a key owned elsewhere.",
             |s| &s.moved,
+        ),
+        ("strata_rdma_connections_total", "RDMA queue pairs connected for clients.", |s| &s.rdma_connections),
+        ("strata_rdma_work_requests_total", "RDMA READs and WRITEs posted.", |s| &s.rdma_work_requests),
+        ("strata_rdma_failures_total", "RDMA work requests that completed with an error.", |s| &s.rdma_failures),
+        (
+            "strata_rdma_waits_total",
+            "Waits on the reactor for an RDMA completion channel (the queue was empty once armed).",
+            |s| &s.rdma_waits,
         ),
         (
             "strata_cascade_removals_total",

@@ -68,6 +68,9 @@ pub enum NodeError {
         /// `SCHED_FIFO` or `SCHED_RR`.
         policy: &'static str,
     },
+    /// The RDMA device could not be opened (or this build has no RDMA).
+    #[error("RDMA: {0}")]
+    Rdma(String),
     /// A shard failed to start.
     #[error("shard {shard}: {reason}")]
     Shard {
@@ -106,6 +109,9 @@ pub enum ShardStartError {
     /// No side of the mesh of shards was dealt to it.
     #[error("no side of the mesh of shards was dealt to it")]
     NoMesh,
+    /// Its DRAM segment could not be registered with the RDMA device.
+    #[error("RDMA: {0}")]
+    Rdma(String),
 }
 
 /// What a started node reports.
@@ -386,6 +392,9 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
     {
         return Err(NodeError::RealTimePolicy { policy });
     }
+    // Opened before anything else is set up: a device that is not there is the operator's first error.
+    let rdma =
+        config.rdma_device.as_deref().map(crate::server::open_rdma_device).transpose().map_err(NodeError::Rdma)?;
     let shard_count = config.cpus.len() as u32;
     let names: Vec<String> = config.nvme.iter().map(spec_name).collect();
     let handles: Vec<NamespaceHandle> = config
@@ -416,6 +425,7 @@ pub fn start(config: EngineConfig) -> Result<Node, NodeError> {
         stop: Arc::new(AtomicBool::new(false)),
         base_port: listen.port(),
         shard_count,
+        rdma: rdma.map(Arc::new),
     };
     let (executors, started) = spawn_shards(&shared, listeners, &metrics)?;
     let (recovery, regions_per_shard, pages, mut failure) = started;
@@ -534,6 +544,8 @@ struct ShardShared {
     base_port: u16,
     dram_per_shard: u64,
     shard_count: u32,
+    /// The RDMA device every shard registers its DRAM segment with (`--rdma-device`).
+    rdma: Option<Arc<crate::server::RdmaDevice>>,
 }
 
 /// What one shard's executor starts from.
@@ -642,8 +654,9 @@ async fn build_shard(
     let forwarder = Rc::new(crate::forward::Forwarder::connect(&shard_state, peers).await);
     // Recovery restored links before the mesh existed: the peers learn of them now.
     forwarder.relay_cascades_of(&shard_state);
-    let server =
-        ShardServer::new(shard_state, forwarder, Arc::clone(&shared.event_senders), Arc::clone(&shared.peer_budget));
+    let around = (Arc::clone(&shared.event_senders), Arc::clone(&shared.peer_budget));
+    let server = ShardServer::with_rdma(shard_state, forwarder, around, shared.rdma.as_deref())
+        .map_err(ShardStartError::Rdma)?;
     Ok((server, (report, pages, region_count)))
 }
 

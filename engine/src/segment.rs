@@ -55,6 +55,13 @@ impl Segment {
         Ok(Self { base, len, pages: PageKind::Normal, _not_send: std::marker::PhantomData })
     }
 
+    /// The first byte of the mapping, for a registration with a device (RDMA) that must know where the
+    /// segment lies; nothing may be read or written through it outside the rules above.
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub fn start(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+
     /// Bytes mapped.
     pub fn len(&self) -> usize {
         self.len

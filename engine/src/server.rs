@@ -20,6 +20,7 @@ mod get;
 mod local_socket;
 mod lookup;
 mod put;
+mod rdma;
 mod register;
 mod scan;
 mod shared_regions;
@@ -48,6 +49,7 @@ use crate::shard::Shard;
 use crate::tenants::Scope;
 use client_stream::ClientStream;
 use connection::{Connection, INPUT_BUFFER_BYTES};
+pub(crate) use rdma::{RdmaDevice, open_device as open_rdma_device};
 use watch::enlist;
 pub use watch::{ConnectionWatch, close_connections, sweep_stalled_connections};
 
@@ -68,6 +70,8 @@ pub struct ShardServer {
     /// The name of the shard's abstract Unix socket, offered to clients on the node's host (none: the
     /// shared-memory path is off or its socket could not be bound).
     local_socket: RefCell<Option<Vec<u8>>>,
+    /// The shard's RDMA, offered to clients that have a device (none: no `--rdma-device`).
+    rdma: Option<Rc<rdma::ShardRdma>>,
 }
 
 impl ShardServer {
@@ -87,7 +91,22 @@ impl ShardServer {
             watches: RefCell::new(Vec::new()),
             ownership,
             local_socket: RefCell::new(None),
+            rdma: None,
         })
+    }
+
+    /// The context serving `shard`, moving values by RDMA on `device` for clients that ask.
+    pub(crate) fn with_rdma(
+        shard: Rc<Shard>,
+        forwarder: Rc<Forwarder>,
+        (event_senders, peers): (Arc<EventSenders>, Arc<PeerBudget>),
+        device: Option<&rdma::RdmaDevice>,
+    ) -> Result<Rc<Self>, String> {
+        let rdma = device.map(|device| rdma::ShardRdma::new(device, &shard)).transpose()?.map(Rc::new);
+        let server = Self::new(shard, forwarder, event_senders, peers);
+        let mut server = Rc::into_inner(server).ok_or("a fresh shard server has one owner")?;
+        server.rdma = rdma;
+        Ok(Rc::new(server))
     }
 
     /// Offers the shard's Unix socket, named `name`, to clients on the node's host.
@@ -183,6 +202,7 @@ async fn serve_stream(server: Rc<ShardServer>, mut stream: ClientStream, peer_on
         peers,
         stream,
         shared,
+        rdma: None,
         peer_on_host,
         input: vec![0u8; INPUT_BUFFER_BYTES].into_boxed_slice(),
         start: 0,
@@ -292,6 +312,9 @@ async fn handle_frame(
     };
     if header.opcode == Opcode::Register {
         return register::handle_register(connection, header).await;
+    }
+    if header.opcode == Opcode::RdmaConnect {
+        return rdma::handle_connect(server, connection, header).await;
     }
     if header.opcode == Opcode::Put {
         let statuses = put::handle_put(server, connection, header, scope).await?;
@@ -424,6 +447,11 @@ async fn handle_hello(
         base_port: shard.base_port,
         limits: shard.config.limits,
         shared_socket: offered.is_some(),
+        // RDMA over a TCP connection whose client has a device, once per connection.
+        rdma: hello.offers_rdma
+            && server.rdma.is_some()
+            && matches!(connection.stream, ClientStream::Tcp(_))
+            && connection.rdma.is_none(),
     };
     let mut body = Vec::with_capacity(strata_proto::HELLO_REPLY_BYTES + 2 + strata_proto::MAX_SOCKET_NAME_BYTES);
     reply.encode_into(&mut body);

@@ -200,6 +200,12 @@ impl<E: Backend> Shard<E> {
         })
     }
 
+    /// The shard's DRAM tier, held by what must outlive a registration of its segment (RDMA).
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub(crate) fn dram_tier(&self) -> Rc<RefCell<DramTier>> {
+        Rc::clone(&self.dram)
+    }
+
     /// The node's tenants, as this shard scopes and accounts them.
     pub fn tenancy(&self) -> &Tenancy {
         &self.tenants.tenancy

@@ -52,6 +52,10 @@ pub enum Opcode {
     /// [`ITEM_SHARED`](crate::ITEM_SHARED) name. With [`REGISTER_RELEASE`](crate::REGISTER_RELEASE) the item's
     /// `offset` names a region to release instead, and no memory travels.
     Register = 13,
+    /// Connects an RDMA queue pair for this connection (see [`rdma`](crate::rdma)): one item whose key is
+    /// the client's 28-byte endpoint; the reply item's data is the node's. Only after a HELLO reply that
+    /// offered it ([`HELLO_RDMA`](crate::HELLO_RDMA)), once per connection.
+    RdmaConnect = 14,
 }
 
 /// In a LOCATE reply's `data crc`: the object has a copy in DRAM.
@@ -76,6 +80,7 @@ impl Opcode {
             11 => Opcode::Members,
             12 => Opcode::Scan,
             13 => Opcode::Register,
+            14 => Opcode::RdmaConnect,
             _ => return None,
         })
     }
@@ -96,11 +101,12 @@ impl Opcode {
             Opcode::Members => "members",
             Opcode::Scan => "scan",
             Opcode::Register => "register",
+            Opcode::RdmaConnect => "rdma_connect",
         }
     }
 
     /// Every opcode, in wire order.
-    pub const ALL: [Opcode; 13] = [
+    pub const ALL: [Opcode; 14] = [
         Opcode::Hello,
         Opcode::Put,
         Opcode::Get,
@@ -114,6 +120,7 @@ impl Opcode {
         Opcode::Members,
         Opcode::Scan,
         Opcode::Register,
+        Opcode::RdmaConnect,
     ];
 }
 
@@ -154,6 +161,10 @@ pub enum Status {
     /// A versioned upsert older than (or the same as) the version the replica holds; the replica keeps its
     /// own. The write is ordered before the one held: nothing is lost that a reader should see.
     Superseded = 14,
+    /// Moving the value over RDMA failed: the client's memory refused the access, or the connection's
+    /// queue pair failed (its peer gone). Nothing was stored, and for a get nothing is to be trusted in
+    /// the client's span; the connection's later RDMA items fail the same way.
+    Transfer = 15,
 }
 
 impl Status {
@@ -175,6 +186,7 @@ impl Status {
             12 => Status::Quota,
             13 => Status::Moved,
             14 => Status::Superseded,
+            15 => Status::Transfer,
             _ => return None,
         })
     }
@@ -197,6 +209,7 @@ impl Status {
             Status::Quota => "quota",
             Status::Moved => "moved",
             Status::Superseded => "superseded",
+            Status::Transfer => "transfer",
         }
     }
 }

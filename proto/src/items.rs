@@ -35,6 +35,7 @@
 
 use crate::codes::{Opcode, ProtoError, Status, u16_at, u32_at, u64_at};
 use crate::limits::{HELLO_REPLY_BYTES, Limits, MAX_TOKEN_BYTES, REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES};
+use crate::rdma::{HELLO_OFFERS_RDMA, HELLO_RDMA, REGISTER_REMOTE};
 use crate::shared::{HELLO_OFFERS_SHARED, HELLO_SHARED_SOCKET, ITEM_SHARED, REGISTER_RELEASE};
 use crate::version::Version;
 
@@ -387,7 +388,7 @@ impl RequestItemHeader {
             Opcode::Put => PUT_ITEM_FLAGS,
             Opcode::RemoveMatching | Opcode::Subscribe => ITEM_MATCH_ALL,
             Opcode::Get => ITEM_WAIT | ITEM_WITH_VERSION | ITEM_SHARED,
-            Opcode::Register => REGISTER_RELEASE,
+            Opcode::Register => REGISTER_RELEASE | REGISTER_REMOTE,
             Opcode::GetRange => ITEM_WAIT,
             _ => 0,
         };
@@ -487,13 +488,16 @@ pub struct HelloRequest {
     pub token: Vec<u8>,
     /// The client can move values through shared memory ([`HELLO_OFFERS_SHARED`]).
     pub offers_shared: bool,
+    /// The client has an RDMA device ([`HELLO_OFFERS_RDMA`]).
+    pub offers_rdma: bool,
 }
 
 impl HelloRequest {
     /// Appends the body.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&(self.token.len() as u16).to_le_bytes());
-        let flags = if self.offers_shared { HELLO_OFFERS_SHARED } else { 0 };
+        let flags = if self.offers_shared { HELLO_OFFERS_SHARED } else { 0 }
+            | if self.offers_rdma { HELLO_OFFERS_RDMA } else { 0 };
         out.extend_from_slice(&flags.to_le_bytes());
         out.extend_from_slice(&self.token);
     }
@@ -513,13 +517,17 @@ impl HelloRequest {
             return Err(ProtoError::Field("token length"));
         }
         let flags = u16_at(body, 2);
-        if flags & !HELLO_OFFERS_SHARED != 0 {
+        if flags & !(HELLO_OFFERS_SHARED | HELLO_OFFERS_RDMA) != 0 {
             return Err(ProtoError::Field("flags of a HELLO"));
         }
         if body.len() != 4 + len {
             return Err(ProtoError::BodyMismatch { items: (4 + len) as u64, body: body.len() as u64 });
         }
-        Ok(Self { token: body[4..].to_vec(), offers_shared: flags & HELLO_OFFERS_SHARED != 0 })
+        Ok(Self {
+            token: body[4..].to_vec(),
+            offers_shared: flags & HELLO_OFFERS_SHARED != 0,
+            offers_rdma: flags & HELLO_OFFERS_RDMA != 0,
+        })
     }
 }
 
@@ -542,6 +550,8 @@ pub struct HelloReply {
     pub limits: Limits,
     /// A socket name follows: the shard offers its shared-memory path to this client.
     pub shared_socket: bool,
+    /// The shard will connect an RDMA queue pair for this connection ([`HELLO_RDMA`]).
+    pub rdma: bool,
 }
 
 impl HelloReply {
@@ -550,7 +560,7 @@ impl HelloReply {
         out.extend_from_slice(&self.shard_count.to_le_bytes());
         out.extend_from_slice(&self.shard_id.to_le_bytes());
         out.extend_from_slice(&self.base_port.to_le_bytes());
-        let flags = if self.shared_socket { HELLO_SHARED_SOCKET } else { 0 };
+        let flags = if self.shared_socket { HELLO_SHARED_SOCKET } else { 0 } | if self.rdma { HELLO_RDMA } else { 0 };
         out.extend_from_slice(&flags.to_le_bytes());
         out.extend_from_slice(&self.limits.max_key_bytes.to_le_bytes());
         out.extend_from_slice(&self.limits.max_batch_items.to_le_bytes());
@@ -566,7 +576,7 @@ impl HelloReply {
             return Err(ProtoError::Truncated { needed: HELLO_REPLY_BYTES, available: body.len() });
         }
         let flags = u16_at(body, 10);
-        if flags & !HELLO_SHARED_SOCKET != 0 {
+        if flags & !(HELLO_SHARED_SOCKET | HELLO_RDMA) != 0 {
             return Err(ProtoError::Field("flags of a HELLO reply"));
         }
         let reply = Self {
@@ -580,6 +590,7 @@ impl HelloReply {
                 max_put_body_bytes: u64_at(body, 32),
             },
             shared_socket: flags & HELLO_SHARED_SOCKET != 0,
+            rdma: flags & HELLO_RDMA != 0,
         };
         if reply.shard_count == 0 || reply.shard_id >= reply.shard_count {
             return Err(ProtoError::Field("shard map"));
@@ -760,20 +771,32 @@ mod tests {
 
     #[test]
     fn hello_bodies_round_trip() {
-        let reply =
-            HelloReply { shard_count: 3, shard_id: 2, base_port: 7600, limits: Limits::default(), shared_socket: true };
+        let reply = HelloReply {
+            shard_count: 3,
+            shard_id: 2,
+            base_port: 7600,
+            limits: Limits::default(),
+            shared_socket: true,
+            rdma: false,
+        };
         let mut body = Vec::new();
         reply.encode_into(&mut body);
         assert_eq!(body.len(), HELLO_REPLY_BYTES);
         assert_eq!(HelloReply::decode(&body), Ok(reply));
-        body[10] = 2;
+        let with_rdma = HelloReply { rdma: true, ..reply };
+        let mut rdma_body = Vec::new();
+        with_rdma.encode_into(&mut rdma_body);
+        assert_eq!(rdma_body[10], 3, "both flags");
+        assert_eq!(HelloReply::decode(&rdma_body), Ok(with_rdma));
+        body[10] = 4;
         assert_eq!(HelloReply::decode(&body), Err(ProtoError::Field("flags of a HELLO reply")));
-        let request = HelloRequest { token: b"secret".to_vec(), offers_shared: true };
+        let request = HelloRequest { token: b"secret".to_vec(), offers_shared: true, offers_rdma: true };
         let mut body = Vec::new();
         request.encode_into(&mut body);
         assert_eq!(body.len(), request.encoded_len());
+        assert_eq!(body[2], 3, "both offers");
         assert_eq!(HelloRequest::decode(&body), Ok(request));
-        body[2] = 2;
+        body[2] = 4;
         assert_eq!(HelloRequest::decode(&body), Err(ProtoError::Field("flags of a HELLO")));
         let bad = HelloReply { shard_id: 3, ..reply };
         let mut body = Vec::new();

@@ -24,6 +24,7 @@ mod hash;
 mod items;
 mod limits;
 pub mod placement;
+pub mod rdma;
 mod request;
 pub mod scan;
 pub mod shared;
@@ -40,6 +41,7 @@ pub use items::{
     WritePolicy, decode_part_header, encode_part_header,
 };
 pub use limits::{HELLO_REPLY_BYTES, Limits, MAX_TOKEN_BYTES, REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES};
+pub use rdma::{HELLO_OFFERS_RDMA, HELLO_RDMA, RDMA_ENDPOINT_BYTES, RDMA_SPAN_BYTES, REGISTER_REMOTE};
 pub use request::{
     ItemHead, RequestFrame, RequestItem, decode_item_head, decode_request_body, decode_request_frame,
     max_item_head_bytes,

@@ -10,7 +10,7 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixStream};
 use std::time::{Duration, Instant};
 
-use common::{Scratch, config, start, total, value_of, with_file};
+use common::{Scratch, config, spans_from, start, total, value_of, with_file};
 use strata_client::{Client, ClientError, ClientOptions, PutOptions, SharedBuffer, Transport};
 use strata_proto::{
     FRAME_HEADER_BYTES, FrameHeader, HelloRequest, ITEM_SHARED, Opcode, REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES,
@@ -24,19 +24,6 @@ fn shared_client(node: &strata_engine::Node, token: Option<&str>) -> Client {
     Client::connect(node.local_addr(), options).expect("client connects")
 }
 
-/// Spans laid end to end, one per size.
-fn spans(sizes: &[usize]) -> Vec<(usize, usize)> {
-    let mut at = 0;
-    sizes
-        .iter()
-        .map(|&len| {
-            let span = (at, len);
-            at += len;
-            span
-        })
-        .collect()
-}
-
 #[test]
 fn values_round_trip_through_shared_memory_and_mix_with_tcp() {
     let scratch = Scratch::new("shared-round-trip");
@@ -45,7 +32,7 @@ fn values_round_trip_through_shared_memory_and_mix_with_tcp() {
     assert_eq!(client.shared_transport(), Transport::SharedMemory, "a node on this host offers the path");
     let keys: Vec<Vec<u8>> = (0..SIZES.len()).map(|index| format!("shm-{index}").into_bytes()).collect();
     let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-    let spans = spans(&SIZES);
+    let spans = spans_from(&SIZES, 0);
     let total_len: usize = SIZES.iter().sum();
     let mut source = SharedBuffer::new(total_len).expect("buffer");
     for (index, &(offset, len)) in spans.iter().enumerate() {
@@ -110,7 +97,7 @@ fn shard_socket(node: &strata_engine::Node) -> SocketAddr {
 fn raw_local(node: &strata_engine::Node, token: &[u8]) -> UnixStream {
     let mut stream = UnixStream::connect_addr(&shard_socket(node)).expect("the shard's Unix socket");
     stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    let hello = HelloRequest { token: token.to_vec(), offers_shared: false };
+    let hello = HelloRequest { token: token.to_vec(), offers_shared: false, offers_rdma: false };
     let mut frame = Vec::new();
     FrameHeader::request(Opcode::Hello, 0, 1, hello.encoded_len() as u64).encode_into(&mut frame);
     hello.encode_into(&mut frame);

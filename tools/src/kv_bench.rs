@@ -55,6 +55,76 @@ pub enum KvTransport {
     Shm,
     /// `SharedBuffer` calls, through shared memory where the node offers it, else over TCP.
     Auto,
+    /// By RDMA (`RdmaBuffer`, `--rdma-device`): the run fails unless every shard connected a queue pair.
+    /// Needs a build with feature `rdma`.
+    Rdma,
+}
+
+/// The buffer a run's values move through in place: shared memory, or memory registered for RDMA.
+enum InPlace {
+    Shared(SharedBuffer),
+    #[cfg(feature = "rdma")]
+    Rdma(strata_client::RdmaBuffer),
+}
+
+impl InPlace {
+    fn new(client: &mut Client, args: &KvArgs, len: usize) -> anyhow::Result<Option<InPlace>> {
+        Ok(match args.transport {
+            KvTransport::Tcp => None,
+            #[cfg(feature = "rdma")]
+            KvTransport::Rdma => Some(InPlace::Rdma(client.rdma_buffer(len).context("an RDMA buffer")?)),
+            #[cfg(not(feature = "rdma"))]
+            KvTransport::Rdma => {
+                let _ = client;
+                bail!("--transport rdma: this strata-bench was built without feature rdma")
+            }
+            KvTransport::Shm | KvTransport::Auto => {
+                Some(InPlace::Shared(SharedBuffer::new(len).context("a shared buffer")?))
+            }
+        })
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            InPlace::Shared(buffer) => buffer.as_slice(),
+            #[cfg(feature = "rdma")]
+            InPlace::Rdma(buffer) => buffer.as_slice(),
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        match self {
+            InPlace::Shared(buffer) => buffer.as_mut_slice(),
+            #[cfg(feature = "rdma")]
+            InPlace::Rdma(buffer) => buffer.as_mut_slice(),
+        }
+    }
+
+    fn get(
+        &mut self,
+        client: &mut Client,
+        keys: &[&[u8]],
+        spans: &[(usize, usize)],
+    ) -> Vec<Result<usize, ClientError>> {
+        match self {
+            InPlace::Shared(buffer) => client.batch_get_into_shared(keys, buffer, spans),
+            #[cfg(feature = "rdma")]
+            InPlace::Rdma(buffer) => client.batch_get_into_rdma(keys, buffer, spans),
+        }
+    }
+
+    fn put(
+        &self,
+        client: &mut Client,
+        (keys, spans): (&[&[u8]], &[(usize, usize)]),
+        options: PutOptions,
+    ) -> Vec<Result<(), ClientError>> {
+        match self {
+            InPlace::Shared(buffer) => client.batch_put_from_shared(keys, buffer, spans, options),
+            #[cfg(feature = "rdma")]
+            InPlace::Rdma(buffer) => client.batch_put_from_rdma(keys, buffer, spans, options),
+        }
+    }
 }
 
 /// `strata-bench kv` options.
@@ -84,9 +154,12 @@ pub struct KvArgs {
     /// Keys in the working set.
     #[arg(long, default_value_t = 10_000)]
     pub keys: u64,
-    /// How values move: tcp, shm (shared memory with a node on this host) or auto.
+    /// How values move: tcp, shm (shared memory with a node on this host), auto, or rdma.
     #[arg(long, value_enum, default_value_t = KvTransport::Tcp)]
     pub transport: KvTransport,
+    /// The RDMA device of `--transport rdma` (as `ibv_devices` names it, e.g. rxe0).
+    #[arg(long)]
+    pub rdma_device: Option<String>,
     /// Keys per call (1: single-key calls).
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
@@ -129,6 +202,10 @@ pub struct KvArgs {
     /// Busy-poll each reply this long before sleeping (e.g. 100us): lower latency, a busy client core.
     #[arg(long)]
     pub spin: Option<String>,
+    /// Skip the client's crc32c check of each value read (on by default: checksums are end to end), to
+    /// measure what the check costs.
+    #[arg(long)]
+    pub skip_crc: bool,
     /// Subscribe to the node's events during the run and count them (events/s in the report).
     #[arg(long)]
     pub subscribe: bool,
@@ -349,7 +426,9 @@ fn connect(args: &KvArgs) -> anyhow::Result<Client> {
     let options = ClientOptions {
         token: args.token.as_ref().map(|token| token.as_bytes().to_vec()),
         spin_before_block,
-        shared_memory: args.transport != KvTransport::Tcp,
+        shared_memory: matches!(args.transport, KvTransport::Shm | KvTransport::Auto),
+        rdma_device: args.rdma_device.clone(),
+        verify_checksums: !args.skip_crc,
         ..ClientOptions::default()
     };
     if let Some(etcd) = &args.cluster {
@@ -365,6 +444,11 @@ fn connect(args: &KvArgs) -> anyhow::Result<Client> {
         Client::connect(args.server.as_str(), options).with_context(|| format!("connecting to {}", args.server))?;
     if args.transport == KvTransport::Shm && client.shared_transport() != Transport::SharedMemory {
         bail!("--transport shm: the node did not offer the shared-memory path (is it on this host, and on?)");
+    }
+    #[cfg(feature = "rdma")]
+    if args.transport == KvTransport::Rdma && client.rdma_transport() != Transport::Rdma {
+        let why = client.rdma_unavailable().unwrap_or_default();
+        bail!("--transport rdma: RDMA was not negotiated ({why})");
     }
     Ok(client)
 }
@@ -619,11 +703,8 @@ fn run_thread(
     };
     let value_len = args.value_size as usize;
     let mut buffers: Vec<Vec<u8>> = vec![vec![0u8; value_len]; args.batch];
-    // With --transport shm or auto, values move through one shared buffer, a span per key of a call.
-    let mut shared = match args.transport {
-        KvTransport::Tcp => None,
-        _ => Some(SharedBuffer::new(value_len.max(1) * args.batch).context("a shared buffer")?),
-    };
+    // With --transport shm, auto or rdma, values move through one buffer in place, a span per key of a call.
+    let mut shared = InPlace::new(&mut client, args, value_len.max(1) * args.batch)?;
     let spans: Vec<(usize, usize)> = (0..args.batch).map(|at| (at * value_len, value_len)).collect();
     if let Some(shared) = shared.as_mut() {
         // Each span holds a value from the start; a put then only stamps its key's tag, as `fill` does.
@@ -726,7 +807,7 @@ fn run_thread(
             }
         } else if is_get {
             let replies = match shared.as_mut() {
-                Some(shared) => client.batch_get_into_shared(&key_refs, shared, &spans[..indices.len()]),
+                Some(shared) => shared.get(&mut client, &key_refs, &spans[..indices.len()]),
                 None => {
                     let mut slices: Vec<&mut [u8]> =
                         buffers.iter_mut().take(indices.len()).map(|buffer| &mut buffer[..]).collect();
@@ -758,7 +839,7 @@ fn run_thread(
                 for (at, &index) in indices.iter().enumerate() {
                     values.stamp(index, &mut shared.as_mut_slice()[spans[at].0..spans[at].0 + value_len]);
                 }
-                client.batch_put_from_shared(&key_refs, shared, &spans[..indices.len()], upserts(policy))
+                shared.put(&mut client, (&key_refs, &spans[..indices.len()]), upserts(policy))
             } else if args.link_parents.is_some() {
                 for (buffer, &index) in put_values.iter_mut().zip(&indices) {
                     values.fill(index, buffer);

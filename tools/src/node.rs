@@ -123,6 +123,11 @@ pub struct NodeSettings {
     /// off. [default: true]
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub shared_memory: Option<bool>,
+    /// Move values by RDMA on this device (as `ibv_devices` names it, e.g. mlx5_0 or rxe0) for clients that
+    /// have one: gets are RDMA-written into, and puts RDMA-read from, memory the client registered. Needs a
+    /// build with feature rdma (cargo build --release -p strata-tools --features rdma).
+    #[arg(long)]
+    pub rdma_device: Option<String>,
     /// Close a connection whose peer stalls mid-frame this long (a value or a progressive put's next part
     /// that stops arriving, a reply it stops reading), freeing what it held; 0s: never. [default: 30s]
     #[arg(long)]
@@ -197,6 +202,7 @@ impl NodeSettings {
             spin_before_park,
             busy_poll,
             shared_memory,
+            rdma_device,
             promote_window,
             nvme_queue_depth,
             stall_timeout,
@@ -321,6 +327,7 @@ impl NodeSettings {
         }
         config.busy_poll = self.busy_poll.unwrap_or(false);
         config.shared_memory = self.shared_memory.unwrap_or(true);
+        config.rdma_device = self.rdma_device.clone();
         if let Some(window) = &self.promote_window {
             config.promote_window = parse_duration(window)?;
         }

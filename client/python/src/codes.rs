@@ -30,6 +30,8 @@ pub const STORAGE_ERROR: i64 = -2002;
 pub const QUOTA_EXCEEDED: i64 = -2003;
 /// Strata: in a cluster, the key moved to other nodes, and a retry under the new membership moved again.
 pub const KEY_MOVED: i64 = -2004;
+/// Mooncake's TRANSFER_FAIL: moving the bytes failed (RDMA).
+pub const TRANSFER_FAIL: i64 = -800;
 
 /// Every code with its name, for the Python module's constants and `error_name`.
 pub const ALL: [(&str, i64); 14] = [
@@ -46,7 +48,7 @@ pub const ALL: [(&str, i64); 14] = [
     ("STORAGE_ERROR", STORAGE_ERROR),
     ("QUOTA_EXCEEDED", QUOTA_EXCEEDED),
     ("KEY_MOVED", KEY_MOVED),
-    ("TRANSFER_FAIL", -800),
+    ("TRANSFER_FAIL", TRANSFER_FAIL),
 ];
 
 /// The code of a client error.
@@ -64,6 +66,8 @@ pub fn of(error: &ClientError) -> i64 {
         ClientError::Moved { .. } => KEY_MOVED,
         ClientError::TooLarge(_) | ClientError::Invalid(_) | ClientError::BufferTooSmall { .. } => INVALID_PARAMS,
         ClientError::Timeout | ClientError::Connection(_) => RPC_FAIL,
+        // Mooncake's code for a failed transfer of the transfer engine.
+        ClientError::Transfer => TRANSFER_FAIL,
         ClientError::Unauthenticated => ILLEGAL_CLIENT,
         ClientError::Protocol(_) => INTERNAL_ERROR,
         ClientError::ShuttingDown => UNAVAILABLE_IN_CURRENT_STATUS,

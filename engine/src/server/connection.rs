@@ -42,6 +42,8 @@ pub(super) struct Connection {
     pub(super) stream: ClientStream,
     /// The memory a local connection registered (none over TCP: shared items are refused there).
     pub(super) shared: Option<SharedRegions>,
+    /// The connection's queue pair and the memory its client registered for RDMA (RDMA_CONNECT).
+    pub(super) rdma: Option<super::rdma::RdmaLink>,
     /// A TCP peer on the node's own host, to which the shard offers its Unix socket.
     pub(super) peer_on_host: bool,
     pub(super) input: Box<[u8]>,

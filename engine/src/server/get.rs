@@ -83,15 +83,9 @@ pub(super) async fn handle_get<'a>(
         }
         results.into_iter().map(|result| result.unwrap_or(Err(Status::NotFound))).collect()
     };
-    // Shared items (a local client's) are copied into its memory now; their replies carry no data.
-    let results: Vec<Reply> = results
-        .into_iter()
-        .zip(items)
-        .map(|(result, item)| match (result, item.shared) {
-            (Ok(hit), Some(span)) => Reply::Shared(copy_to_client(connection, &span, &hit)),
-            (result, _) => Reply::Sent(result),
-        })
-        .collect();
+    // Shared items are copied (a local client's) or written by RDMA into the client's memory now; their
+    // replies carry no data.
+    let results = answer_shared(connection, items, results).await;
     // Items that asked for their version get it before their bytes (ITEM_WITH_VERSION).
     let with_version: Vec<bool> = items.iter().map(|item| item.header.flags & ITEM_WITH_VERSION != 0).collect();
     let body_len: u64 = results
@@ -183,19 +177,68 @@ impl Reply {
     }
 }
 
+/// Each item's reply, its value moved into the client's memory first for a shared item: copied into a
+/// local client's shared memory, or RDMA-written into memory the connection registered (every write of
+/// the batch posted before any is waited for; the hits' pins keep their bytes in place until then).
+async fn answer_shared(
+    connection: &mut Connection,
+    items: &[RequestItem<'_>],
+    results: Vec<Result<ReadHit, Status>>,
+) -> Vec<Reply> {
+    let Some(link) = connection.rdma.as_mut().filter(|_| items.iter().any(|item| item.shared.is_some())) else {
+        return results
+            .into_iter()
+            .zip(items)
+            .map(|(result, item)| match (result, item.shared) {
+                (Ok(hit), Some(span)) => Reply::Shared(copy_to_client(connection, &span, &hit)),
+                (result, _) => Reply::Sent(result),
+            })
+            .collect();
+    };
+    let mut answers: Vec<Option<ResponseItemHeader>> = vec![None; results.len()];
+    let (mut transfers, mut written) = (Vec::new(), Vec::new());
+    for (at, (result, item)) in results.iter().zip(items).enumerate() {
+        let (Ok(hit), Some(span)) = (result, item.shared) else { continue };
+        if hit.len() > span.len as usize {
+            answers[at] = Some(too_large(hit));
+        } else {
+            transfers.push(super::rdma::Transfer { span, pieces: hit.slices() });
+            written.push(at);
+        }
+    }
+    for (at, outcome) in written.into_iter().zip(link.write(&transfers).await) {
+        // Only hits were written.
+        answers[at] = Some(match (outcome, &results[at]) {
+            (Ok(()), Ok(hit)) => shared_answer(hit),
+            (Err(status), _) | (Ok(()), &Err(status)) => ResponseItemHeader::status(status),
+        });
+    }
+    drop(transfers);
+    results.into_iter().zip(answers).map(|(result, answer)| answer.map_or(Reply::Sent(result), Reply::Shared)).collect()
+}
+
 /// Copies a hit into the span of the client's memory its item named: the answer says how many bytes and
 /// their crc32c (the client checks them in its memory), or why not: the span is not the connection's
 /// (`Invalid`), or the value does not fit in it (`TooLarge`, with the value's length).
 fn copy_to_client(connection: &Connection, span: &strata_proto::SharedSpan, hit: &ReadHit) -> ResponseItemHeader {
-    let len = hit.len();
-    if len > span.len as usize {
-        return ResponseItemHeader { object_len: len as u32, ..ResponseItemHeader::status(Status::TooLarge) };
+    if hit.len() > span.len as usize {
+        return too_large(hit);
     }
     let copied = connection.shared.as_ref().is_some_and(|regions| regions.copy_into(span, &hit.slices()));
     if !copied {
         return ResponseItemHeader::status(Status::Invalid);
     }
-    ResponseItemHeader { status: Status::Ok, data_len: 0, data_crc: hit.data_crc, object_len: len as u32 }
+    shared_answer(hit)
+}
+
+/// A value that does not fit its span: `TooLarge`, with the value's length.
+fn too_large(hit: &ReadHit) -> ResponseItemHeader {
+    ResponseItemHeader { object_len: hit.len() as u32, ..ResponseItemHeader::status(Status::TooLarge) }
+}
+
+/// A value moved into the client's memory: its length and crc32c, which the client checks there.
+fn shared_answer(hit: &ReadHit) -> ResponseItemHeader {
+    ResponseItemHeader { status: Status::Ok, data_len: 0, data_crc: hit.data_crc, object_len: hit.len() as u32 }
 }
 
 /// The items of a batch that DRAM answers (a hit, a miss, a bad range), each checked in order with the

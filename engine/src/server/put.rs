@@ -158,6 +158,13 @@ async fn receive_whole(
 ) -> Result<Result<u32, Status>, ConnectionError> {
     let crc = match shared {
         None => connection.read_exact_crc(destination).await?,
+        Some(span) if let Some(link) = connection.rdma.as_mut() => {
+            if let Err(status) = link.read(span, destination).await {
+                return Ok(Err(status));
+            }
+            // Checked on the node's own copy, as for shared memory.
+            crc32c::crc32c(destination)
+        }
         Some(span) => {
             let copied = connection.shared.as_ref().is_some_and(|regions| regions.copy_out(span, destination));
             if !copied {

@@ -1,8 +1,8 @@
-//! REGISTER frames: memory a local client hands the shard (a sealed memfd passed with the frame), or a
-//! region it releases. Only a connection over the shard's Unix socket has regions; over TCP every
-//! REGISTER is refused.
+//! REGISTER frames: memory a local client hands the shard (a sealed memfd passed with the frame), a span of
+//! memory a client registered for RDMA (`REGISTER_REMOTE`, on a connection with a queue pair), or a region
+//! it releases. Any other connection's REGISTER is refused.
 
-use strata_proto::{FrameHeader, REGISTER_RELEASE, ResponseItemHeader, Status, decode_request_body};
+use strata_proto::{FrameHeader, REGISTER_RELEASE, REGISTER_REMOTE, ResponseItemHeader, Status, decode_request_body};
 
 use super::client_stream::ClientStream;
 use super::connection::Connection;
@@ -21,18 +21,25 @@ pub(super) async fn handle_register(
     let limits = strata_proto::Limits { max_batch_items: 1, ..strata_proto::Limits::default() };
     let items = decode_request_body(&header, &body, &limits)?;
     let item = items[0].header;
-    let answer = match (&mut connection.stream, connection.shared.as_mut()) {
-        (ClientStream::Local(socket), Some(regions)) => {
-            if item.flags & REGISTER_RELEASE != 0 {
-                let released = regions.release(item.offset);
-                ResponseItemHeader::status(if released { Status::Ok } else { Status::NotFound })
+    let registered = |id: u32| ResponseItemHeader { status: Status::Ok, data_len: 0, data_crc: 0, object_len: id };
+    let released = |found: bool| ResponseItemHeader::status(if found { Status::Ok } else { Status::NotFound });
+    let (remote, release) = (item.flags & REGISTER_REMOTE != 0, item.flags & REGISTER_RELEASE != 0);
+    let answer = match (&mut connection.stream, connection.shared.as_mut(), connection.rdma.as_mut()) {
+        (_, _, Some(link)) if remote && !release => match link.register(items[0].key) {
+            Ok(id) => registered(id),
+            Err(status) => ResponseItemHeader::status(status),
+        },
+        (_, _, Some(link)) if release => released(link.release(item.offset)),
+        (ClientStream::Local(socket), Some(regions), _) if !remote => {
+            if release {
+                released(regions.release(item.offset))
             } else {
-                let registered = socket
+                let memory = socket
                     .take_descriptor()
                     .ok_or(super::shared_regions::RegisterError::NoDescriptor)
                     .and_then(|memory| regions.register(memory));
-                match registered {
-                    Ok(id) => ResponseItemHeader { status: Status::Ok, data_len: 0, data_crc: 0, object_len: id },
+                match memory {
+                    Ok(id) => registered(id),
                     Err(error) => {
                         tracing::debug!("REGISTER refused: {error}");
                         ResponseItemHeader::status(error.status())

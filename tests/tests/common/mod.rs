@@ -89,3 +89,16 @@ pub fn total(
 ) -> u64 {
     node.metrics.iter().map(|shard| field(shard).load(std::sync::atomic::Ordering::Relaxed)).sum()
 }
+
+/// Spans (offset, length) laid end to end from `start`, one per size.
+pub fn spans_from(sizes: &[usize], start: usize) -> Vec<(usize, usize)> {
+    let mut at = start;
+    sizes
+        .iter()
+        .map(|&len| {
+            let span = (at, len);
+            at += len;
+            span
+        })
+        .collect()
+}
