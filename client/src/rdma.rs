@@ -18,7 +18,7 @@ use strata_proto::{
 };
 use strata_transfer::Endpoint;
 use strata_transfer::verbs::{
-    Access, CompletionQueue, Device, ProtectionDomain, QueuePair, QueuePairOptions, RegisteredBuffer,
+    Access, CompletionQueue, Device, MemoryRegion, ProtectionDomain, QueuePair, QueuePairOptions, RegisteredBuffer,
 };
 
 use crate::client::Client;
@@ -50,21 +50,36 @@ pub(crate) struct RdmaPeer {
     regions: Vec<(u64, u32)>,
 }
 
-/// Memory registered for the node to RDMA-READ and -WRITE: page-aligned, zeroed, owned by this handle.
-/// The registration is per client ([`Client::rdma_buffer`]); it ends when the buffer is dropped, after
-/// which a node's access to it fails (its connection's later RDMA items then fail too): release it first
-/// ([`Client::release_rdma`]) to keep them working.
+/// Memory registered for the node to RDMA-READ and -WRITE: allocated by this handle (page-aligned,
+/// zeroed; [`Client::rdma_buffer`]), or the caller's own ([`Client::register_rdma_memory`]: an engine's KV
+/// cache, which the node then reads and writes in place). The registration is per client; it ends when
+/// the buffer is dropped, after which a node's access to it fails (its connection's later RDMA items then
+/// fail too): release it first ([`Client::release_rdma`]) to keep them working.
 pub struct RdmaBuffer {
-    memory: RegisteredBuffer,
+    memory: Memory,
     id: u64,
 }
+
+enum Memory {
+    Owned(RegisteredBuffer),
+    /// The caller's memory: its registration, its first byte and its length.
+    Borrowed(MemoryRegion, std::ptr::NonNull<u8>, usize),
+}
+
+// SAFETY: the borrowed memory is the caller's, who promised (`register_rdma_memory`) that it stays valid
+// for the buffer's life; the handle moves between threads like any owner of a pointer to it.
+#[allow(unsafe_code)]
+unsafe impl Send for Memory {}
 
 static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1);
 
 impl RdmaBuffer {
     /// Bytes.
     pub fn len(&self) -> usize {
-        self.memory.as_slice().len()
+        match &self.memory {
+            Memory::Owned(buffer) => buffer.as_slice().len(),
+            Memory::Borrowed(_, _, len) => *len,
+        }
     }
 
     /// Whether it is empty (never: at least one byte is allocated).
@@ -74,12 +89,29 @@ impl RdmaBuffer {
 
     /// The bytes, to read (a value a get moved in is there once the call returns).
     pub fn as_slice(&self) -> &[u8] {
-        self.memory.as_slice()
+        match &self.memory {
+            Memory::Owned(buffer) => buffer.as_slice(),
+            // SAFETY: `len` bytes the caller keeps valid for the buffer's life (`register_rdma_memory`).
+            #[allow(unsafe_code)]
+            Memory::Borrowed(_, start, len) => unsafe { std::slice::from_raw_parts(start.as_ptr(), *len) },
+        }
     }
 
     /// The bytes, to write (a put's value goes here before the call).
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        self.memory.as_mut_slice()
+        match &mut self.memory {
+            Memory::Owned(buffer) => buffer.as_mut_slice(),
+            // SAFETY: as `as_slice`, with `&mut self` for exclusive access through this handle.
+            #[allow(unsafe_code)]
+            Memory::Borrowed(_, start, len) => unsafe { std::slice::from_raw_parts_mut(start.as_ptr(), *len) },
+        }
+    }
+
+    fn region(&self) -> &MemoryRegion {
+        match &self.memory {
+            Memory::Owned(buffer) => buffer.region(),
+            Memory::Borrowed(region, _, _) => region,
+        }
     }
 }
 
@@ -89,7 +121,30 @@ impl Client {
         let rdma = self.rdma.as_ref().map_err(|why| ClientError::Connection(format!("no RDMA: {why}")))?;
         let memory = RegisteredBuffer::new(&rdma.domain, len, Access::RemoteReadWrite)
             .map_err(|error| ClientError::Connection(error.to_string()))?;
-        Ok(RdmaBuffer { memory, id: NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed) })
+        Ok(RdmaBuffer { memory: Memory::Owned(memory), id: NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed) })
+    }
+
+    /// Registers `len` bytes of the caller's memory at `start` with this client's RDMA device, for gets
+    /// the node writes straight into it and puts it reads straight out of it (Mooncake's
+    /// `register_buffer`, with no copy on this side).
+    ///
+    /// # Safety
+    /// The memory must stay allocated while the returned buffer lives, and nothing may rely on the bytes of
+    /// a span while a call that names it runs (the node writes a get's spans).
+    #[allow(unsafe_code)]
+    pub unsafe fn register_rdma_memory(&mut self, start: *mut u8, len: usize) -> Result<RdmaBuffer, ClientError> {
+        let rdma = self.rdma.as_ref().map_err(|why| ClientError::Connection(format!("no RDMA: {why}")))?;
+        let start = std::ptr::NonNull::new(start).ok_or_else(|| ClientError::Invalid("a null address".into()))?;
+        if len == 0 {
+            return Err(ClientError::Invalid("an empty buffer".into()));
+        }
+        // SAFETY: the caller keeps the memory allocated for the buffer's life, which holds the registration.
+        let region = unsafe { MemoryRegion::register(&rdma.domain, start.as_ptr(), len, Access::RemoteReadWrite) }
+            .map_err(|error| ClientError::Connection(error.to_string()))?;
+        Ok(RdmaBuffer {
+            memory: Memory::Borrowed(region, start, len),
+            id: NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed),
+        })
     }
 
     /// How this client moves the values of an [`RdmaBuffer`]: by RDMA when it has a device and every shard
@@ -140,8 +195,7 @@ impl Client {
         }
         let length =
             u32::try_from(buffer.len()).map_err(|_| ClientError::TooLarge("an RDMA buffer past 4 GiB".into()))?;
-        let span =
-            buffer.memory.region().remote_span(0, length).map_err(|error| ClientError::Invalid(error.to_string()))?;
+        let span = buffer.region().remote_span(0, length).map_err(|error| ClientError::Invalid(error.to_string()))?;
         let request_id = self.next_id();
         let item = (RequestItemHeader { flags: REGISTER_REMOTE, ..Default::default() }, &span.encode()[..]);
         let (answer, _) = self.connection(peer)?.ask_one_keyed(Opcode::Register, request_id, item, 0)?;

@@ -11,7 +11,8 @@
 //! [`RingDevice`] (our own io_uring, for executors dedicated to I/O).
 //! [`NvmfDevice`] (a namespace of a remote NVMe-oF/TCP controller, [`host`]) implements it too; the
 //! NVMe-oF target ([`target`]) serves any of them. [`spec`] and [`tcp`] hold the NVMe structures and the
-//! NVMe/TCP PDU codec both sides share.
+//! NVMe/TCP PDU codec both sides share; [`rdma`] the NVMe/RDMA binding's connection private data and keyed
+//! SGL descriptors.
 #![deny(missing_docs, unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
@@ -24,6 +25,7 @@ mod faults;
 pub mod host;
 mod memory;
 mod queue_depth;
+pub mod rdma;
 mod ring;
 pub mod spec;
 mod stats;

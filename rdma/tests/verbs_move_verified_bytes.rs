@@ -8,7 +8,8 @@
 use std::time::Duration;
 
 use strata_transfer::verbs::{
-    Access, Completion, CompletionQueue, Device, ProtectionDomain, QueuePair, QueuePairOptions, RegisteredBuffer,
+    Access, Completion, CompletionKind, CompletionQueue, Device, ProtectionDomain, QueuePair, QueuePairOptions,
+    RegisteredBuffer,
 };
 use strata_transfer::{RemoteSpan, TransferError};
 
@@ -231,4 +232,39 @@ fn a_dead_peer_fails_the_request_and_flushes_the_rest() {
     assert!(done.iter().all(|completion| completion.result.is_err()), "{done:?}");
     let first = done.iter().find(|completion| completion.work_request_id == 1).expect("request 1 completed");
     assert!(!first.result.clone().expect_err("failed").is_flushed(), "the first request failed itself: {first:?}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: tests/lab/rdma-tests runs it with STRATA_RDMA_DEVICE"]
+fn sends_land_in_posted_receives_in_order() {
+    let device = device();
+    let options = QueuePairOptions { receive_queue_depth: 8, ..QueuePairOptions::default() };
+    let (mut node, client) = connected(&device, MIB, MIB, options);
+    // The client posts four receives of 64 bytes (a command capsule's size), the node sends four capsules.
+    for slot in 0..4u64 {
+        let local = client.buffer.region().local_span(slot * 64, 64).expect("span");
+        // SAFETY: the buffer is not touched until the receive's completion.
+        unsafe { client.pair.post_receive(100 + slot, local) }.expect("post receive");
+    }
+    let capsules = pattern(4 * 64, 11);
+    node.buffer.as_mut_slice()[..capsules.len()].copy_from_slice(&capsules);
+    for slot in 0..4u64 {
+        let local = node.buffer.region().local_span(slot * 64, 64).expect("span");
+        // SAFETY: the buffer is not written until the send's completion.
+        unsafe { node.pair.post_send(slot, local) }.expect("post send");
+    }
+    let sent = node.completions(4);
+    assert_ok(&sent);
+    assert!(sent.iter().all(|completion| completion.kind == CompletionKind::Send), "{sent:?}");
+    let received = client.completions(4);
+    assert_ok(&received);
+    assert!(
+        received.iter().all(|completion| completion.kind == CompletionKind::Receive && completion.result == Ok(64))
+    );
+    let order: Vec<u64> = received.iter().map(|completion| completion.work_request_id).collect();
+    assert_eq!(order, vec![100, 101, 102, 103], "receives complete in the order they were posted");
+    assert!(client.buffer.as_slice()[..capsules.len()] == capsules[..], "each capsule in its receive");
+    // A write completes as a write.
+    node.write(9, 0, 4096, client.remote(4096, 4096));
+    assert_eq!(node.completions(1)[0].kind, CompletionKind::Write);
 }

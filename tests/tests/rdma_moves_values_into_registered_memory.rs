@@ -112,6 +112,27 @@ fn a_span_smaller_than_its_value_is_refused_and_left_untouched() {
     node.shutdown().expect("shutdown");
 }
 
+#[test]
+#[ignore = "needs an RDMA device: tests/lab/rdma-tests runs it in a soft-RoCE guest"]
+fn the_callers_own_memory_is_read_and_written_in_place() {
+    let node = rdma_node();
+    let mut client = rdma_client(&node);
+    // An engine's own memory (a KV pool it allocated), registered as it is.
+    let mut pool = vec![0u8; 3 * MIB];
+    pool[..MIB].copy_from_slice(&value_of(7, MIB));
+    // SAFETY: `pool` outlives `registered` (dropped first, below) and is not touched during the calls.
+    #[allow(unsafe_code)]
+    let mut registered = unsafe { client.register_rdma_memory(pool.as_mut_ptr(), pool.len()) }.expect("registered");
+    let put = client.batch_put_from_rdma(&[b"engine-block"], &registered, &[(0, MIB)], PutOptions::default());
+    put[0].as_ref().expect("a put read from the engine's memory");
+    let read = client.batch_get_into_rdma(&[b"engine-block"], &mut registered, &[(2 * MIB, MIB)]);
+    assert_eq!(read[0].as_ref().ok(), Some(&MIB));
+    drop(registered);
+    assert!(pool[2 * MIB..] == value_of(7, MIB)[..], "the node wrote straight into the engine's memory");
+    assert!(pool[MIB..2 * MIB].iter().all(|&byte| byte == 0), "and nowhere else");
+    node.shutdown().expect("shutdown");
+}
+
 /// A raw connection to shard 0 that has said HELLO offering RDMA; the node's HELLO reply.
 fn raw_connection(node: &Node) -> (TcpStream, HelloReply) {
     let mut stream = TcpStream::connect(node.local_addr()).expect("connect");
@@ -215,6 +236,8 @@ fn run_dying_client(address: &str) {
     let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
     let spans = spans_from(&[16 * MIB; 4], 0);
     let mut buffer = client.rdma_buffer(64 * MIB).expect("buffer");
+    // Its queue pairs are connected before it says so.
+    assert_eq!(client.rdma_transport(), Transport::Rdma);
     println!("child ready");
     for _ in 0..10_000 {
         let _ = client.batch_get_into_rdma(&keys, &mut buffer, &spans);

@@ -86,8 +86,37 @@ impl std::error::Error for WorkRequestError {}
 pub struct Completion {
     /// The identifier the request was posted with.
     pub work_request_id: u64,
-    /// Bytes moved, or why it failed.
+    /// What it was (a failed request's kind is not reported by every provider: `Other` then).
+    pub kind: CompletionKind,
+    /// Bytes moved (for a receive: the bytes the peer sent), or why it failed.
     pub result: Result<u32, WorkRequestError>,
+}
+
+/// The kind of work request a completion is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompletionKind {
+    /// A SEND.
+    Send,
+    /// An RDMA WRITE.
+    Write,
+    /// An RDMA READ.
+    Read,
+    /// A receive, filled by the peer's SEND.
+    Receive,
+    /// Anything else, or not reported.
+    Other,
+}
+
+impl CompletionKind {
+    fn of(opcode: sys::ibv_wc_opcode::Type) -> CompletionKind {
+        match opcode {
+            sys::ibv_wc_opcode::IBV_WC_SEND => CompletionKind::Send,
+            sys::ibv_wc_opcode::IBV_WC_RDMA_WRITE => CompletionKind::Write,
+            sys::ibv_wc_opcode::IBV_WC_RDMA_READ => CompletionKind::Read,
+            sys::ibv_wc_opcode::IBV_WC_RECV => CompletionKind::Receive,
+            _ => CompletionKind::Other,
+        }
+    }
 }
 
 impl CompletionQueue {
@@ -132,12 +161,16 @@ impl CompletionQueue {
                 return Err(returned_error("ibv_poll_cq", &self.inner.device.name, -got));
             }
             for entry in &entries[..got as usize] {
-                let result = if entry.status == sys::ibv_wc_status::IBV_WC_SUCCESS {
-                    Ok(entry.byte_len)
+                let (result, kind) = if entry.status == sys::ibv_wc_status::IBV_WC_SUCCESS {
+                    (Ok(entry.byte_len), CompletionKind::of(entry.opcode))
                 } else {
-                    Err(WorkRequestError { status: entry.status, vendor_error: entry.vendor_err })
+                    // The opcode of a failed completion is undefined in verbs.
+                    (
+                        Err(WorkRequestError { status: entry.status, vendor_error: entry.vendor_err }),
+                        CompletionKind::Other,
+                    )
                 };
-                into.push(Completion { work_request_id: entry.wr_id, result });
+                into.push(Completion { work_request_id: entry.wr_id, kind, result });
             }
             taken += got as usize;
             if got < want {

@@ -23,7 +23,7 @@ mod device;
 mod memory;
 mod queue_pair;
 
-pub use completion::{Completion, CompletionQueue, WorkRequestError};
+pub use completion::{Completion, CompletionKind, CompletionQueue, WorkRequestError};
 pub use device::{Device, PortInfo};
 pub use memory::{Access, LocalSpan, MemoryRegion, ProtectionDomain, RegisteredBuffer};
 pub use queue_pair::{QueuePair, QueuePairOptions};

@@ -1,5 +1,6 @@
 //! A reliable-connected queue pair: created, connected to a peer's [`Endpoint`], and posting RDMA READs
-//! and WRITEs, each signalled, so that every request has exactly one completion.
+//! and WRITEs and SENDs, each signalled, so that every request has exactly one completion, and receives
+//! for the peer's SENDs (the capsules of NVMe over RDMA).
 
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
@@ -17,6 +18,8 @@ use crate::{Endpoint, PathMtu, RemoteSpan, TransferError};
 pub struct QueuePairOptions {
     /// Work requests in flight at most.
     pub send_queue_depth: u32,
+    /// Receives posted at most (SEND messages the peer may have in flight to this side).
+    pub receive_queue_depth: u32,
     /// Whether the peer may RDMA-READ and -WRITE this side's registrations through this queue pair. The
     /// node's queue pairs say no: a client's queue pair has nothing to reach on the node.
     pub remote_access: bool,
@@ -29,7 +32,13 @@ pub struct QueuePairOptions {
 
 impl Default for QueuePairOptions {
     fn default() -> Self {
-        QueuePairOptions { send_queue_depth: 128, remote_access: false, ack_timeout_exponent: 14, retry_count: 7 }
+        QueuePairOptions {
+            send_queue_depth: 128,
+            receive_queue_depth: 1,
+            remote_access: false,
+            ack_timeout_exponent: 14,
+            retry_count: 7,
+        }
     }
 }
 
@@ -68,7 +77,7 @@ impl QueuePair {
         init.recv_cq = completions.inner.raw;
         init.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
         init.cap.max_send_wr = options.send_queue_depth.max(1);
-        init.cap.max_recv_wr = 1;
+        init.cap.max_recv_wr = options.receive_queue_depth.max(1);
         init.cap.max_send_sge = 1;
         init.cap.max_recv_sge = 1;
         // SAFETY: a live domain and queue.
@@ -208,6 +217,49 @@ impl QueuePair {
         unsafe { self.post(sys::ibv_wr_opcode::IBV_WR_RDMA_READ, work_request_id, local, remote) }
     }
 
+    /// Posts a SEND of `local` (the peer's next posted receive takes it).
+    ///
+    /// # Safety
+    /// `local`'s bytes must stay allocated and unchanged until the completion of `work_request_id` is
+    /// polled.
+    pub unsafe fn post_send(&self, work_request_id: u64, local: LocalSpan) -> Result<(), TransferError> {
+        let mut element = sys::ibv_sge { addr: local.address, length: local.length, lkey: local.local_key };
+        // SAFETY: a plain-data struct (unions included); the fields a SEND uses are set below.
+        let mut request: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+        request.wr_id = work_request_id;
+        request.sg_list = &mut element;
+        request.num_sge = 1;
+        request.opcode = sys::ibv_wr_opcode::IBV_WR_SEND;
+        request.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: a live queue pair; the request and its element outlive the call, which copies them.
+        let errno = unsafe { sys::ibv_post_send(self.raw, &mut request, &mut bad) };
+        self.posted(errno, "ibv_post_send")
+    }
+
+    /// Posts a receive into `local`, for the peer's next SEND (of at most `local.length` bytes).
+    ///
+    /// # Safety
+    /// `local`'s bytes must stay allocated, and nothing may read or write them, until the completion of
+    /// `work_request_id` is polled.
+    pub unsafe fn post_receive(&self, work_request_id: u64, local: LocalSpan) -> Result<(), TransferError> {
+        let mut element = sys::ibv_sge { addr: local.address, length: local.length, lkey: local.local_key };
+        let mut request =
+            sys::ibv_recv_wr { wr_id: work_request_id, next: std::ptr::null_mut(), sg_list: &mut element, num_sge: 1 };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: a live queue pair; the request and its element outlive the call, which copies them.
+        let errno = unsafe { sys::ibv_post_recv(self.raw, &mut request, &mut bad) };
+        self.posted(errno, "ibv_post_recv")
+    }
+
+    fn posted(&self, errno: i32, call: &'static str) -> Result<(), TransferError> {
+        match errno {
+            0 => Ok(()),
+            libc::ENOMEM => Err(TransferError::SendQueueFull { capacity: self.options.send_queue_depth }),
+            errno => Err(returned_error(call, self.device_name(), errno)),
+        }
+    }
+
     unsafe fn post(
         &self,
         opcode: sys::ibv_wr_opcode::Type,
@@ -234,10 +286,6 @@ impl QueuePair {
         let mut bad = std::ptr::null_mut();
         // SAFETY: a live queue pair; the request and its element outlive the call, which copies them.
         let errno = unsafe { sys::ibv_post_send(self.raw, &mut request, &mut bad) };
-        match errno {
-            0 => Ok(()),
-            libc::ENOMEM => Err(TransferError::SendQueueFull { capacity: self.options.send_queue_depth }),
-            errno => Err(returned_error("ibv_post_send", self.device_name(), errno)),
-        }
+        self.posted(errno, "ibv_post_send")
     }
 }
