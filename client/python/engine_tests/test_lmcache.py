@@ -6,6 +6,7 @@ LMCache moves KV between the serving engine and its memory objects through a ``G
 on this CPU machine the tests give it one over a CPU tensor (``CpuKVCache``). Everything between the
 memory objects and the node is LMCache's own code and the plugin's."""
 
+import asyncio
 import subprocess
 import sys
 import textwrap
@@ -139,9 +140,9 @@ def test_a_second_engine_retrieves_byte_equal_what_the_first_stored(node):
     LMCacheEngineBuilder.destroy(other_name)
 
 
-def test_a_prefix_lookup_stops_at_the_first_chunk_the_node_lost(node):
-    from strata import StrataStore
-
+def store_three_chunks(node):
+    """A fresh model's engine that stored 40 tokens (three chunks) on the node: (model, tokens, name, engine,
+    the chunks' keys)."""
     model = f"tiny-{uuid.uuid4().hex}"
     tokens = torch.randint(0, 30000, (TOKENS,))
     name, engine, kv_cache = start_engine(model, *strata_plugin(node.address))
@@ -150,15 +151,36 @@ def test_a_prefix_lookup_stops_at_the_first_chunk_the_node_lost(node):
     keys = chunk_keys(engine, tokens)
     assert len(keys) == 3
     wait_until_stored(node.address, keys)
-    LMCacheEngineBuilder.destroy(name)
+    return model, tokens, name, engine, keys
+
+
+def remove_from_node(address, key):
+    from strata import StrataStore
 
     store = StrataStore()
-    assert store.setup(node.address) == 0
-    assert store.remove(keys[1]) == 0
+    assert store.setup(address) == 0
+    assert store.remove(key) == 0
     store.close()
+
+
+def test_a_prefix_lookup_stops_at_the_first_chunk_the_node_lost(node):
+    model, tokens, name, _, keys = store_three_chunks(node)
+    LMCacheEngineBuilder.destroy(name)
+    remove_from_node(node.address, keys[1])
 
     name, engine, _ = start_engine(model, *strata_plugin(node.address))
     assert engine.lookup(tokens) == CHUNK
+    LMCacheEngineBuilder.destroy(name)
+
+
+def test_list_names_the_chunks_the_node_holds(node):
+    _, _, name, engine, keys = store_three_chunks(node)
+    # LMCache's own remote backend holds the plugin's connector (wrapped or not, `list` reaches it).
+    connector = engine.storage_manager.storage_backends["RemoteBackend-strata"].connection
+    assert set(keys) <= set(asyncio.run(connector.list()))
+    remove_from_node(node.address, keys[1])
+    listed = set(asyncio.run(connector.list()))
+    assert keys[1] not in listed and {keys[0], keys[2]} <= listed
     LMCacheEngineBuilder.destroy(name)
 
 

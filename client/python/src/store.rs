@@ -147,6 +147,27 @@ impl StrataStore {
     }
 }
 
+/// Pages a walk of one shard reads at most: a shard's index holds far fewer entries than this many pages
+/// of `MAX_SCAN_KEYS` could name, so the bound only stops a walk that would never end.
+const MAX_SCAN_PAGES: usize = 1 << 20;
+
+/// Every key of every shard the client reaches, each once (a cluster's replicas name a key more than once).
+fn list_every_key(client: &mut Client) -> Result<std::collections::BTreeSet<Vec<u8>>, ClientError> {
+    let mut keys = std::collections::BTreeSet::new();
+    for shard in 0..client.shard_count() as usize {
+        let mut cursor = 0;
+        for _ in 0..MAX_SCAN_PAGES {
+            let page = client.scan_shard(shard, cursor, strata_proto::MAX_SCAN_KEYS)?;
+            keys.extend(page.entries.into_iter().map(|entry| entry.key));
+            match page.next {
+                Some(next) => cursor = next,
+                None => break,
+            }
+        }
+    }
+    Ok(keys)
+}
+
 fn failed(count: usize, code: i64) -> Vec<i64> {
     vec![code; count]
 }
@@ -684,6 +705,18 @@ impl StrataStore {
     /// Removes every key; returns how many, or a negative code.
     fn remove_all(&self, py: Python<'_>) -> i64 {
         count_code(self.with_client(py, |client| client.remove_all()))
+    }
+
+    /// Every key the node holds for this store's tenant (each once, in no particular order), its shards
+    /// walked a page at a time (SCAN). A key put or removed during the walk may or may not be listed.
+    /// Raises `ConnectionError` (with Strata's code) when a page cannot be read.
+    fn list_keys<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let listed = self.with_client(py, list_every_key);
+        match listed {
+            Some(Ok(keys)) => Ok(keys.iter().map(|key| PyBytes::new(py, key)).collect()),
+            Some(Err(error)) => Err(PyConnectionError::new_err(format!("list_keys: {error} ({})", codes::of(&error)))),
+            None => Err(PyConnectionError::new_err("list_keys: setup() first")),
+        }
     }
 
     /// Registers `[buffer_ptr, buffer_ptr + size)` for the `*_into` / `*_from` calls. The memory must stay

@@ -262,3 +262,14 @@ def test_every_connection_of_a_store_reaches_the_node_that_answered_setup(tmp_pa
         if late is not None:
             late.stop()
         second.stop()
+
+
+def test_list_keys_walks_every_shard_and_follows_removals(store):
+    keys = [unique("listed") for _ in range(40)]  # more keys than shards: every shard holds some
+    assert store.put_batch(keys, [b"v"] * len(keys)) == 0
+    listed = set(store.list_keys())
+    assert {key.encode() for key in keys} <= listed
+    assert store.remove(keys[0]) == 0
+    listed = set(store.list_keys())
+    assert keys[0].encode() not in listed
+    assert {key.encode() for key in keys[1:]} <= listed

@@ -19,8 +19,8 @@ the chunk are sent as two parts of one put, never joined into a copy.
 batched gets and puts are one batch each. Every blocking call runs in a worker thread, so LMCache's event
 loop never waits on the network.
 
-``list()`` raises ``NotImplementedError``: a node does not enumerate its keys (LMCache only uses ``list`` to
-import chunks from a file-system store).
+``list()`` walks the node's keys (SCAN, a page per round trip per shard) and returns them as LMCache's key
+strings: every chunk the node holds for this plugin's tenant, whichever engine stored it.
 """
 
 from __future__ import annotations
@@ -185,8 +185,9 @@ class StrataConnector(RemoteConnector):
     def remove_sync(self, key) -> bool:
         return self.store.remove(key.to_string()) == OK
 
-    async def list(self):
-        raise NotImplementedError("strata: a node does not enumerate its keys")
+    async def list(self) -> list[str]:
+        keys = await asyncio.to_thread(self.store.list_keys)
+        return [key.decode("utf-8", errors="replace") for key in keys]
 
     async def close(self) -> None:
         await asyncio.to_thread(self.store.close)

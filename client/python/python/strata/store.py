@@ -22,6 +22,8 @@ Engines call Mooncake's store in several forms; each is accepted here, so that r
   ``*_into`` / ``*_from`` calls on its addresses); Strata's own, beside Mooncake's ``register_buffer``.
 - ``remove(key, force=)``, ``remove_all(force=)``, ``remove_by_regex(pattern, force=)``,
   ``batch_remove(keys, force=)``: ``force`` is accepted; a node has no lease that blocks a removal.
+- ``list_keys()``: Strata's own, every key the node (or the cluster) holds for the store's tenant, as bytes,
+  each once (SCAN, a page per round trip per shard); LMCache's ``list()`` is built on it.
 """
 
 import ctypes
