@@ -18,11 +18,13 @@
 //! second listener, and the connection that authenticated the tenant is the one that names the peer.
 #![allow(unsafe_code)]
 
+mod cm;
 mod completion;
 mod device;
 mod memory;
 mod queue_pair;
 
+pub use cm::{CmListener, CmRequest};
 pub use completion::{Completion, CompletionKind, CompletionQueue, WorkRequestError};
 pub use device::{Device, PortInfo};
 pub use memory::{Access, LocalSpan, MemoryRegion, ProtectionDomain, RegisteredBuffer};

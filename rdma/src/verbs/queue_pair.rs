@@ -178,6 +178,11 @@ impl QueuePair {
         self.modify(&mut attributes, fields, "ibv_modify_qp(RTS)")
     }
 
+    /// Applies `attributes` (the fields `mask` names), as a connection manager computed them.
+    pub(super) fn modify_with(&self, attributes: &mut sys::ibv_qp_attr, mask: u32) -> Result<(), TransferError> {
+        self.modify(attributes, mask, "ibv_modify_qp")
+    }
+
     /// Moves the queue pair to the error state: every request still queued completes, flushed. What a
     /// connection does when its peer is gone, so that no registration stays in use.
     pub fn fail(&self) -> Result<(), TransferError> {
