@@ -38,7 +38,8 @@ impl Drop for CmListener {
     }
 }
 
-/// A connection request: its id and what the peer sent with it.
+/// A connection request: its id and what the peer sent with it. Its id reports on its listener's channel:
+/// drop it (which disconnects an accepted connection) before the listener.
 pub struct CmRequest {
     id: *mut sys::rdma_cm_id,
     /// The peer's private data.
