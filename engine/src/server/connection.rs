@@ -5,7 +5,10 @@ use std::io;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use strata_proto::{Limits, Opcode, ProtoError, REQUEST_ITEM_BYTES, RequestItemHeader, SharedSpan, decode_item_head};
+use strata_proto::{
+    FrameHeader, Limits, Opcode, ProtoError, REQUEST_ITEM_BYTES, RequestItemHeader, SharedSpan, Status,
+    decode_item_head, decode_request_body,
+};
 
 use super::ConnectionError;
 use super::client_stream::ClientStream;
@@ -78,6 +81,24 @@ impl Connection {
             self.end += read;
         }
         Ok(true)
+    }
+
+    /// Reads and decodes the body of a frame that must carry exactly one item (REGISTER, RDMA_CONNECT:
+    /// each item hands the node a resource, and a batch would gain nothing): its header and its key. More
+    /// items break the protocol (`what` names the frame in the error).
+    pub(super) async fn read_one_item(
+        &mut self,
+        header: FrameHeader,
+        what: &str,
+    ) -> Result<(RequestItemHeader, Vec<u8>), ConnectionError> {
+        if header.count != 1 {
+            return Err(ConnectionError::Protocol(Status::Invalid, format!("{what} takes one item")));
+        }
+        let mut body = vec![0u8; header.body_len as usize];
+        self.read_exact(&mut body).await?;
+        let limits = Limits { max_batch_items: 1, ..Limits::default() };
+        let items = decode_request_body(&header, &body, &limits)?;
+        Ok((items[0].header, items[0].key.to_vec()))
     }
 
     pub(super) async fn read_exact(&mut self, destination: &mut [u8]) -> io::Result<()> {

@@ -2,7 +2,7 @@
 //! memory a client registered for RDMA (`REGISTER_REMOTE`, on a connection with a queue pair), or a region
 //! it releases. Any other connection's REGISTER is refused.
 
-use strata_proto::{FrameHeader, REGISTER_RELEASE, REGISTER_REMOTE, ResponseItemHeader, Status, decode_request_body};
+use strata_proto::{FrameHeader, REGISTER_RELEASE, REGISTER_REMOTE, ResponseItemHeader, Status};
 
 use super::client_stream::ClientStream;
 use super::connection::Connection;
@@ -12,20 +12,13 @@ pub(super) async fn handle_register(
     connection: &mut Connection,
     header: FrameHeader,
 ) -> Result<(u64, u64), ConnectionError> {
-    // One item: each takes one descriptor, in order, and a batch would gain nothing.
-    if header.count != 1 {
-        return Err(ConnectionError::Protocol(Status::Invalid, "REGISTER takes one item".into()));
-    }
-    let mut body = vec![0u8; header.body_len as usize];
-    connection.read_exact(&mut body).await?;
-    let limits = strata_proto::Limits { max_batch_items: 1, ..strata_proto::Limits::default() };
-    let items = decode_request_body(&header, &body, &limits)?;
-    let item = items[0].header;
+    // One item: each takes one descriptor, in order.
+    let (item, key) = connection.read_one_item(header, "REGISTER").await?;
     let registered = |id: u32| ResponseItemHeader { status: Status::Ok, data_len: 0, data_crc: 0, object_len: id };
     let released = |found: bool| ResponseItemHeader::status(if found { Status::Ok } else { Status::NotFound });
     let (remote, release) = (item.flags & REGISTER_REMOTE != 0, item.flags & REGISTER_RELEASE != 0);
     let answer = match (&mut connection.stream, connection.shared.as_mut(), connection.rdma.as_mut()) {
-        (_, _, Some(link)) if remote && !release => match link.register(items[0].key) {
+        (_, _, Some(link)) if remote && !release => match link.register(&key) {
             Ok(id) => registered(id),
             Err(status) => ResponseItemHeader::status(status),
         },

@@ -32,7 +32,7 @@ pub(crate) use link::RdmaLink;
 #[cfg(feature = "rdma")]
 pub(crate) use shard::{RdmaDevice, ShardRdma, open_device};
 
-use strata_proto::{FrameHeader, RDMA_ENDPOINT_BYTES, ResponseItemHeader, SharedSpan, Status, decode_request_body};
+use strata_proto::{FrameHeader, RDMA_ENDPOINT_BYTES, ResponseItemHeader, SharedSpan, Status};
 
 use super::client_stream::ClientStream;
 use super::connection::Connection;
@@ -52,16 +52,10 @@ pub(super) async fn handle_connect(
     connection: &mut Connection,
     header: FrameHeader,
 ) -> Result<(u64, u64), ConnectionError> {
-    if header.count != 1 {
-        return Err(ConnectionError::Protocol(Status::Invalid, "RDMA_CONNECT takes one item".into()));
-    }
-    let mut body = vec![0u8; header.body_len as usize];
-    connection.read_exact(&mut body).await?;
-    let limits = strata_proto::Limits { max_batch_items: 1, ..strata_proto::Limits::default() };
-    let items = decode_request_body(&header, &body, &limits)?;
+    let (_, endpoint) = connection.read_one_item(header, "RDMA_CONNECT").await?;
     let usable = matches!(connection.stream, ClientStream::Tcp(_)) && connection.rdma.is_none();
     let connected = match server.rdma.as_ref() {
-        Some(rdma) if usable && items[0].key.len() == RDMA_ENDPOINT_BYTES => rdma.connect(items[0].key),
+        Some(rdma) if usable && endpoint.len() == RDMA_ENDPOINT_BYTES => rdma.connect(&endpoint),
         _ => Err(Status::Invalid),
     };
     match connected {
