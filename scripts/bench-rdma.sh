@@ -34,18 +34,17 @@ echo "put \$(kv --op put --no-preload --runtime $RUNTIME)"
 # What waiting for completions cost: reactor waits against work requests posted, over the whole run.
 wget -qO- http://127.0.0.1:9600/metrics | grep -E '^strata_rdma_(waits|work_requests|failures)_total' |
   sed 's/^/metric /'
-ib_write_bw -d rxe0 -x 1 -F -s $bytes -n $iterations >/tmp/wbw.out 2>&1 &
-server=\$!
-sleep 2
-ib_write_bw -d rxe0 -x 1 -F -s $bytes -n $iterations 10.0.2.15 >/tmp/wbw-client.out 2>&1
-wait \$server
-echo "ib_write_bw \$(grep -E '^ *$bytes ' /tmp/wbw-client.out | tail -1)"
-ib_read_bw -d rxe0 -x 1 -F -s $bytes -n $iterations >/tmp/rbw.out 2>&1 &
-server=\$!
-sleep 2
-ib_read_bw -d rxe0 -x 1 -F -s $bytes -n $iterations 10.0.2.15 >/tmp/rbw-client.out 2>&1
-wait \$server
-echo "ib_read_bw \$(grep -E '^ *$bytes ' /tmp/rbw-client.out | tail -1)"
+# perftest TOOL: its server in the background, its client 2 s later, the client's line for this size.
+perftest() {
+  \$1 -d rxe0 -x 1 -F -s $bytes -n $iterations >/tmp/\$1.out 2>&1 &
+  server=\$!
+  sleep 2
+  \$1 -d rxe0 -x 1 -F -s $bytes -n $iterations 10.0.2.15 >/tmp/\$1-client.out 2>&1
+  wait \$server
+  echo "\$1 \$(grep -E '^ *$bytes ' /tmp/\$1-client.out | tail -1)"
+}
+perftest ib_write_bw
+perftest ib_read_bw
 kill -INT \$node 2>/dev/null
 GUEST
 tests/lab/rdma-guest run 900 "$script" target/release/strata-node target/release/strata-bench >/dev/null
