@@ -27,6 +27,13 @@ target/pyenv/bin/pip install -q --disable-pip-version-check --force-reinstall --
 cargo build -q --bin strata-node
 STRATA_NODE="$PWD/target/debug/strata-node" target/pyenv/bin/python -m pytest -q client/python/tests
 
+# A CI run builds once and never again: with STRATA_PRUNE_BUILD=1 (.ci/run sets it) the Rust build's
+# intermediates (about 5 GB) go before the engines' venv, the largest thing on disk; the node binary stays.
+if [[ ${STRATA_PRUNE_BUILD:-} == 1 ]]; then
+    rm -rf target/debug/deps target/debug/build target/debug/examples target/debug/.fingerprint target/release \
+        target/tmp
+fi
+
 # The serving engines (vLLM, SGLang, LMCache: client/python/engines.txt) in their own venv under target/,
 # reused while their pins are unchanged, and the engine tests run against the same node binary.
 scripts/engines-venv.sh

@@ -112,14 +112,40 @@ pub fn wait_for_view(
     }
 }
 
-/// An empty directory of this test run, `name` and the process id under Cargo's scratch directory.
+/// An empty directory of this test run, `name` and the process id under Cargo's scratch directory, removed
+/// with everything in it when dropped: etcd's data directories alone are over 100 MB each, and a directory
+/// left behind by every run filled the disk.
 #[allow(dead_code)]
-pub fn fresh_directory(name: &str) -> std::path::PathBuf {
-    let directory =
-        std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&directory);
-    std::fs::create_dir_all(&directory).expect("directory");
-    directory
+pub fn fresh_directory(name: &str) -> ScratchDirectory {
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&path);
+    std::fs::create_dir_all(&path).expect("directory");
+    ScratchDirectory { path }
+}
+
+/// A directory removed when dropped (see `fresh_directory`).
+pub struct ScratchDirectory {
+    path: std::path::PathBuf,
+}
+
+impl std::ops::Deref for ScratchDirectory {
+    type Target = std::path::Path;
+
+    fn deref(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl AsRef<std::path::Path> for ScratchDirectory {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl Drop for ScratchDirectory {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
 }
 
 /// Waits (at most `limit`) until every one of `keys` reads back through a cluster client of `options`; a
