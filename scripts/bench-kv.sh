@@ -6,7 +6,8 @@
 #   RUNTIME=5 REPS=3 DIR=target/bench-kv SECTIONS="stalls dram nvme depth" NODE_POLL=1 SPIN=200us scripts/bench-kv.sh
 # The depth section (NVMe-tier gets of 4 KiB and 64 KiB at 1, 8 and 32 in flight, fio at the same depth on
 # the same file beside each) runs the node on its reactor and the client without spinning (DEPTH_POLL=1 to
-# poll), so that the node's CPU per get is its own work, comparable with fio's CPU per I/O.
+# poll), so that the node's CPU per get is its own work, comparable with fio's CPU per I/O; each row also
+# prints the disk's busy share and average queue, from the kernel's counts, during Strata's runs and fio's.
 # NODE_EXTRA="--spin-before-park 1s" adds flags to the node's command line (here: glommio spins for
 # completions before it parks, instead of the node polling its sockets; pair it with NODE_POLL=0).
 # NODE_POLL=0 runs the node without --busy-poll (and SPIN=0 stops the client spinning): on a VM whose host
@@ -149,6 +150,16 @@ wants depth || exit 0
 # fio's CPU per I/O: (user + system) over the job's runtime, per I/O, in ns.
 fio_cpu() { python3 -c "import json,sys; j=json.load(sys.stdin)['jobs'][0]; r=j['read']; print(r['iops'], (j['usr_cpu']+j['sys_cpu'])/100*j['job_runtime']*1e6/max(r['total_ios'],1))"; }
 fio_iops_sum() { python3 -c "import json,sys; print(sum(j['read']['iops'] for j in json.load(sys.stdin)['jobs']))"; }
+# The block device under $DIR, as the kernel counts it (/sys/dev/block/MAJ:MIN/stat): whether a load keeps
+# its queue full is read off the device, not inferred from rates.
+disk_stat=/sys/dev/block/$(findmnt -n -o MAJ:MIN -T "$DIR" | tr -d ' ')/stat
+disk_mark() { echo "$(date +%s.%N) $(cat "$disk_stat")"; }
+# The device between two marks: the share of the time it had a request in flight (io_ticks) and its
+# average queue (time_in_queue over the wall time), as "busy queue".
+disk_use() { # mark-before mark-after
+  python3 -c "import sys; a, b = (list(map(float, m.split())) for m in sys.argv[1:3]); wall = (b[0] - a[0]) * 1000
+print(f'{(b[10] - a[10]) / wall:.2f} {(b[11] - a[11]) / wall:.1f}')" "$1" "$2"
+}
 depth_rows() { # value size, keys, record span in MiB
   local size=$1 keys=$2 span=$3
   echo "== NVMe-tier gets of $size by depth: $keys keys (~$span MiB, >= 10x the 64 MiB of DRAM), no promotion"
@@ -158,11 +169,13 @@ depth_rows() { # value size, keys, record span in MiB
   local shape
   for shape in 1x1 8x1 32x1 1x32; do
     local connections=${shape%x*} batch=${shape#*x} fio_iops=() fio_ns=() kv_rate=() kv_ns=() fio_pattern=()
-    local depth=$((connections * batch))
+    local depth=$((connections * batch)) fio_disk=() kv_disk=() mark
     for _ in $(seq "$REPS"); do
+      mark=$(disk_mark)
       local fio_out; fio_out=$(taskset -c 1 fio --name=r --filename="$DIR/ns0.img" --rw=randread --bs="$size" \
         --iodepth="$depth" --direct=1 --ioengine=io_uring --size="${span}m" --offset=1m --runtime="$RUNTIME" \
         --time_based --output-format=json | fio_cpu)
+      fio_disk+=("$(disk_use "$mark" "$(disk_mark)")")
       fio_iops+=("${fio_out% *}"); fio_ns+=("${fio_out#* }")
       # The clients' own pattern, without the network: each of `connections` jobs submits `batch` reads at
       # once and waits for all of them. This disk completes requests in rounds, so a closed loop of
@@ -173,8 +186,10 @@ depth_rows() { # value size, keys, record span in MiB
           --iodepth_batch_complete_min="$batch" --direct=1 --ioengine=io_uring --size="${span}m" --offset=1m \
           --runtime="$RUNTIME" --time_based --output-format=json | fio_iops_sum)")
       fi
+      mark=$(disk_mark)
       local json; json=$(SPIN=0 kv --op get --value-size "$size" --keys "$keys" --connections "$connections" \
         --batch "$batch" --no-preload)
+      kv_disk+=("$(disk_use "$mark" "$(disk_mark)")")
       [ "$(echo "$json" | field "['errors'] + r['mismatches']")" = 0 ] || { echo "errors: $json" >&2; exit 1; }
       kv_rate+=("$(echo "$json" | field "['ops_per_sec']")"); kv_ns+=("$(echo "$json" | field "['server_cpu_ns_per_op']")")
     done
@@ -184,6 +199,9 @@ depth_rows() { # value size, keys, record span in MiB
     printf '%-30s strata %8.0f gets/s  fio QD%-2d %8.0f IOPS  = %.2f x fio   CPU/get: node %6.0f ns  fio %6.0f ns = %.2f x\n' \
       "$size, $connections conn x batch $batch" "$k" "$depth" "$f" "$(echo "$k $f" | awk '{print $1/$2}')" "$kn" "$fn" \
       "$(echo "$kn $fn" | awk '{print $1/$2}')"
+    printf '  %-28s busy %.2f, queue %4.1f   fio: busy %.2f, queue %4.1f\n' "the disk (medians)" \
+      "$(printf '%s\n' "${kv_disk[@]%% *}" | median)" "$(printf '%s\n' "${kv_disk[@]##* }" | median)" \
+      "$(printf '%s\n' "${fio_disk[@]%% *}" | median)" "$(printf '%s\n' "${fio_disk[@]##* }" | median)"
     if [ "$batch" -gt 1 ]; then
       local pattern; pattern=$(printf '%s\n' "${fio_pattern[@]}" | median)
       printf '  %-28s fio %8.0f IOPS = %.2f x fio QD%d; strata at %.2f x this bound\n' \
