@@ -3,7 +3,7 @@
 # CPU 1, strata-bench kv (and iperf3's client) pinned to CPU 0; fio reads the node's file from CPU 1, where
 # the node reads it (and where this VM delivers the disk's interrupts), while the node idles between rows.
 # Installs iperf3 and fio if missing.
-#   RUNTIME=5 REPS=3 DIR=target/bench-kv SECTIONS="stalls dram nvme depth" NODE_POLL=1 SPIN=200us scripts/bench-kv.sh
+#   RUNTIME=5 REPS=3 DIR=target/bench-kv SECTIONS="stalls dram nvme qd1 depth" NODE_POLL=1 SPIN=200us scripts/bench-kv.sh
 # The depth section (NVMe-tier gets of 4 KiB and 64 KiB at 1, 8 and 32 in flight, fio at the same depth on
 # the same file beside each) runs the node on its reactor and the client without spinning (DEPTH_POLL=1 to
 # poll), so that the node's CPU per get is its own work, comparable with fio's CPU per I/O; each row also
@@ -24,7 +24,7 @@ PORT=${PORT:-7650}
 METRICS=${METRICS:-127.0.0.1:9650}
 SPIN=${SPIN:-200us}
 NODE_POLL=${NODE_POLL:-1}
-SECTIONS=${SECTIONS:-"stalls dram nvme depth"}
+SECTIONS=${SECTIONS:-"stalls dram nvme qd1 depth"}
 wants() { [[ " $SECTIONS " == *" $1 "* ]]; }
 for tool in iperf3 fio; do
   command -v "$tool" >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$tool"; }
@@ -144,6 +144,28 @@ for qd in 1 4; do
     "$(echo "$k $f $d" | awk '{print $1/($2*$3/($2+$3))}')"
 done
 curl -s "http://$METRICS/metrics" | grep -E '^strata_tier_hits_total' || true
+fi
+
+if wants qd1; then
+echo "== One 4 KiB NVMe-tier get in flight: a busy-polled node (its file on a ring of its own), the client spinning"
+NODE_POLL=1 start_node --dram 64MiB --write-policy write-through --promote-window 0s
+taskset -c 0 "$BENCH" kv --server "127.0.0.1:$PORT" --metrics off --op put --value-size 4k --keys 204800 \
+  --batch 32 --connections 2 --no-preload --once --runtime 600 >/dev/null
+fio_p50=() kv_p50=() kv_rate=()
+for _ in $(seq "$REPS"); do
+  # fio's completion latency at QD 1 on the same file from the node's CPU, while the node idles.
+  fio_p50+=("$(taskset -c 1 fio --name=r --filename="$DIR/ns0.img" --rw=randread --bs=4k --iodepth=1 --direct=1 \
+    --ioengine=io_uring --size=900m --offset=1m --runtime="$RUNTIME" --time_based --output-format=json |
+    python3 -c "import json,sys; print(json.load(sys.stdin)['jobs'][0]['read']['clat_ns']['percentile']['50.000000'])")")
+  json=$(SPIN=1s kv --op get --value-size 4k --keys 204800 --connections 1 --batch 1 --no-preload)
+  [ "$(echo "$json" | field "['errors'] + r['mismatches']")" = 0 ] || { echo "errors: $json" >&2; exit 1; }
+  kv_p50+=("$(echo "$json" | field "['lat_ns']['p50']")"); kv_rate+=("$(echo "$json" | field "['ops_per_sec']")")
+done
+f=$(printf '%s\n' "${fio_p50[@]}" | median); k=$(printf '%s\n' "${kv_p50[@]}" | median)
+printf '%-30s strata p50 %6.1f us (%6.0f gets/s)   fio QD1 clat p50 %6.1f us   strata - fio = %5.1f us (target <= 40)\n' \
+  "4k, 1 conn x batch 1, polled" "$(echo "$k" | awk '{print $1/1000}')" "$(printf '%s\n' "${kv_rate[@]}" | median)" \
+  "$(echo "$f" | awk '{print $1/1000}')" "$(echo "$k $f" | awk '{print ($1-$2)/1000}')"
+stop_node
 fi
 
 wants depth || exit 0

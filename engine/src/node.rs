@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use glommio::{LocalExecutorBuilder, Placement};
-use strata_nvme::{AnyDevice, DeviceSpec, HostOptions, MemoryDevice};
+use strata_nvme::{AnyDevice, DeviceSpec, FileIo, HostOptions, MemoryDevice};
 
 use crate::backend::WallClock;
 use crate::config::EngineConfig;
@@ -285,9 +285,13 @@ enum NamespaceHandle {
     Spec(DeviceSpec, Box<HostOptions>),
 }
 
-/// Opens a handle; `sized`: create or extend files to their size (done once, when preparing the tier;
-/// shards then open the files as they are).
-async fn open_handle(handle: &NamespaceHandle, sized: bool) -> Result<AnyDevice, strata_nvme::OpenError> {
+/// Opens a handle, its files driven as `files` says; `sized`: create or extend files to their size (done
+/// once, when preparing the tier; shards then open the files as they are).
+async fn open_handle(
+    handle: &NamespaceHandle,
+    sized: bool,
+    files: FileIo,
+) -> Result<AnyDevice, strata_nvme::OpenError> {
     match handle {
         NamespaceHandle::Memory(device) => Ok(AnyDevice::Memory(device.clone())),
         NamespaceHandle::Spec(spec, host) => {
@@ -295,7 +299,7 @@ async fn open_handle(handle: &NamespaceHandle, sized: bool) -> Result<AnyDevice,
                 DeviceSpec::File { path, .. } if !sized => DeviceSpec::File { path: path.clone(), size_bytes: None },
                 other => other.clone(),
             };
-            AnyDevice::open(&spec, host).await
+            AnyDevice::open_with(&spec, host, files).await
         }
     }
 }
@@ -336,8 +340,9 @@ async fn prepare_tier(
     let mut headers = Vec::new();
     for (index, handle) in handles.iter().enumerate() {
         let name = &names[index];
-        let device =
-            open_handle(handle, true).await.map_err(|source| TierError::Open { name: name.clone(), source })?;
+        let device = open_handle(handle, true, FileIo::Reactor)
+            .await
+            .map_err(|source| TierError::Open { name: name.clone(), source })?;
         let slot = NamespaceSlot { name, index: index as u32, count: handles.len() as u32 };
         headers.push(crate::tier::prepare_namespace(&device, slot, config, fresh).await?);
     }
@@ -611,6 +616,18 @@ fn spawn_shard(
         })
 }
 
+/// How a shard drives its files: a busy-polled shard polls a ring of each file's own (its completions are
+/// seen on the shard's next pass, not at the reactor's next turn); a shard that parks, or whose files
+/// carry injected faults (which wrap glommio's file), goes through glommio's reactor.
+fn shard_file_io(config: &EngineConfig) -> FileIo {
+    if config.busy_poll && config.faults.is_none() {
+        // Room for every tier read the shard allows in flight and as many writes and syncs beside them.
+        FileIo::Polled { queue_depth: 2 * config.nvme_queue_depth.clamp(1, 2048) as u32 }
+    } else {
+        FileIo::Reactor
+    }
+}
+
 /// Opens the shard's devices, builds its DRAM tier and region log, recovers its keys from the tier and
 /// joins the mesh of shards.
 async fn build_shard(
@@ -620,10 +637,12 @@ async fn build_shard(
     peers: Option<crate::forward::MeshEnds>,
 ) -> Result<(Rc<ShardServer>, ShardStarted), ShardStartError> {
     let config = &shared.config;
+    let files = shard_file_io(config);
     let mut devices = Vec::new();
     for (handle, name) in shared.handles.iter().zip(shared.names.iter()) {
-        let device =
-            open_handle(handle, false).await.map_err(|source| ShardStartError::Open { name: name.clone(), source })?;
+        let device = open_handle(handle, false, files)
+            .await
+            .map_err(|source| ShardStartError::Open { name: name.clone(), source })?;
         let device = match (device, &config.faults) {
             (AnyDevice::File(file), Some(faults)) => {
                 let faults = strata_nvme::FaultConfig { seed: faults.seed + u64::from(shard), ..faults.clone() };

@@ -7,14 +7,18 @@ use crate::device::{BlockDevice, Geometry, IoTiming};
 use crate::error::BlockResult;
 use crate::host::NvmfDevice;
 use crate::memory::MemoryDevice;
+use crate::ring::{RingDevice, RingWait};
 use crate::uring::UringDevice;
 
 /// A device of any backend, on this executor.
 pub enum AnyDevice {
     /// A handle on a RAM namespace (shared by every clone).
     Memory(MemoryDevice),
-    /// This executor's O_DIRECT handle on a file or block device.
+    /// This executor's O_DIRECT handle on a file or block device, through glommio's reactor.
     File(UringDevice),
+    /// A busy-polled executor's O_DIRECT handle on a file or block device: a ring of its own, polled
+    /// ([`FileIo::Polled`]).
+    PolledFile(RingDevice),
     /// A namespace of a remote NVMe-oF controller (one I/O queue on this executor).
     Nvmf(Box<NvmfDevice>),
     /// A file with seeded faults injected (tests of what the layers above do with torn writes and errors).
@@ -26,6 +30,7 @@ macro_rules! dispatch {
         match $self {
             AnyDevice::Memory($device) => $call,
             AnyDevice::File($device) => $call,
+            AnyDevice::PolledFile($device) => $call,
             AnyDevice::Nvmf($device) => $call,
             AnyDevice::FaultyFile($device) => $call,
         }
@@ -42,6 +47,7 @@ macro_rules! dispatch_io {
         match $self {
             AnyDevice::Memory($device) => $call.await,
             AnyDevice::File($device) => $call.await,
+            AnyDevice::PolledFile($device) => $call.await,
             AnyDevice::Nvmf($device) => Box::pin($call).await,
             AnyDevice::FaultyFile($device) => Box::pin($call).await,
         }
@@ -152,15 +158,42 @@ impl DeviceSpec {
     }
 }
 
+/// How an executor drives the files it opens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileIo {
+    /// Through glommio's reactor (`DmaFile`): an executor that parks when it has nothing to do.
+    Reactor,
+    /// On a ring of the file's own whose completions the executor polls for, never blocking: a busy-polled
+    /// executor, whose sockets are polled too.
+    Polled {
+        /// The ring's entries: operations beyond them wait for one to complete.
+        queue_depth: u32,
+    },
+}
+
 impl AnyDevice {
-    /// Opens `spec` on the current executor: a file through io_uring, an NVMe-oF namespace with one I/O
-    /// queue for this executor (`host` says how to connect), or a new RAM namespace.
+    /// Opens `spec` on the current executor: a file through glommio's reactor, an NVMe-oF namespace with one
+    /// I/O queue for this executor (`host` says how to connect), or a new RAM namespace.
     pub async fn open(spec: &DeviceSpec, host: &crate::host::HostOptions) -> Result<Self, OpenError> {
+        Self::open_with(spec, host, FileIo::Reactor).await
+    }
+
+    /// Opens `spec` as [`open`](Self::open) does, a file driven as `files` says.
+    pub async fn open_with(
+        spec: &DeviceSpec,
+        host: &crate::host::HostOptions,
+        files: FileIo,
+    ) -> Result<Self, OpenError> {
         Ok(match spec {
             DeviceSpec::Memory { capacity_bytes } => AnyDevice::Memory(MemoryDevice::new(*capacity_bytes, 4096)),
             DeviceSpec::File { path, size_bytes } => {
                 let options = crate::uring::UringOptions { size_bytes: *size_bytes, read_only: false };
-                AnyDevice::File(UringDevice::open(path, &options).await?)
+                match files {
+                    FileIo::Reactor => AnyDevice::File(UringDevice::open(path, &options).await?),
+                    FileIo::Polled { queue_depth } => {
+                        AnyDevice::PolledFile(RingDevice::open_with(path, &options, queue_depth, RingWait::Polled)?)
+                    }
+                }
             }
             DeviceSpec::Nvmf(address) => AnyDevice::Nvmf(Box::new(NvmfDevice::connect(address, host, 1).await?)),
         })

@@ -35,7 +35,7 @@ pub mod tcp;
 mod uring;
 mod volatile;
 
-pub use crate::any_device::{AnyDevice, DeviceSpec, OpenError};
+pub use crate::any_device::{AnyDevice, DeviceSpec, FileIo, OpenError};
 pub use crate::buffer::IoBuffer;
 pub use crate::device::{BlockDevice, Geometry, IoTiming};
 pub use crate::error::{BlockError, BlockErrorKind, BlockOp, BlockResult};
@@ -43,7 +43,7 @@ pub use crate::faults::{FaultConfig, FaultDevice, FaultStats};
 pub use crate::host::{HostOptions, NvmfAddress, NvmfDevice, NvmfError};
 pub use crate::memory::MemoryDevice;
 pub use crate::queue_depth::QueueDepthLimit;
-pub use crate::ring::RingDevice;
+pub use crate::ring::{RingDevice, RingWait};
 pub use crate::stats::{DeviceStats, OpStats, StatsDevice, latency_histogram};
 pub use crate::uring::{UringDevice, UringOptions};
 pub use crate::volatile::{CrashReport, VolatileDevice, VolatileDisk};

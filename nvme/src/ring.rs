@@ -1,12 +1,19 @@
-//! The `ring` backend: our own io_uring per device, for executors that do nothing but block I/O.
+//! The `ring` backend: our own io_uring per device, for executors that do nothing but block I/O, and for
+//! busy-polled executors that serve sockets too.
 //!
 //! Why a second io_uring backend: glommio's reactor pays a heavy price every time its executor parks (a
 //! `membarrier`, timer re-arming, linking its three rings, several `io_uring_enter`s), which costs 20% of
 //! the IOPS fio reaches at queue depth 32 and 30% at depth 1 on this machine (docs/BENCHMARKS.md). This
-//! backend does what fio's engine does instead: a reaper task collects completions, and when nothing has
-//! completed it *blocks the executor* in `io_uring_enter` until one does. That is right for an executor
-//! dedicated to I/O (a bench job, an I/O core) and wrong for one that also serves the network, whose events
-//! would wait behind the block: use `uring` there.
+//! backend's reaper task collects completions from the ring's memory and, when nothing has completed,
+//! waits one of two ways ([`RingWait`]):
+//! - **Block**: it *blocks the executor* in `io_uring_enter` until a completion arrives, as fio's engine
+//!   does. Right for an executor dedicated to I/O (a bench job, an I/O core); wrong for one that also serves
+//!   the network, whose events would wait behind the block.
+//! - **Polled**: it never blocks; it yields to the executor's other tasks and looks again, as a busy-polled
+//!   executor's sockets do (`tcp::stream::idle_poll`, whose cadence also gives glommio's reactor its turns).
+//!   A busy-polled node's disk completions are then seen on the next pass of its executor, where through
+//!   glommio's reactor they waited for its next turn and its park: a 4 KiB tier get at one in flight went
+//!   from p50 79–86 µs to 55–63 µs (docs/BENCHMARKS.md).
 //!
 //! Submission is batched per pass of the executor: an operation only queues its entry and wakes the
 //! reaper, which submits every queued entry in one `io_uring_enter`: right after reaping, or, when nothing
@@ -90,6 +97,8 @@ struct RingState {
     fixed_operations: u64,
     /// Why buffers stopped being registered (the table, or a chunk, was refused), once that happened.
     fixed_refused: Option<String>,
+    /// How the reaper waits for completions.
+    wait: RingWait,
 }
 
 impl RingState {
@@ -160,8 +169,17 @@ impl Drop for RingState {
     }
 }
 
-/// A file or block device on our own io_uring, O_DIRECT. Must be opened and used on one glommio executor
-/// dedicated to I/O (see the module doc).
+/// How a ring's reaper waits while I/O is in flight and nothing has completed (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RingWait {
+    /// In `io_uring_enter`, blocking the executor: for an executor that does nothing but block I/O.
+    Block,
+    /// By yielding to the executor's other tasks and looking again: for a busy-polled executor.
+    Polled,
+}
+
+/// A file or block device on our own io_uring, O_DIRECT. Must be opened and used on one glommio executor,
+/// dedicated to I/O or busy-polled (see the module doc).
 pub struct RingDevice {
     name: String,
     path: PathBuf,
@@ -188,8 +206,14 @@ fn logical_block_bytes(path: &Path) -> u64 {
 }
 
 impl RingDevice {
-    /// Opens `path` with O_DIRECT on a ring of `queue_depth_max` entries (operations beyond it wait).
+    /// Opens `path` with O_DIRECT on a ring of `queue_depth_max` entries (operations beyond it wait), for an
+    /// executor dedicated to I/O ([`RingWait::Block`]).
     pub fn open(path: &Path, options: &UringOptions, queue_depth_max: u32) -> BlockResult<Self> {
+        Self::open_with(path, options, queue_depth_max, RingWait::Block)
+    }
+
+    /// Opens `path` as [`open`](Self::open) does, its reaper waiting as `wait` says.
+    pub fn open_with(path: &Path, options: &UringOptions, queue_depth_max: u32, wait: RingWait) -> BlockResult<Self> {
         let name = path.display().to_string();
         let open_error = |kind| BlockError::new(BlockOp::Open, &name, 0, kind);
         let capacity_bytes = prepare_file(path, options).map_err(|error| open_error(BlockErrorKind::Io(error)))?;
@@ -232,6 +256,7 @@ impl RingDevice {
             fixed_registered: 0,
             fixed_operations: 0,
             fixed_refused,
+            wait,
         };
         Ok(Self {
             geometry: Geometry {
@@ -379,6 +404,10 @@ impl RingDevice {
             return;
         }
         let state = Rc::downgrade(&self.state);
+        if self.state.borrow().wait == RingWait::Polled {
+            glommio::spawn_local(reap_polled(state)).detach();
+            return;
+        }
         glommio::spawn_local(async move {
             loop {
                 let Some(shared) = state.upgrade() else {
@@ -428,6 +457,47 @@ impl RingDevice {
             return Err(BlockError::new(op, &self.name, offset, kind));
         }
         Ok(())
+    }
+}
+
+/// The reaper of a [`RingWait::Polled`] ring: each pass it reaps what completed and submits what the woken
+/// tasks queued (one `io_uring_enter`); with I/O in flight and nothing completed it yields as a polled
+/// socket does, and with nothing in flight it sleeps until an operation is queued.
+async fn reap_polled(state: std::rc::Weak<RefCell<RingState>>) {
+    let mut misses = 0u32;
+    loop {
+        let Some(shared) = state.upgrade() else {
+            return;
+        };
+        let (reaped, in_flight) = {
+            let mut state = shared.borrow_mut();
+            let reaped = state.reap();
+            state.submit_queued();
+            (reaped, state.in_flight)
+        };
+        if reaped > 0 || in_flight > 0 {
+            drop(shared);
+            misses = if reaped > 0 { 0 } else { misses + 1 };
+            if reaped > 0 {
+                // Let the woken tasks run (and queue their next I/O) before looking again.
+                yield_once().await;
+            } else {
+                crate::tcp::stream::idle_poll(misses).await;
+            }
+            continue;
+        }
+        misses = 0;
+        let mut waiting = false;
+        std::future::poll_fn(|context| {
+            let mut state = shared.borrow_mut();
+            if waiting || !state.unsubmitted.is_empty() {
+                return Poll::Ready(());
+            }
+            waiting = true;
+            state.idle_reaper = Some(context.waker().clone());
+            Poll::Pending
+        })
+        .await;
     }
 }
 

@@ -1,4 +1,4 @@
-//! One conformance suite, run for every backend (`memory`, `uring`, `ring`, and `nvmf` against our own
+//! One conformance suite, run for every backend (`memory`, `uring`, `ring` blocking and polled, and `nvmf` against our own
 //! NVMe/TCP target over loopback, with and without digests) and through every wrapper: read after
 //! write, unaligned and out-of-range requests refused with typed errors that change nothing, flush,
 //! write_zeroes, deallocate.
@@ -10,8 +10,9 @@ use glommio::{LocalExecutorBuilder, Placement};
 use strata_nvme::target::{self, NamespaceBackend, NamespaceConfig, SubsystemConfig, TargetConfig};
 use strata_nvme::tcp::Digests;
 use strata_nvme::{
-    BlockDevice, BlockErrorKind, BlockOp, FaultConfig, FaultDevice, HostOptions, IoBuffer, MemoryDevice, NvmfAddress,
-    NvmfDevice, QueueDepthLimit, RingDevice, StatsDevice, UringDevice, UringOptions, VolatileDisk,
+    AnyDevice, BlockDevice, BlockErrorKind, BlockOp, DeviceSpec, FaultConfig, FaultDevice, FileIo, HostOptions,
+    IoBuffer, MemoryDevice, NvmfAddress, NvmfDevice, QueueDepthLimit, RingDevice, StatsDevice, UringDevice,
+    UringOptions, VolatileDisk,
 };
 
 const CAPACITY: u64 = 4 << 20;
@@ -165,6 +166,38 @@ fn ring_device_conforms() {
         let device =
             RingDevice::open(&path, &UringOptions { size_bytes: Some(CAPACITY), read_only: false }, 8).unwrap();
         conformance(&device).await;
+        drop(device);
+        std::fs::remove_file(path).unwrap();
+    });
+}
+
+/// A busy-polled executor's file (`FileIo::Polled`): a ring whose reaper never blocks. Beside it, a task
+/// that only ever yields, as a polled socket does: the executor never parks, and the ring's reads and
+/// writes still complete, with the right bytes, while that task keeps running.
+#[test]
+fn a_polled_ring_conforms_beside_a_task_that_never_sleeps() {
+    run(|| async {
+        let path = scratch_file("ring-polled");
+        let spec = DeviceSpec::File { path: path.clone(), size_bytes: Some(CAPACITY) };
+        let device = AnyDevice::open_with(&spec, &HostOptions::default(), FileIo::Polled { queue_depth: 4 })
+            .await
+            .expect("opens");
+        assert!(matches!(device, AnyDevice::PolledFile(_)), "a polled file is a ring of its own");
+        let spinning = std::rc::Rc::new(std::cell::Cell::new(true));
+        let spins = std::rc::Rc::new(std::cell::Cell::new(0u64));
+        let spinner = glommio::spawn_local({
+            let (spinning, spins) = (spinning.clone(), spins.clone());
+            async move {
+                while spinning.get() {
+                    spins.set(spins.get() + 1);
+                    futures_lite::future::yield_now().await;
+                }
+            }
+        });
+        conformance(&device).await;
+        spinning.set(false);
+        spinner.await;
+        assert!(spins.get() > 0, "the spinning task ran beside the I/O");
         drop(device);
         std::fs::remove_file(path).unwrap();
     });

@@ -1,7 +1,7 @@
 //! Objects evicted from DRAM are written to the NVMe tier and served from it, bit-exact; objects hit twice
 //! are promoted back to DRAM. A working set four times the DRAM tier is served with zero mismatches, under
 //! write-back (written on eviction) and write-through (written at once), and by a busy-polled node (whose
-//! disk completions arrive through glommio's reactor, which its polling sockets must let turn).
+//! file is a ring of its own that the shard polls beside its sockets, never parking).
 
 mod common;
 
