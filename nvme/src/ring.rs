@@ -10,14 +10,15 @@
 //!   does. Right for an executor dedicated to I/O (a bench job, an I/O core); wrong for one that also serves
 //!   the network, whose events would wait behind the block.
 //! - **Polled**: it never blocks; it yields to the executor's other tasks and looks again, as a busy-polled
-//!   executor's sockets do (`tcp::stream::idle_poll`, whose cadence also gives glommio's reactor its turns).
+//!   executor's sockets do (`tcp::stream::idle_poll`, whose cadence also gives glommio's reactor its turns),
+//!   and each operation is submitted as it is queued rather than batched per pass.
 //!   A busy-polled node's disk completions are then seen on the next pass of its executor, where through
 //!   glommio's reactor they waited for its next turn and its park: a 4 KiB tier get at one in flight went
 //!   from p50 79–86 µs to 55–63 µs (docs/BENCHMARKS.md).
 //!
-//! Submission is batched per pass of the executor: an operation only queues its entry and wakes the
-//! reaper, which submits every queued entry in one `io_uring_enter`: right after reaping, or, when nothing
-//! has completed, in the call that waits for a completion. After a reap of *k* completions, the *k* woken
+//! A blocking ring's submission is batched per pass of the executor: an operation only queues its entry and
+//! wakes the reaper, which submits every queued entry in one `io_uring_enter`: right after reaping, or, when
+//! nothing has completed, in the call that waits for a completion. After a reap of *k* completions, the *k* woken
 //! tasks queue their next operations and one system call submits them all, where fio's default
 //! (`iodepth_batch_submit=1`) makes *k*; at queue depth 32 the batching halves the CPU an I/O costs. At
 //! depth 1 the entry is submitted by the same call that waits for it: one system call per I/O against
@@ -370,6 +371,13 @@ impl RingDevice {
             // The reaper submits it, with whatever else this pass of the executor queues.
             state.unsubmitted.push(slot);
             state.in_flight += 1;
+            if state.wait == RingWait::Polled {
+                // A polled ring submits each entry at once, as fio does by default: entries gathered for the
+                // reaper's one call (a batch's 31 reads) reached this disk only at that call's end, ~90 µs
+                // later, and came back in one round; at once, a batch of 32 4 KiB gets went from 44–46 K to
+                // 50–55 K gets/s and 32 connections from 30–32 K to 39–40 K (docs/BENCHMARKS.md).
+                state.submit_queued();
+            }
             if let Some(reaper) = state.idle_reaper.take() {
                 reaper.wake();
             }
@@ -460,8 +468,8 @@ impl RingDevice {
     }
 }
 
-/// The reaper of a [`RingWait::Polled`] ring: each pass it reaps what completed and submits what the woken
-/// tasks queued (one `io_uring_enter`); with I/O in flight and nothing completed it yields as a polled
+/// The reaper of a [`RingWait::Polled`] ring: each pass it reaps what completed and submits what is still
+/// queued (an entry whose own submission failed); with I/O in flight and nothing completed it yields as a polled
 /// socket does, and with nothing in flight it sleeps until an operation is queued.
 async fn reap_polled(state: std::rc::Weak<RefCell<RingState>>) {
     let mut misses = 0u32;
