@@ -368,7 +368,7 @@ impl RingDevice {
                 state.release_slot(slot);
                 return (buffer, -libc::EBUSY, IoTiming { submitted: called, completed: Instant::now() });
             }
-            // The reaper submits it, with whatever else this pass of the executor queues.
+            // A blocking ring's reaper submits it with whatever else this pass of the executor queues.
             state.unsubmitted.push(slot);
             state.in_flight += 1;
             if state.wait == RingWait::Polled {
