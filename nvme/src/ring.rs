@@ -411,48 +411,7 @@ impl RingDevice {
         if std::mem::replace(&mut self.state.borrow_mut().reaper_running, true) {
             return;
         }
-        let state = Rc::downgrade(&self.state);
-        if self.state.borrow().wait == RingWait::Polled {
-            glommio::spawn_local(reap_polled(state)).detach();
-            return;
-        }
-        glommio::spawn_local(async move {
-            loop {
-                let Some(shared) = state.upgrade() else {
-                    return;
-                };
-                let reaped = shared.borrow_mut().reap();
-                if reaped > 0 {
-                    // What the tasks woken last time queued goes out now, before they run again.
-                    shared.borrow_mut().submit_queued();
-                    drop(shared);
-                    // Let the woken tasks run (and queue their next I/O) before looking again.
-                    yield_once().await;
-                    continue;
-                }
-                if shared.borrow().in_flight == 0 {
-                    let mut waiting = false;
-                    std::future::poll_fn(|context| {
-                        if waiting {
-                            return Poll::Ready(());
-                        }
-                        waiting = true;
-                        shared.borrow_mut().idle_reaper = Some(context.waker().clone());
-                        Poll::Pending
-                    })
-                    .await;
-                    continue;
-                }
-                // Nothing completed and I/O is in flight: submit what is queued and block in the kernel until
-                // something completes, in one `io_uring_enter` (at depth 1: one system call per I/O, where
-                // fio's engine makes two). The entries are stamped just before the call, so their `clat`
-                // includes the kernel's submission work that fio counts in `slat`: ours errs long.
-                let mut state = shared.borrow_mut();
-                state.stamp_submitted();
-                let _ = state.ring.submit_and_wait(1);
-            }
-        })
-        .detach();
+        glommio::spawn_local(reap(Rc::downgrade(&self.state))).detach();
     }
 
     fn result(&self, op: BlockOp, offset: u64, len: u64, result: i32) -> BlockResult<()> {
@@ -468,44 +427,58 @@ impl RingDevice {
     }
 }
 
-/// The reaper of a [`RingWait::Polled`] ring: each pass it reaps what completed and submits what is still
-/// queued (an entry whose own submission failed); with I/O in flight and nothing completed it yields as a polled
-/// socket does, and with nothing in flight it sleeps until an operation is queued.
-async fn reap_polled(state: std::rc::Weak<RefCell<RingState>>) {
+/// The ring's reaper: it moves completions to their tasks and submits what they queue next; with nothing in
+/// flight it sleeps until an operation is queued, and with I/O in flight and nothing completed it waits as
+/// the ring's [`RingWait`] says. It ends once the device is gone.
+async fn reap(state: std::rc::Weak<RefCell<RingState>>) {
     let mut misses = 0u32;
     loop {
         let Some(shared) = state.upgrade() else {
             return;
         };
-        let (reaped, in_flight) = {
-            let mut state = shared.borrow_mut();
-            let reaped = state.reap();
-            state.submit_queued();
-            (reaped, state.in_flight)
-        };
-        if reaped > 0 || in_flight > 0 {
+        let reaped = shared.borrow_mut().reap();
+        if reaped > 0 {
+            misses = 0;
+            // What the tasks woken last time queued goes out now, before they run again.
+            shared.borrow_mut().submit_queued();
             drop(shared);
-            misses = if reaped > 0 { 0 } else { misses + 1 };
-            if reaped > 0 {
-                // Let the woken tasks run (and queue their next I/O) before looking again.
-                yield_once().await;
-            } else {
-                crate::tcp::stream::idle_poll(misses).await;
-            }
+            // Let the woken tasks run (and queue their next I/O) before looking again.
+            yield_once().await;
             continue;
         }
-        misses = 0;
-        let mut waiting = false;
-        std::future::poll_fn(|context| {
-            let mut state = shared.borrow_mut();
-            if waiting || !state.unsubmitted.is_empty() {
-                return Poll::Ready(());
+        if shared.borrow().in_flight == 0 {
+            let mut waiting = false;
+            std::future::poll_fn(|context| {
+                if waiting {
+                    return Poll::Ready(());
+                }
+                waiting = true;
+                shared.borrow_mut().idle_reaper = Some(context.waker().clone());
+                Poll::Pending
+            })
+            .await;
+            continue;
+        }
+        let wait = shared.borrow().wait;
+        match wait {
+            // Nothing completed and I/O is in flight: submit what is queued and block in the kernel until
+            // something completes, in one `io_uring_enter` (at depth 1: one system call per I/O, where fio's
+            // engine makes two). The entries are stamped just before the call, so their `clat` includes the
+            // kernel's submission work that fio counts in `slat`: ours errs long.
+            RingWait::Block => {
+                let mut state = shared.borrow_mut();
+                state.stamp_submitted();
+                let _ = state.ring.submit_and_wait(1);
             }
-            waiting = true;
-            state.idle_reaper = Some(context.waker().clone());
-            Poll::Pending
-        })
-        .await;
+            // Submit what is still queued (an entry whose own submission failed) and yield as a polled
+            // socket does.
+            RingWait::Polled => {
+                shared.borrow_mut().submit_queued();
+                drop(shared);
+                misses += 1;
+                crate::tcp::stream::idle_poll(misses).await;
+            }
+        }
     }
 }
 
