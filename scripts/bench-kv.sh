@@ -7,7 +7,8 @@
 # The depth section (NVMe-tier gets of 4 KiB and 64 KiB at 1, 8 and 32 in flight, fio at the same depth on
 # the same file beside each) runs the node on its reactor and the client without spinning (DEPTH_POLL=1 to
 # poll), so that the node's CPU per get is its own work, comparable with fio's CPU per I/O; each row also
-# prints the disk's busy share and average queue, from the kernel's counts, during Strata's runs and fio's.
+# prints the disk's busy share and average queue, from the kernel's counts, during Strata's runs and fio's,
+# and the row's ceiling without the disk: the same shape's gets from DRAM on the same node.
 # NODE_EXTRA="--spin-before-park 1s" adds flags to the node's command line (here: glommio spins for
 # completions before it parks, instead of the node polling its sockets; pair it with NODE_POLL=0).
 # NODE_POLL=0 runs the node without --busy-poll (and SPIN=0 stops the client spinning): on a VM whose host
@@ -182,16 +183,20 @@ disk_use() { # mark-before mark-after
   python3 -c "import sys; a, b = (list(map(float, m.split())) for m in sys.argv[1:3]); wall = (b[0] - a[0]) * 1000
 print(f'{(b[10] - a[10]) / wall:.2f} {(b[11] - a[11]) / wall:.1f}')" "$1" "$2"
 }
-depth_rows() { # value size, keys, record span in MiB
-  local size=$1 keys=$2 span=$3
+depth_rows() { # value size, keys, record span in MiB, keys that fit in DRAM
+  local size=$1 keys=$2 span=$3 dram_keys=$4
   echo "== NVMe-tier gets of $size by depth: $keys keys (~$span MiB, >= 10x the 64 MiB of DRAM), no promotion"
   NODE_POLL=${DEPTH_POLL:-0} start_node --dram 64MiB --write-policy write-through --promote-window 0s
   taskset -c 0 "$BENCH" kv --server "127.0.0.1:$PORT" --metrics off --op put --value-size "$size" --keys "$keys" \
     --batch 32 --connections 2 --no-preload --once --runtime 600 >/dev/null
+  # The row's ceiling without the disk: a second key set (another seed), written last and small enough to
+  # stay in DRAM, read at the same shape on the same node.
+  taskset -c 0 "$BENCH" kv --server "127.0.0.1:$PORT" --metrics off --op put --value-size "$size" \
+    --keys "$dram_keys" --seed 7 --batch 32 --connections 2 --no-preload --once --runtime 600 >/dev/null
   local shape
   for shape in 1x1 8x1 32x1 1x32; do
     local connections=${shape%x*} batch=${shape#*x} fio_iops=() fio_ns=() kv_rate=() kv_ns=() fio_pattern=()
-    local depth=$((connections * batch)) fio_disk=() kv_disk=() mark
+    local depth=$((connections * batch)) fio_disk=() kv_disk=() mark dram_rate=() dram_ns=()
     for _ in $(seq "$REPS"); do
       mark=$(disk_mark)
       local fio_out; fio_out=$(taskset -c 1 fio --name=r --filename="$DIR/ns0.img" --rw=randread --bs="$size" \
@@ -214,6 +219,10 @@ depth_rows() { # value size, keys, record span in MiB
       kv_disk+=("$(disk_use "$mark" "$(disk_mark)")")
       [ "$(echo "$json" | field "['errors'] + r['mismatches']")" = 0 ] || { echo "errors: $json" >&2; exit 1; }
       kv_rate+=("$(echo "$json" | field "['ops_per_sec']")"); kv_ns+=("$(echo "$json" | field "['server_cpu_ns_per_op']")")
+      json=$(SPIN=0 kv --op get --value-size "$size" --keys "$dram_keys" --seed 7 --connections "$connections" \
+        --batch "$batch" --no-preload)
+      [ "$(echo "$json" | field "['errors'] + r['mismatches'] + r['not_found']")" = 0 ] || { echo "errors: $json" >&2; exit 1; }
+      dram_rate+=("$(echo "$json" | field "['ops_per_sec']")"); dram_ns+=("$(echo "$json" | field "['server_cpu_ns_per_op']")")
     done
     local f k fn kn
     f=$(printf '%s\n' "${fio_iops[@]}" | median); k=$(printf '%s\n' "${kv_rate[@]}" | median)
@@ -224,6 +233,17 @@ depth_rows() { # value size, keys, record span in MiB
     printf '  %-28s busy %.2f, queue %4.1f   fio: busy %.2f, queue %4.1f\n' "the disk (medians)" \
       "$(printf '%s\n' "${kv_disk[@]%% *}" | median)" "$(printf '%s\n' "${kv_disk[@]##* }" | median)" \
       "$(printf '%s\n' "${fio_disk[@]%% *}" | median)" "$(printf '%s\n' "${fio_disk[@]##* }" | median)"
+    local d dn; d=$(printf '%s\n' "${dram_rate[@]}" | median); dn=$(printf '%s\n' "${dram_ns[@]}" | median)
+    printf '  %-28s %8.0f gets/s = %.2f x fio QD%d, node %6.0f ns/get; strata at %.2f x this ceiling\n' \
+      "the same shape from DRAM" "$d" "$(echo "$d $f" | awk '{print $1/$2}')" "$depth" "$dn" \
+      "$(echo "$k $d" | awk '{print $1/$2}')"
+    # One core that serves the get as from DRAM and reads the disk at fio's CPU cost cannot go faster: the
+    # bound of a row the node's core limits (on the reactor, its CPU per get is its own work; busy-polled,
+    # it is the core's whole time per get, so the bound errs low).
+    local bound; bound=$(echo "$dn $fn" | awk '{print 1e9/($1+$2)}')
+    printf '  %-28s %8.0f gets/s = %.2f x fio QD%d; strata at %.2f x this bound\n' \
+      "one core: DRAM get + fio read" "$bound" "$(echo "$bound $f" | awk '{print $1/$2}')" "$depth" \
+      "$(echo "$k $bound" | awk '{print $1/$2}')"
     if [ "$batch" -gt 1 ]; then
       local pattern; pattern=$(printf '%s\n' "${fio_pattern[@]}" | median)
       printf '  %-28s fio %8.0f IOPS = %.2f x fio QD%d; strata at %.2f x this bound\n' \
@@ -233,5 +253,5 @@ depth_rows() { # value size, keys, record span in MiB
   done
   curl -s "http://$METRICS/metrics" | grep -E '^strata_(tier_hits_total|nvme_reads_in_flight_peak)' || true
 }
-depth_rows 4k 204800 900
-depth_rows 64k 16384 1100
+depth_rows 4k 204800 900 4096
+depth_rows 64k 16384 1100 256

@@ -56,15 +56,27 @@ for row in "${rows[@]}"; do
     if [[ -z "${ROWS:-}" ]] || grep -Eq "${ROWS}" <<<"${row%%|*}"; then selected+=("$row"); fi
 done
 rows=("${selected[@]}")
+# Runs a tool with its JSON report in PREFIX.json and, where perf can count tracepoints, its io_uring_enter
+# calls in PREFIX.enters (the issue of system calls per I/O is read off the kernel, not the tools).
+counted() { # PREFIX command...
+    local prefix=$1; shift
+    if perf stat -x, -e syscalls:sys_enter_io_uring_enter -o /dev/null true 2>/dev/null; then
+        perf stat -x, -e syscalls:sys_enter_io_uring_enter -o "$prefix.perf" -- "$@" >"$prefix.json"
+        awk -F, '/io_uring_enter/ {print $1}' "$prefix.perf" >"$prefix.enters"
+    else
+        "$@" >"$prefix.json"
+    fi
+}
 for row in "${rows[@]}"; do
     name=${row%%|*}
     options=${row#*|}
     for pair in $(seq 1 "$pairs"); do
         echo "row $name, pair $pair/$pairs" >&2
         # shellcheck disable=SC2086
-        fio --name="$name" $options $common --ioengine=io_uring ${FIO_EXTRA:-} >"$results/$name.fio.$pair.json"
+        counted "$results/$name.fio.$pair" fio --name="$name" $options $common --ioengine=io_uring ${FIO_EXTRA:-}
         # shellcheck disable=SC2086
-        "$bench" --name="$name" $options $common --ioengine=io_uring ${STRATA_EXTRA:-} >"$results/$name.strata.$pair.json"
+        counted "$results/$name.strata.$pair" "$bench" --name="$name" $options $common --ioengine=io_uring \
+            ${STRATA_EXTRA:-}
     done
 done
 
@@ -72,8 +84,14 @@ python3 - "$results" "$pairs" "${rows[@]}" <<'PY'
 import json, statistics, sys
 results, pairs, rows = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 
-def figures(path):
-    job = json.load(open(path))["jobs"][0]
+def enters(path):
+    try:
+        return float(open(path).read().strip())
+    except (OSError, ValueError):
+        return float("nan")
+
+def figures(prefix):
+    job = json.load(open(f"{prefix}.json"))["jobs"][0]
     side = job["read"] if job["read"]["total_ios"] > 0 else job["write"]
     ios = side["total_ios"]
     runtime_s = side["runtime"] / 1000.0
@@ -90,14 +108,16 @@ def figures(path):
         "lat_mean_us": side["lat_ns"]["mean"] / 1000.0,
         "lat_p99_us": side["lat_ns"]["percentile"]["99.000000"] / 1000.0,
         "cpu_us_per_io": cpu_us_per_io,
+        "enters_per_io": enters(f"{prefix}.enters") / ios if ios else float("nan"),
     }
 
 print(f"{'row':<18} {'metric':<14} {'fio':>10} {'strata':>10} {'ratio':>7}   (medians of {pairs} alternating pairs)")
 for row in rows:
     name = row.split("|")[0]
-    fio = [figures(f"{results}/{name}.fio.{p}.json") for p in range(1, pairs + 1)]
-    strata = [figures(f"{results}/{name}.strata.{p}.json") for p in range(1, pairs + 1)]
-    for metric in ["iops", "mib_s", "mean_us", "p99_us", "slat_mean_us", "lat_mean_us", "lat_p99_us", "cpu_us_per_io"]:
+    fio = [figures(f"{results}/{name}.fio.{p}") for p in range(1, pairs + 1)]
+    strata = [figures(f"{results}/{name}.strata.{p}") for p in range(1, pairs + 1)]
+    metrics = ["iops", "mib_s", "mean_us", "p99_us", "slat_mean_us", "lat_mean_us", "lat_p99_us", "cpu_us_per_io"]
+    for metric in metrics + ["enters_per_io"]:
         a = statistics.median(f[metric] for f in fio)
         b = statistics.median(f[metric] for f in strata)
         print(f"{name:<18} {metric:<14} {a:>10.1f} {b:>10.1f} {b / a if a else float('nan'):>7.3f}")

@@ -10,20 +10,20 @@
 //!   does. Right for an executor dedicated to I/O (a bench job, an I/O core); wrong for one that also serves
 //!   the network, whose events would wait behind the block.
 //! - **Polled**: it never blocks; it yields to the executor's other tasks and looks again, as a busy-polled
-//!   executor's sockets do (`tcp::stream::idle_poll`, whose cadence also gives glommio's reactor its turns),
-//!   and each operation is submitted as it is queued rather than batched per pass.
+//!   executor's sockets do (`tcp::stream::idle_poll`, whose cadence also gives glommio's reactor its turns).
 //!   A busy-polled node's disk completions are then seen on the next pass of its executor, where through
 //!   glommio's reactor they waited for its next turn and its park: a 4 KiB tier get at one in flight went
 //!   from p50 79–86 µs to 55–63 µs (docs/BENCHMARKS.md).
 //!
-//! A blocking ring's submission is batched per pass of the executor: an operation only queues its entry and
-//! wakes the reaper, which submits every queued entry in one `io_uring_enter`: right after reaping, or, when
-//! nothing has completed, in the call that waits for a completion. After a reap of *k* completions, the *k* woken
-//! tasks queue their next operations and one system call submits them all, where fio's default
-//! (`iodepth_batch_submit=1`) makes *k*; at queue depth 32 the batching halves the CPU an I/O costs. At
-//! depth 1 the entry is submitted by the same call that waits for it: one system call per I/O against
-//! fio's two. That call's entries are stamped just before it, so their `clat` includes the submission's
-//! kernel work (fio puts that in `slat`): our completion latency errs long, never short.
+//! Each entry goes to the kernel as it is queued, as fio's engine does by default, whenever other I/O is in
+//! flight: the disk then starts on the first read of a round while the tasks still queue the rest. Gathered
+//! into one `io_uring_enter` per pass instead, a round's 32 reads reached this disk only at the call's end
+//! (the kernel plugs a call's entries) and came back together, so its queue drained before it refilled:
+//! 0.80 × fio's IOPS at queue depth 32 in the block bench, 0.97 × submitted at once (docs/BENCHMARKS.md).
+//! The one exception is a blocking ring's lone entry: with nothing else in flight, the reaper's call that
+//! waits for a completion submits it, one system call per I/O at depth 1 against fio's two. That call's
+//! entries are stamped just before it, so their `clat` includes the submission's kernel work (fio puts that
+//! in `slat`): our completion latency errs long, never short.
 //!
 //! Registered buffers: `alloc_buffer` lends chunks registered in the ring's table of fixed buffers, which
 //! go to the kernel as `READ_FIXED`/`WRITE_FIXED` (pages pinned once, not at every I/O: fio's `fixedbufs`).
@@ -368,14 +368,11 @@ impl RingDevice {
                 state.release_slot(slot);
                 return (buffer, -libc::EBUSY, IoTiming { submitted: called, completed: Instant::now() });
             }
-            // A blocking ring's reaper submits it with whatever else this pass of the executor queues.
             state.unsubmitted.push(slot);
             state.in_flight += 1;
-            if state.wait == RingWait::Polled {
-                // A polled ring submits each entry at once, as fio does by default: entries gathered for the
-                // reaper's one call (a batch's 31 reads) reached this disk only at that call's end, ~90 µs
-                // later, and came back in one round; at once, a batch of 32 4 KiB gets went from 44–46 K to
-                // 50–55 K gets/s and 32 connections from 30–32 K to 39–40 K (docs/BENCHMARKS.md).
+            // At once (see the module doc), except a blocking ring's lone entry, which the reaper's waiting
+            // call submits.
+            if state.wait == RingWait::Polled || state.in_flight > 1 {
                 state.submit_queued();
             }
             if let Some(reaper) = state.idle_reaper.take() {
@@ -439,7 +436,7 @@ async fn reap(state: std::rc::Weak<RefCell<RingState>>) {
         let reaped = shared.borrow_mut().reap();
         if reaped > 0 {
             misses = 0;
-            // What the tasks woken last time queued goes out now, before they run again.
+            // Whatever is still queued (an entry whose own submission failed) goes out now.
             shared.borrow_mut().submit_queued();
             drop(shared);
             // Let the woken tasks run (and queue their next I/O) before looking again.

@@ -31,6 +31,7 @@ use crate::any_device::AnyDevice;
 use crate::device::BlockDevice;
 use crate::error::BlockError;
 use crate::memory::MemoryDevice;
+use crate::ring::{RingDevice, RingWait};
 use crate::spec::{DISCOVERY_NQN, NQN_MAX_BYTES};
 use crate::uring::{UringDevice, UringOptions};
 
@@ -192,7 +193,11 @@ enum Backend {
     File { path: std::path::PathBuf, bytes: u64 },
 }
 
-async fn open_devices(backends: &[Vec<Backend>], shared: &Shared) -> Result<Vec<Vec<Rc<AnyDevice>>>, TargetError> {
+async fn open_devices(
+    backends: &[Vec<Backend>],
+    shared: &Shared,
+    config: &TargetConfig,
+) -> Result<Vec<Vec<Rc<AnyDevice>>>, TargetError> {
     let mut devices = vec![Vec::new()];
     for (index, subsystem) in backends.iter().enumerate() {
         let mut opened = Vec::new();
@@ -200,8 +205,7 @@ async fn open_devices(backends: &[Vec<Backend>], shared: &Shared) -> Result<Vec<
             let device = match backend {
                 Backend::Memory(device) => AnyDevice::Memory(device.clone()),
                 Backend::File { path, bytes } => {
-                    let options = UringOptions { size_bytes: Some(*bytes), read_only: false };
-                    let device = UringDevice::open(path, &options).await.map_err(|source| TargetError::Namespace {
+                    let device = open_file(path, *bytes, config).await.map_err(|source| TargetError::Namespace {
                         nqn: shared.subsystems[index + 1].nqn.clone(),
                         nsid: ns_index as u32 + 1,
                         source,
@@ -217,7 +221,7 @@ async fn open_devices(backends: &[Vec<Backend>], shared: &Shared) -> Result<Vec<
                             path.display()
                         )));
                     }
-                    AnyDevice::File(device)
+                    device
                 }
             };
             opened.push(Rc::new(device));
@@ -225,6 +229,19 @@ async fn open_devices(backends: &[Vec<Backend>], shared: &Shared) -> Result<Vec<
         devices.push(opened);
     }
     Ok(devices)
+}
+
+/// A file namespace on this executor: through glommio's reactor where the executor parks, on a ring of its
+/// own that the executor polls beside its sockets where the target busy-polls (as a busy-polled node's
+/// tier: its completions are seen on the executor's next pass, not at the reactor's next turn).
+async fn open_file(path: &std::path::Path, bytes: u64, config: &TargetConfig) -> Result<AnyDevice, BlockError> {
+    let options = UringOptions { size_bytes: Some(bytes), read_only: false };
+    if config.busy_poll.is_zero() {
+        return Ok(AnyDevice::File(UringDevice::open(path, &options).await?));
+    }
+    // Every queue of every connection on this executor may have a command on the namespace.
+    let depth = 2 * u32::from(config.queue_entries);
+    Ok(AnyDevice::PolledFile(RingDevice::open_with(path, &options, depth, RingWait::Polled)?))
 }
 
 /// Starts a target: one executor per CPU of `config.cpus`, each listening on the configured address.
@@ -280,7 +297,7 @@ pub fn start(config: TargetConfig) -> Result<TargetHandle, TargetError> {
             .io_memory(IO_MEMORY_BYTES)
             .spin_before_park(config.busy_poll)
             .spawn(move || async move {
-                let devices = match open_devices(&backends, &shared).await {
+                let devices = match open_devices(&backends, &shared, &config).await {
                     Ok(devices) => devices,
                     Err(error) => return drop(ready.send(Err(error))),
                 };
