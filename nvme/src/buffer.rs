@@ -40,6 +40,11 @@ impl FixedChunk {
         Self { bytes, start, capacity, index }
     }
 
+    /// Its entry in the ring's table of fixed buffers.
+    pub(crate) fn index(&self) -> u16 {
+        self.index
+    }
+
     /// The iovec to register: the aligned `capacity` bytes. They do not move when the chunk does (the
     /// `Vec`'s heap memory stays where it is).
     pub(crate) fn iovec(&mut self) -> libc::iovec {
@@ -56,8 +61,9 @@ fn aligned_zeroes(len: usize, alignment: usize) -> (Vec<u8>, usize) {
     (bytes, start)
 }
 
-/// A ring's registered chunks not in use. Chunks stay registered (and allocated) for as long as the pool
-/// lives, which the ring holds until its last operation completed, so the kernel never sees freed memory.
+/// A ring's registered chunks not in use. A chunk stays registered (and allocated) for as long as the pool
+/// lives, which the ring holds until its last operation completed, or until its table entry is registered
+/// again for another chunk: the kernel never sees freed memory.
 #[derive(Default)]
 pub(crate) struct FixedPool {
     idle: RefCell<Vec<FixedChunk>>,
@@ -70,6 +76,13 @@ impl FixedPool {
         let mut idle = self.idle.try_borrow_mut().ok()?;
         let position = idle.iter().position(|chunk| chunk.capacity >= len && chunk.capacity <= len.max(1) * 2)?;
         Some(idle.swap_remove(position))
+    }
+
+    /// The idle chunk that was given back first, whatever its size: its table entry is to be registered
+    /// again for a chunk of another size.
+    pub(crate) fn take_oldest(&self) -> Option<FixedChunk> {
+        let mut idle = self.idle.try_borrow_mut().ok()?;
+        (!idle.is_empty()).then(|| idle.remove(0))
     }
 }
 

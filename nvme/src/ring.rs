@@ -295,31 +295,42 @@ impl RingDevice {
     }
 
     /// A registered buffer of `len` bytes: an idle one of about that size, else a new chunk registered in
-    /// the next free entry of the table. `None` when the table is full or registration fails.
+    /// the next free entry of the table or, once the table is full, in the entry of the oldest idle chunk
+    /// (of another size: a table left full of one size by one kind of I/O would otherwise send every later
+    /// I/O of another size to the heap, pinning its pages each time). Chunks are cut in powers of two, so an
+    /// idle one serves every size within a factor of two. `None` when every entry is lent out or
+    /// registration fails.
     fn alloc_fixed(&self, len: usize, alignment: usize) -> Option<IoBuffer> {
         let mut state = self.state.borrow_mut();
         let pool = Rc::clone(&state.fixed);
         if let Some(chunk) = pool.take(len) {
             return Some(IoBuffer::from_fixed(chunk, len, pool));
         }
-        if state.fixed_registered >= state.fixed_table_len || len == 0 {
+        if len == 0 || state.fixed_table_len == 0 {
             return None;
         }
-        let index = u16::try_from(state.fixed_registered).ok()?;
-        let mut chunk = FixedChunk::new(len.next_multiple_of(alignment), alignment, index);
+        let fresh_entry = state.fixed_registered < state.fixed_table_len;
+        // Kept until its entry points at the new chunk (an idle chunk is in no operation's hands).
+        let replaced = if fresh_entry { None } else { Some(pool.take_oldest()?) };
+        let index = match &replaced {
+            Some(old) => old.index(),
+            None => u16::try_from(state.fixed_registered).ok()?,
+        };
+        let mut chunk = FixedChunk::new(len.next_power_of_two().max(alignment), alignment, index);
         let iovec = chunk.iovec();
         // SAFETY: the chunk's memory stays allocated for as long as the registration can be used: it lives in
         // an `IoBuffer` or in `state.fixed`, which the ring state holds until its last operation completed
         // (RingState's Drop waits for them), and the table entry is used only while the chunk is lent.
         #[allow(unsafe_code)]
         let registered = unsafe { state.ring.submitter().register_buffers_update(u32::from(index), &[iovec], None) };
+        drop(replaced);
         if let Err(error) = registered {
             // Out of memlock budget, most likely: stop trying; buffers come from the heap from now on.
             state.fixed_table_len = 0;
             state.fixed_refused = Some(format!("a {} KiB buffer was refused: {error}", iovec.iov_len >> 10));
             return None;
         }
-        state.fixed_registered += 1;
+        state.fixed_registered += u32::from(fresh_entry);
         Some(IoBuffer::from_fixed(chunk, len, pool))
     }
 

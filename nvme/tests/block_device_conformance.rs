@@ -295,6 +295,36 @@ fn ring_device_moves_registered_buffers_with_fixed_operations() {
     });
 }
 
+#[test]
+fn a_full_table_of_idle_buffers_of_one_size_still_lends_a_registered_buffer_of_another() {
+    run(|| async {
+        let path = scratch_file("ring-fixed-full");
+        let options = UringOptions { size_bytes: Some(CAPACITY), read_only: false };
+        // Queue depth 1: a table of 18 entries (2 × depth + 16).
+        let device = RingDevice::open(&path, &options, 1).unwrap();
+        let bytes = pattern(12, 2 * 4096);
+        let mut source = IoBuffer::aligned(2 * 4096, 4096);
+        source.as_mut_slice().copy_from_slice(&bytes);
+        device.write(source, 0).await.1.unwrap();
+
+        // Every entry taken by a 4 KiB buffer, then all of them idle: what a node's small writes leave behind.
+        let small: Vec<IoBuffer> = (0..64).map(|_| device.alloc_buffer(4096)).collect();
+        let table = device.fixed_buffers_registered();
+        assert_eq!(table, 18, "the table is full");
+        drop(small);
+
+        // An 8 KiB read still goes as a fixed operation: an idle entry is registered again at the new size.
+        let (read, result) = device.read(device.alloc_buffer(2 * 4096), 0).await;
+        result.unwrap();
+        assert_eq!(read.as_slice(), &bytes[..]);
+        assert_eq!(device.fixed_operations(), 1, "the read went through a registered buffer");
+        assert_eq!(device.fixed_buffers_registered(), table, "no entry beyond the table");
+        assert!(device.fixed_buffers_refused().is_none());
+        drop(read);
+        std::fs::remove_file(path).unwrap();
+    });
+}
+
 /// Set in the child process of [`ring_says_when_its_buffers_cannot_be_registered`].
 const MEMLOCK_CHILD: &str = "STRATA_CONFORMANCE_MEMLOCK_CHILD";
 
