@@ -478,17 +478,28 @@ async fn reap(state: std::rc::Weak<RefCell<RingState>>) {
                 state.stamp_submitted();
                 let _ = state.ring.submit_and_wait(1);
             }
-            // Submit what is still queued (an entry whose own submission failed) and yield as a polled
-            // socket does.
+            // Submit what is still queued (an entry whose own submission failed) and yield; one look in
+            // REAPER_LOOKS_PER_POLL counts as a polled socket's miss (see the constant).
             RingWait::Polled => {
                 shared.borrow_mut().submit_queued();
                 drop(shared);
                 misses += 1;
-                crate::tcp::stream::idle_poll(misses).await;
+                if misses.is_multiple_of(REAPER_LOOKS_PER_POLL) {
+                    crate::tcp::stream::idle_poll(misses / REAPER_LOOKS_PER_POLL).await;
+                } else {
+                    yield_once().await;
+                }
             }
         }
     }
 }
+
+/// A polled reaper's looks at the completion queue per polled socket's miss (`idle_poll`). A look reads the
+/// ring's memory, where a socket's miss is a system call, about ten times longer; `idle_poll` spaces the
+/// kernel's and glommio's reactor's turns (a `sched_yield`, a park on a 1 µs timer) by socket misses, and
+/// counted per look they came ten times too often: a busy-polled node waiting ~500 µs for a batch's reads
+/// made 70 `sched_yield`s and parked 3 times.
+const REAPER_LOOKS_PER_POLL: u32 = 8;
 
 /// Frees an operation's slot if the future waiting for it is dropped: at once when the result is already
 /// in, else when the reaper sees the completion (the buffer stays owned by the slot until then).
