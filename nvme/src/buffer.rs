@@ -40,6 +40,11 @@ impl FixedChunk {
         Self { bytes, start, capacity, index }
     }
 
+    /// Its size in bytes.
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     /// Its entry in the ring's table of fixed buffers.
     pub(crate) fn index(&self) -> u16 {
         self.index
@@ -76,6 +81,13 @@ impl FixedPool {
         let mut idle = self.idle.try_borrow_mut().ok()?;
         let position = idle.iter().position(|chunk| chunk.capacity >= len && chunk.capacity <= len.max(1) * 2)?;
         Some(idle.swap_remove(position))
+    }
+
+    /// Returns an idle chunk taken but not used.
+    pub(crate) fn give_back(&self, chunk: FixedChunk) {
+        if let Ok(mut idle) = self.idle.try_borrow_mut() {
+            idle.push(chunk);
+        }
     }
 
     /// The idle chunk that was given back first, whatever its size: its table entry is to be registered

@@ -27,7 +27,8 @@
 //!
 //! Registered buffers: `alloc_buffer` lends chunks registered in the ring's table of fixed buffers, which
 //! go to the kernel as `READ_FIXED`/`WRITE_FIXED` (pages pinned once, not at every I/O: fio's `fixedbufs`).
-//! A dropped one returns to the ring's pool, still registered. Any other buffer goes as a plain operation.
+//! A dropped one returns to the ring's pool, still registered; a ring keeps at most 128 MiB registered
+//! (`FIXED_BYTES_MAX`), past which buffers come from the heap. Any other buffer goes as a plain operation.
 //!
 //! Safety of buffers: while an operation is in flight its buffer is owned by the ring's slot table, not by
 //! the future that issued it, so a future that is dropped never frees memory the kernel is writing into;
@@ -56,6 +57,12 @@ const MAX_TRANSFER_BYTES: u64 = 8 << 20;
 /// Most entries in a ring's table of fixed buffers (the kernel allows 16,384). A bench job holds two buffers
 /// per worker (one to read into, one to write from); later allocations fall back to the heap.
 const FIXED_TABLE_MAX: u32 = 4096;
+
+/// Most bytes a ring keeps registered (pinned, and kept once used): a node's three 16 MiB region buffers
+/// and its reads fit; beyond it buffers come from the heap, whose pages the kernel pins per I/O. Without it
+/// a target's namespace (a table of 528 entries of up to 1 MiB) could keep half a GiB pinned after a peer's
+/// burst of large writes.
+const FIXED_BYTES_MAX: usize = 128 << 20;
 
 #[derive(Default)]
 struct Slot {
@@ -94,6 +101,8 @@ struct RingState {
     fixed_table_len: u32,
     /// Entries handed out so far (each is registered once, then reused through `fixed`).
     fixed_registered: u32,
+    /// Bytes of the chunks registered in the table now (at most [`FIXED_BYTES_MAX`]).
+    fixed_bytes: usize,
     /// Reads and writes submitted as `READ_FIXED`/`WRITE_FIXED`.
     fixed_operations: u64,
     /// Why buffers stopped being registered (the table, or a chunk, was refused), once that happened.
@@ -255,6 +264,7 @@ impl RingDevice {
             fixed: Rc::new(FixedPool::default()),
             fixed_table_len,
             fixed_registered: 0,
+            fixed_bytes: 0,
             fixed_operations: 0,
             fixed_refused,
             wait,
@@ -282,6 +292,11 @@ impl RingDevice {
         self.state.borrow().fixed_registered
     }
 
+    /// Bytes of the buffers registered with the ring now (pinned; at most 128 MiB).
+    pub fn fixed_buffer_bytes(&self) -> usize {
+        self.state.borrow().fixed_bytes
+    }
+
     /// How many reads and writes went to the kernel as fixed-buffer operations (their pages pinned once).
     pub fn fixed_operations(&self) -> u64 {
         self.state.borrow().fixed_operations
@@ -295,11 +310,11 @@ impl RingDevice {
     }
 
     /// A registered buffer of `len` bytes: an idle one of about that size, else a new chunk registered in
-    /// the next free entry of the table or, once the table is full, in the entry of the oldest idle chunk
-    /// (of another size: a table left full of one size by one kind of I/O would otherwise send every later
-    /// I/O of another size to the heap, pinning its pages each time). Chunks are cut in powers of two, so an
-    /// idle one serves every size within a factor of two. `None` when every entry is lent out or
-    /// registration fails.
+    /// the next free entry of the table or, once the table or its byte budget ([`FIXED_BYTES_MAX`]) is
+    /// used, in the entry of the oldest idle chunk (of another size: a table left full of one size by one
+    /// kind of I/O would otherwise send every later I/O of another size to the heap, pinning its pages each
+    /// time). Chunks are cut in powers of two, so an idle one serves every size within a factor of two.
+    /// `None` when neither fits or registration fails.
     fn alloc_fixed(&self, len: usize, alignment: usize) -> Option<IoBuffer> {
         let mut state = self.state.borrow_mut();
         let pool = Rc::clone(&state.fixed);
@@ -309,14 +324,21 @@ impl RingDevice {
         if len == 0 || state.fixed_table_len == 0 {
             return None;
         }
-        let fresh_entry = state.fixed_registered < state.fixed_table_len;
+        let capacity = len.next_power_of_two().max(alignment);
+        let fresh_entry =
+            state.fixed_registered < state.fixed_table_len && state.fixed_bytes + capacity <= FIXED_BYTES_MAX;
         // Kept until its entry points at the new chunk (an idle chunk is in no operation's hands).
         let replaced = if fresh_entry { None } else { Some(pool.take_oldest()?) };
+        let freed = replaced.as_ref().map_or(0, FixedChunk::capacity);
+        if state.fixed_bytes - freed + capacity > FIXED_BYTES_MAX {
+            pool.give_back(replaced?);
+            return None;
+        }
         let index = match &replaced {
             Some(old) => old.index(),
             None => u16::try_from(state.fixed_registered).ok()?,
         };
-        let mut chunk = FixedChunk::new(len.next_power_of_two().max(alignment), alignment, index);
+        let mut chunk = FixedChunk::new(capacity, alignment, index);
         let iovec = chunk.iovec();
         // SAFETY: the chunk's memory stays allocated for as long as the registration can be used: it lives in
         // an `IoBuffer` or in `state.fixed`, which the ring state holds until its last operation completed
@@ -331,6 +353,7 @@ impl RingDevice {
             return None;
         }
         state.fixed_registered += u32::from(fresh_entry);
+        state.fixed_bytes = state.fixed_bytes - freed + capacity;
         Some(IoBuffer::from_fixed(chunk, len, pool))
     }
 

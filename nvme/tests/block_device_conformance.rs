@@ -325,6 +325,35 @@ fn a_full_table_of_idle_buffers_of_one_size_still_lends_a_registered_buffer_of_a
     });
 }
 
+#[test]
+fn a_ring_keeps_at_most_128_mib_registered() {
+    run(|| async {
+        let path = scratch_file("ring-fixed-budget");
+        let options = UringOptions { size_bytes: Some(CAPACITY), read_only: false };
+        // Queue depth 64: a table of 144 entries, more than 128 buffers of 1 MiB.
+        let device = RingDevice::open(&path, &options, 64).unwrap();
+        let held: Vec<IoBuffer> = (0..129).map(|_| device.alloc_buffer(1 << 20)).collect();
+        assert_eq!(device.fixed_buffer_bytes(), 128 << 20);
+        assert_eq!(device.fixed_buffers_registered(), 128, "the 129th comes from the heap");
+        let (_, result) = device.read(held.into_iter().last().unwrap(), 0).await;
+        result.unwrap();
+        assert_eq!(device.fixed_operations(), 0, "a heap buffer moves as a plain read");
+
+        // All idle now; a 2 MiB buffer would take the oldest 1 MiB entry past the budget: the heap again.
+        let big = device.alloc_buffer(2 << 20);
+        assert_eq!(device.fixed_buffer_bytes(), 128 << 20);
+        let (_, result) = device.read(big, 0).await;
+        result.unwrap();
+        assert_eq!(device.fixed_operations(), 0);
+        // A 1 MiB buffer still reuses a registered one.
+        let (_, result) = device.read(device.alloc_buffer(1 << 20), 0).await;
+        result.unwrap();
+        assert_eq!(device.fixed_operations(), 1);
+        assert!(device.fixed_buffers_refused().is_none());
+        std::fs::remove_file(path).unwrap();
+    });
+}
+
 /// Set in the child process of [`ring_says_when_its_buffers_cannot_be_registered`].
 const MEMLOCK_CHILD: &str = "STRATA_CONFORMANCE_MEMLOCK_CHILD";
 
