@@ -768,6 +768,34 @@ impl StrataStore {
             .unwrap_or(codes::INVALID_PARAMS))
     }
 
+    /// `prefix_match` of the chain of keys `prefix + stem + suffix`, one per stem (str or bytes), the keys
+    /// built here: a serving engine's scheduler names a block by its hash between fixed parts, and building
+    /// a 1,000-block chain as Python bytes objects cost it ~65 µs per lookup.
+    fn prefix_match_stems(
+        &self,
+        py: Python<'_>,
+        prefix: &[u8],
+        stems: &Bound<'_, PyAny>,
+        suffix: &[u8],
+    ) -> PyResult<i64> {
+        let objects = key_objects(stems)?;
+        let stem_refs = key_slices(&objects)?;
+        let affix_bytes = prefix.len() + suffix.len();
+        let mut arena = Vec::with_capacity(stem_refs.iter().map(|stem| stem.len() + affix_bytes).sum());
+        let mut ends = Vec::with_capacity(stem_refs.len());
+        for stem in &stem_refs {
+            arena.extend_from_slice(prefix);
+            arena.extend_from_slice(stem);
+            arena.extend_from_slice(suffix);
+            ends.push(arena.len());
+        }
+        let key_refs: Vec<&[u8]> =
+            ends.iter().scan(0, |start, &end| Some(&arena[std::mem::replace(start, end)..end])).collect();
+        Ok(self
+            .with_client(py, |client| codes::of_len(&client.prefix_match(&key_refs)))
+            .unwrap_or(codes::INVALID_PARAMS))
+    }
+
     /// `prefix_match` for many chains in one round trip per shard; a count (or negative code) per chain.
     fn batch_prefix_match(&self, py: Python<'_>, chains: &Bound<'_, PyList>) -> PyResult<Vec<i64>> {
         let chains: Vec<Vec<Bound<'_, PyAny>>> =

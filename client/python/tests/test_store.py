@@ -256,6 +256,18 @@ def test_prefix_match_counts_leading_stored_keys(store):
     assert store.batch_prefix_match([chain, chain[:10], [unique("none")]]) == [60, 10, 0]
 
 
+def test_prefix_match_of_stems_builds_the_same_keys(store):
+    prefix, suffix = unique("head/").encode() + b"/", b"/layer.0"
+    stems = [f"{index:040x}".encode() for index in range(100)]
+    for stem in stems[:45] + [stems[70]]:
+        assert store.put(prefix + stem + suffix, b"kv") == 0
+    assert store.prefix_match_stems(prefix, stems, suffix) == 45
+    assert store.prefix_match_stems(prefix, stems, suffix) == store.prefix_match([prefix + s + suffix for s in stems])
+    assert store.prefix_match_stems(prefix, [s.decode() for s in stems[:10]], suffix) == 10
+    assert store.prefix_match_stems(prefix, stems, b"/layer.1") == 0
+    assert store.prefix_match_stems(prefix, [], suffix) == 0
+
+
 def test_gather_and_scatter_for_tensor_parallel_layouts(node, store):
     # Tp = 4 prefill ranks, each storing [K | V] of one KV head; a Td = 2 decode rank gathers two heads.
     slice_bytes = 1024

@@ -132,9 +132,13 @@ class StrataConnector(KVConnectorBase_V1):
         """The node's keys of these blocks' objects of one head unit (this rank's first unit by default) in
         one layer (``layer_name`` empty: the blocks' key stems). Keys are bytes, with vLLM's block hashes as
         they are: no hex encoding on the lookup path."""
-        head = self._namespace + str(self.units[0] if unit is None else unit).encode() + b"/"
-        tail = b"/" + layer_name.encode()
+        head, tail = self.key_affixes(layer_name, unit)
         return [head + block_hash + tail for block_hash in block_hashes]
+
+    def key_affixes(self, layer_name: str, unit: int | None = None) -> tuple:
+        """What comes before and after a block hash in its key (see ``keys``)."""
+        head = self._namespace + str(self.units[0] if unit is None else unit).encode() + b"/"
+        return head, b"/" + layer_name.encode()
 
     def key(self, block_hash: bytes, layer_name: str, unit: int | None = None) -> bytes:
         return self.keys([block_hash], layer_name, unit)[0]
@@ -267,7 +271,9 @@ class _SchedulerSide:
         tracked = self.tracked.setdefault(request.request_id, _Tracked(request))
         if not request.block_hashes or self.marker_layer is None:
             return 0
-        blocks = self.connector.store.prefix_match(self.connector.keys(request.block_hashes, self.marker_layer, unit=0))
+        # The keys are built in the store's native code: as Python bytes a 1,000-block chain's cost ~65 µs.
+        head, tail = self.connector.key_affixes(self.marker_layer, unit=0)
+        blocks = self.connector.store.prefix_match_stems(head, request.block_hashes, tail)
         if blocks <= 0:
             return 0
         # vLLM computes at least one token: a hit covering the whole prompt stops a block short.
