@@ -271,7 +271,7 @@ class _SchedulerSide:
         tracked = self.tracked.setdefault(request.request_id, _Tracked(request))
         if not request.block_hashes or self.marker_layer is None:
             return 0
-        # The keys are built in the store's native code: as Python bytes a 1,000-block chain's cost ~65 µs.
+        # The keys are built in the store's native code: as Python bytes a 1,000-block chain's keys cost ~65 µs.
         head, tail = self.connector.key_affixes(self.marker_layer, unit=0)
         blocks = self.connector.store.prefix_match_stems(head, request.block_hashes, tail)
         if blocks <= 0:
