@@ -58,9 +58,11 @@ done
 rows=("${selected[@]}")
 # Runs a tool with its JSON report in PREFIX.json and, where perf can count tracepoints, its io_uring_enter
 # calls in PREFIX.enters (the issue of system calls per I/O is read off the kernel, not the tools).
+count_enters=0
+perf stat -x, -e syscalls:sys_enter_io_uring_enter -o /dev/null true 2>/dev/null && count_enters=1
 counted() { # PREFIX command...
     local prefix=$1; shift
-    if perf stat -x, -e syscalls:sys_enter_io_uring_enter -o /dev/null true 2>/dev/null; then
+    if [ "$count_enters" = 1 ]; then
         perf stat -x, -e syscalls:sys_enter_io_uring_enter -o "$prefix.perf" -- "$@" >"$prefix.json"
         awk -F, '/io_uring_enter/ {print $1}' "$prefix.perf" >"$prefix.enters"
     else

@@ -83,16 +83,18 @@ impl FixedPool {
         Some(idle.swap_remove(position))
     }
 
-    /// Returns an idle chunk taken but not used.
+    /// Puts a chunk (lent, or taken and not used) at the end of the idle list. A chunk that cannot go back is
+    /// freed here; its table entry is never handed out again, and the kernel keeps its own references to the
+    /// pinned pages until the ring closes.
     pub(crate) fn give_back(&self, chunk: FixedChunk) {
         if let Ok(mut idle) = self.idle.try_borrow_mut() {
             idle.push(chunk);
         }
     }
 
-    /// The idle chunk that was given back first, whatever its size: its table entry is to be registered
-    /// again for a chunk of another size.
-    pub(crate) fn take_oldest(&self) -> Option<FixedChunk> {
+    /// An idle chunk of any size, from the front of the idle list (chunks go back at its end, so the front
+    /// has mostly been idle longest): its table entry is to be registered again for a chunk of another size.
+    pub(crate) fn take_any_size(&self) -> Option<FixedChunk> {
         let mut idle = self.idle.try_borrow_mut().ok()?;
         (!idle.is_empty()).then(|| idle.remove(0))
     }
@@ -107,12 +109,7 @@ struct FixedMemory {
 impl Drop for FixedMemory {
     fn drop(&mut self) {
         let empty = FixedChunk { bytes: Vec::new(), start: 0, capacity: 0, index: 0 };
-        let chunk = std::mem::replace(&mut self.chunk, empty);
-        if let Ok(mut idle) = self.pool.idle.try_borrow_mut() {
-            idle.push(chunk);
-        }
-        // A chunk that cannot go back is freed here; its table entry is never handed out again, and the
-        // kernel keeps its own references to the pinned pages until the ring closes.
+        self.pool.give_back(std::mem::replace(&mut self.chunk, empty));
     }
 }
 

@@ -13,13 +13,14 @@
 //!   executor's sockets do (`tcp::stream::idle_poll`, whose cadence also gives glommio's reactor its turns).
 //!   A busy-polled node's disk completions are then seen on the next pass of its executor, where through
 //!   glommio's reactor they waited for its next turn and its park: a 4 KiB tier get at one in flight went
-//!   from p50 79–86 µs to 55–63 µs (docs/BENCHMARKS.md).
+//!   from p50 79–86 µs to 55–63 µs, alternated in one hour.
 //!
 //! Each entry goes to the kernel as it is queued, as fio's engine does by default, whenever other I/O is in
 //! flight: the disk then starts on the first read of a round while the tasks still queue the rest. Gathered
 //! into one `io_uring_enter` per pass instead, a round's 32 reads reached this disk only at the call's end
 //! (the kernel plugs a call's entries) and came back together, so its queue drained before it refilled:
-//! 0.80 × fio's IOPS at queue depth 32 in the block bench, 0.97 × submitted at once (docs/BENCHMARKS.md).
+//! 0.80 × fio's IOPS at queue depth 32 in the block bench, 0.97 × submitted at once (the current figure is
+//! in docs/BENCHMARKS.md).
 //! The one exception is a blocking ring's lone entry: with nothing else in flight, the reaper's call that
 //! waits for a completion submits it, one system call per I/O at depth 1 against fio's two. That call's
 //! entries are stamped just before it, so their `clat` includes the submission's kernel work (fio puts that
@@ -99,7 +100,8 @@ struct RingState {
     fixed: Rc<FixedPool>,
     /// Entries of the sparse fixed-buffer table registered at open (0: registration failed, none used).
     fixed_table_len: u32,
-    /// Entries handed out so far (each is registered once, then reused through `fixed`).
+    /// Entries handed out so far (each registered at first use, then reused through `fixed`, or registered
+    /// again for a chunk of another size).
     fixed_registered: u32,
     /// Bytes of the chunks registered in the table now (at most [`FIXED_BYTES_MAX`]).
     fixed_bytes: usize,
@@ -311,7 +313,7 @@ impl RingDevice {
 
     /// A registered buffer of `len` bytes: an idle one of about that size, else a new chunk registered in
     /// the next free entry of the table or, once the table or its byte budget ([`FIXED_BYTES_MAX`]) is
-    /// used, in the entry of the oldest idle chunk (of another size: a table left full of one size by one
+    /// used, in the entry of an idle chunk of another size (a table left full of one size by one
     /// kind of I/O would otherwise send every later I/O of another size to the heap, pinning its pages each
     /// time). Chunks are cut in powers of two, so an idle one serves every size within a factor of two.
     /// `None` when neither fits or registration fails.
@@ -328,7 +330,7 @@ impl RingDevice {
         let fresh_entry =
             state.fixed_registered < state.fixed_table_len && state.fixed_bytes + capacity <= FIXED_BYTES_MAX;
         // Kept until its entry points at the new chunk (an idle chunk is in no operation's hands).
-        let replaced = if fresh_entry { None } else { Some(pool.take_oldest()?) };
+        let replaced = if fresh_entry { None } else { Some(pool.take_any_size()?) };
         let freed = replaced.as_ref().map_or(0, FixedChunk::capacity);
         if state.fixed_bytes - freed + capacity > FIXED_BYTES_MAX {
             pool.give_back(replaced?);

@@ -21,6 +21,14 @@ fn run<F: Future<Output = ()> + 'static>(make: impl FnOnce() -> F + Send + 'stat
     LocalExecutorBuilder::new(Placement::Unbound).spawn(make).unwrap().join().unwrap();
 }
 
+/// A fresh scratch file of `CAPACITY` bytes on a blocking ring of `queue_depth` entries.
+fn scratch_ring(name: &str, queue_depth: u32) -> (PathBuf, RingDevice) {
+    let path = scratch_file(name);
+    let options = UringOptions { size_bytes: Some(CAPACITY), read_only: false };
+    let device = RingDevice::open(&path, &options, queue_depth).unwrap();
+    (path, device)
+}
+
 fn scratch_file(name: &str) -> PathBuf {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
@@ -162,9 +170,7 @@ fn uring_device_conforms() {
 #[test]
 fn ring_device_conforms() {
     run(|| async {
-        let path = scratch_file("ring");
-        let device =
-            RingDevice::open(&path, &UringOptions { size_bytes: Some(CAPACITY), read_only: false }, 8).unwrap();
+        let (path, device) = scratch_ring("ring", 8);
         conformance(&device).await;
         drop(device);
         std::fs::remove_file(path).unwrap();
@@ -206,8 +212,7 @@ fn a_polled_ring_conforms_beside_a_task_that_never_sleeps() {
 #[test]
 fn ring_device_bounds_concurrency_by_its_depth_and_survives_dropped_futures() {
     run(|| async {
-        let path = scratch_file("ring-depth");
-        let ring = RingDevice::open(&path, &UringOptions { size_bytes: Some(CAPACITY), read_only: false }, 4).unwrap();
+        let (path, ring) = scratch_ring("ring-depth", 4);
         let probe = InFlightProbe { inner: ring, in_flight: Default::default(), most: Default::default() };
         let device = std::rc::Rc::new(probe);
         // 16 tasks on a ring of 4 slots: every read completes, with the right bytes.
@@ -298,10 +303,8 @@ fn ring_device_moves_registered_buffers_with_fixed_operations() {
 #[test]
 fn a_full_table_of_idle_buffers_of_one_size_still_lends_a_registered_buffer_of_another() {
     run(|| async {
-        let path = scratch_file("ring-fixed-full");
-        let options = UringOptions { size_bytes: Some(CAPACITY), read_only: false };
         // Queue depth 1: a table of 18 entries (2 × depth + 16).
-        let device = RingDevice::open(&path, &options, 1).unwrap();
+        let (path, device) = scratch_ring("ring-fixed-full", 1);
         let bytes = pattern(12, 2 * 4096);
         let mut source = IoBuffer::aligned(2 * 4096, 4096);
         source.as_mut_slice().copy_from_slice(&bytes);
@@ -328,10 +331,8 @@ fn a_full_table_of_idle_buffers_of_one_size_still_lends_a_registered_buffer_of_a
 #[test]
 fn a_ring_keeps_at_most_128_mib_registered() {
     run(|| async {
-        let path = scratch_file("ring-fixed-budget");
-        let options = UringOptions { size_bytes: Some(CAPACITY), read_only: false };
         // Queue depth 64: a table of 144 entries, more than 128 buffers of 1 MiB.
-        let device = RingDevice::open(&path, &options, 64).unwrap();
+        let (path, device) = scratch_ring("ring-fixed-budget", 64);
         let held: Vec<IoBuffer> = (0..129).map(|_| device.alloc_buffer(1 << 20)).collect();
         assert_eq!(device.fixed_buffer_bytes(), 128 << 20);
         assert_eq!(device.fixed_buffers_registered(), 128, "the 129th comes from the heap");
@@ -395,8 +396,7 @@ fn ring_says_when_its_buffers_cannot_be_registered() {
 #[test]
 fn ring_device_times_each_operation_between_its_call_and_its_return() {
     run(|| async {
-        let path = scratch_file("ring-timing");
-        let ring = RingDevice::open(&path, &UringOptions { size_bytes: Some(CAPACITY), read_only: false }, 2).unwrap();
+        let (path, ring) = scratch_ring("ring-timing", 2);
         let device = std::rc::Rc::new(ring);
         write_bytes(&*device, 0, &pattern(9, 16 * 4096)).await;
         // Eight readers on two slots: six wait for a slot first, which is submission time, not completion time.
