@@ -26,6 +26,7 @@ pub mod host;
 mod memory;
 mod queue_depth;
 pub mod rdma;
+pub mod readiness;
 mod ring;
 pub mod spec;
 mod stats;

@@ -17,11 +17,13 @@ use crate::byte_size::parse_byte_size;
 /// Usage of `strata-pool target`.
 pub const TARGET_USAGE: &str = "\
 strata-pool target --config TARGET.toml   (the same settings as a file; see strata_tools::pool docs)
-strata-pool target --listen ADDR:PORT --subsystem NQN --namespace SPEC [--namespace SPEC ...]
-                   [--allow-host HOSTNQN ...] [--subsystem NQN ...] [--cpus 0,1] [--busy-poll 200us]
-                   [--tcp-congestion reno]
+strata-pool target --listen ADDR:PORT [--listen rdma:IPV4:PORT] --subsystem NQN --namespace SPEC
+                   [--namespace SPEC ...] [--allow-host HOSTNQN ...] [--subsystem NQN ...] [--cpus 0,1]
+                   [--busy-poll 200us] [--tcp-congestion reno]
   SPEC: memory:SIZE | file:PATH[,size=SIZE][,block=512|4096]   (sizes: 1GiB, 512m, ...)
   --namespace and --allow-host apply to the --subsystem before them; without --allow-host any host may connect.
+  --listen rdma:IPV4:PORT: NVMe/RDMA beside NVMe/TCP, on the RDMA device that owns IPV4 (builds with
+    feature rdma); the TCP --listen is still required.
   --busy-poll: how long an idle core spins before sleeping; non-zero also busy-polls the sockets (SPDK style).
   --tcp-congestion: congestion control of accepted connections (default: the system's; pacing ones such
     as bbr cap deep queues on loopback).";
@@ -29,6 +31,7 @@ strata-pool target --listen ADDR:PORT --subsystem NQN --namespace SPEC [--namesp
 /// Parses `strata-pool target` arguments (order matters: namespaces and hosts follow their subsystem).
 pub fn parse_target_args(args: &[String]) -> anyhow::Result<TargetConfig> {
     let mut listen: Option<SocketAddr> = None;
+    let mut rdma_listen = None;
     let mut subsystems: Vec<SubsystemConfig> = Vec::new();
     let mut cpus = vec![0];
     let mut busy_poll = Duration::ZERO;
@@ -44,6 +47,11 @@ pub fn parse_target_args(args: &[String]) -> anyhow::Result<TargetConfig> {
         match flag {
             "--listen" => {
                 let text = value()?;
+                if text.starts_with("rdma:") {
+                    rdma_listen = Some(parse_rdma_listen(&text)?);
+                    continue;
+                }
+                let text = text.strip_prefix("tcp:").unwrap_or(&text).to_string();
                 let (host, port) =
                     text.rsplit_once(':').ok_or_else(|| anyhow!("--listen {text}: expected ADDR:PORT"))?;
                 let port = port.parse().with_context(|| format!("--listen {text}: bad port"))?;
@@ -85,13 +93,21 @@ pub fn parse_target_args(args: &[String]) -> anyhow::Result<TargetConfig> {
     if let Some(empty) = subsystems.iter().find(|subsystem| subsystem.namespaces.is_empty()) {
         bail!("subsystem {} has no --namespace", empty.nqn);
     }
-    Ok(TargetConfig { cpus, busy_poll, tcp_congestion, ..TargetConfig::new(listen, subsystems) })
+    Ok(TargetConfig { cpus, busy_poll, tcp_congestion, rdma_listen, ..TargetConfig::new(listen, subsystems) })
+}
+
+/// `rdma:IPV4:PORT`: RDMA_CM binds IPv4 addresses of an RDMA device's interface.
+fn parse_rdma_listen(text: &str) -> anyhow::Result<std::net::SocketAddrV4> {
+    text.strip_prefix("rdma:")
+        .and_then(|address| address.parse().ok())
+        .ok_or_else(|| anyhow!("--listen {text}: expected rdma:IPV4:PORT (an address of the RDMA device's interface)"))
 }
 
 /// A target configuration file (`strata-pool target --config FILE`):
 ///
 /// ```toml
 /// listen = "127.0.0.1:4420"
+/// rdma_listen = "10.0.0.1:4420"   # optional: NVMe/RDMA too (feature rdma)
 /// cpus = [0, 1]              # optional, default [0]
 /// busy_poll = "200us"        # optional, default 0
 /// tcp_congestion = "reno"    # optional, default: the system's
@@ -104,6 +120,8 @@ pub fn parse_target_args(args: &[String]) -> anyhow::Result<TargetConfig> {
 #[serde(deny_unknown_fields)]
 struct TargetFile {
     listen: String,
+    #[serde(default)]
+    rdma_listen: Option<String>,
     #[serde(default)]
     cpus: Option<Vec<usize>>,
     #[serde(default)]
@@ -129,6 +147,9 @@ pub fn target_args_from_file(path: &std::path::Path) -> anyhow::Result<Vec<Strin
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let file: TargetFile = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
     let mut args = vec!["--listen".to_string(), file.listen];
+    if let Some(address) = file.rdma_listen {
+        args.extend(["--listen".to_string(), format!("rdma:{address}")]);
+    }
     if let Some(cpus) = file.cpus {
         args.push("--cpus".into());
         args.push(cpus.iter().map(usize::to_string).collect::<Vec<_>>().join(","));
@@ -579,6 +600,23 @@ mod tests {
         assert!(config.subsystems[1].allowed_hosts.is_empty());
         assert_eq!(config.cpus, vec![0, 1]);
         assert_eq!(config.busy_poll, Duration::from_micros(200));
+        assert_eq!(config.rdma_listen, None);
+    }
+
+    #[test]
+    fn an_rdma_listener_is_named_beside_the_tcp_one() {
+        let config = parse_target_args(&args(
+            "--listen rdma:10.0.2.15:4420 --listen tcp:127.0.0.1:4420 --subsystem nqn.a --namespace memory:1GiB",
+        ))
+        .unwrap();
+        assert_eq!(config.listen, "127.0.0.1:4420".parse().unwrap());
+        assert_eq!(config.rdma_listen, Some("10.0.2.15:4420".parse().unwrap()));
+        let only_rdma =
+            parse_target_args(&args("--listen rdma:10.0.2.15:4420 --subsystem nqn.a --namespace memory:1g"));
+        assert!(only_rdma.unwrap_err().to_string().contains("--listen ADDR:PORT is required"));
+        let named =
+            parse_target_args(&args("--listen rdma:[::1]:4420 --listen 127.0.0.1:1 --subsystem a --ns memory:1g"));
+        assert!(named.unwrap_err().to_string().contains("rdma:IPV4:PORT"));
     }
 
     #[test]
@@ -599,6 +637,9 @@ mod tests {
         .unwrap();
         assert_eq!(from_file.subsystems, from_line.subsystems);
         assert_eq!((from_file.cpus, from_file.busy_poll), (from_line.cpus, from_line.busy_poll));
+        std::fs::write(&path, "listen = \"127.0.0.1:1\"\nrdma_listen = \"10.0.2.15:4420\"\n[[subsystem]]\nnqn = \"a\"\nnamespaces = [\"memory:1g\"]\n").unwrap();
+        let rdma = parse_target_args(&target_args_from_file(&path).unwrap()).unwrap();
+        assert_eq!(rdma.rdma_listen, Some("10.0.2.15:4420".parse().unwrap()));
         std::fs::write(&path, "listen = \"127.0.0.1:1\"\nlisten_twice = 1\n").unwrap();
         assert!(target_args_from_file(&path).unwrap_err().to_string().contains("parsing"));
         std::fs::remove_file(&path).unwrap();

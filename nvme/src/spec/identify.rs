@@ -102,6 +102,8 @@ impl ControllerIdentity {
     /// SGLS: SGLs supported with no alignment requirement (bits 1:0 = 01b) and the SGL offset of in-capsule
     /// data (bit 20).
     pub const SGLS_FABRICS: u32 = 1 | (1 << 20);
+    /// SGLS bit 2: Keyed SGL Data Block descriptors, which an NVMe/RDMA host requires.
+    pub const SGLS_KEYED: u32 = 1 << 2;
     /// LPA bit: extended data for Get Log Page.
     pub const LPA_EXTENDED_DATA: u8 = 1 << 2;
 

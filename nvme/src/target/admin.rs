@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 
-use super::connection::{Connected, Queue, Reply};
+use super::connection::{Connected, Queue, Reply, Transport};
 use super::registry::{ERROR_LOG_ENTRIES, Shared};
 use crate::buffer::IoBuffer;
 use crate::spec::{
@@ -108,7 +108,10 @@ fn controller_identity(queue: &Rc<Queue>, connected: Connected) -> ControllerIde
     ControllerIdentity {
         vid: 0,
         serial: subsystem.serial.clone(),
-        model: "Strata NVMe/TCP target".into(),
+        model: match queue.transport() {
+            Transport::Tcp => "Strata NVMe/TCP target".into(),
+            Transport::Rdma => "Strata NVMe/RDMA target".into(),
+        },
         firmware: env!("CARGO_PKG_VERSION").into(),
         mdts,
         cntlid: connected.cntlid,
@@ -129,7 +132,8 @@ fn controller_identity(queue: &Rc<Queue>, connected: Connected) -> ControllerIde
             ControllerIdentity::ONCS_DSM | ControllerIdentity::ONCS_WRITE_ZEROES | ControllerIdentity::ONCS_RESERVATIONS
         },
         vwc: if discovery { 0 } else { 1 },
-        sgls: ControllerIdentity::SGLS_FABRICS,
+        sgls: ControllerIdentity::SGLS_FABRICS
+            | if queue.transport() == Transport::Rdma { ControllerIdentity::SGLS_KEYED } else { 0 },
         subnqn: subsystem.nqn.clone(),
         ioccsz: if discovery { 0 } else { (crate::spec::COMMAND_BYTES as u32 + config.in_capsule_data_bytes) / 16 },
         iorcsz: if discovery { 0 } else { 1 },

@@ -1,6 +1,6 @@
 //! What a target serves: where it listens, its subsystems, their namespaces and allowed hosts.
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -81,6 +81,9 @@ pub struct SubsystemConfig {
 pub struct TargetConfig {
     /// Address to listen on (port 0: any free port, see [`crate::TargetHandle::local_addr`]).
     pub listen: SocketAddr,
+    /// An NVMe/RDMA listener beside the TCP one: an IPv4 address of an RDMA device's interface (needs
+    /// feature `rdma`).
+    pub rdma_listen: Option<SocketAddrV4>,
     /// The NVM subsystems (the discovery subsystem is always served too).
     pub subsystems: Vec<SubsystemConfig>,
     /// CPUs to run one executor on each (each serves the queue pairs the kernel hands its listener).
@@ -107,6 +110,7 @@ impl TargetConfig {
     pub fn new(listen: SocketAddr, subsystems: Vec<SubsystemConfig>) -> Self {
         Self {
             listen,
+            rdma_listen: None,
             subsystems,
             cpus: vec![0],
             busy_poll: Duration::ZERO,

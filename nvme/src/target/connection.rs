@@ -101,13 +101,25 @@ pub(crate) struct QueueState {
     held_async_events: usize,
 }
 
+/// The transport binding a queue pair is carried by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Transport {
+    Tcp,
+    /// Data moves by RDMA READ and WRITE and every command ends with a response capsule: there is no
+    /// SUCCESS flag on data, so SQ flow control off changes nothing but the SQ head.
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    Rdma,
+}
+
 /// A queue pair.
 pub(crate) struct Queue {
     pub(crate) ctx: Rc<ExecutorContext>,
     pub(crate) outbox: Outbox<Outgoing>,
     pub(crate) state: RefCell<QueueState>,
     pub(crate) counters: Arc<QueueCounters>,
+    /// What the registry shuts down to end this queue (the socket; a socket pair's end for RDMA).
     fd: RawFd,
+    transport: Transport,
 }
 
 /// A command's outcome for its response capsule.
@@ -135,6 +147,49 @@ impl Reply {
 }
 
 impl Queue {
+    /// A queue not yet connected, known to the registry by `fd`.
+    pub(crate) fn new(ctx: Rc<ExecutorContext>, fd: RawFd, transport: Transport) -> Queue {
+        ctx.shared.registry().connections.insert(fd);
+        Queue {
+            ctx,
+            outbox: Outbox::default(),
+            state: RefCell::new(QueueState {
+                connected: None,
+                outstanding: HashSet::new(),
+                transfers: Vec::new(),
+                sq_head: 0,
+                close_after_flush: false,
+                held_async_events: 0,
+            }),
+            counters: Arc::new(QueueCounters::default()),
+            fd,
+            transport,
+        }
+    }
+
+    pub(crate) fn transport(&self) -> Transport {
+        self.transport
+    }
+
+    /// Whether the host asked to close (Disconnect): the queue ends once its responses are out.
+    pub(crate) fn closing(&self) -> bool {
+        self.state.borrow().close_after_flush
+    }
+
+    /// Leaves the registry: an admin queue takes its controller down, an I/O queue leaves it. Called before
+    /// `fd` closes, so no one shuts down a reused number.
+    pub(crate) fn leave(&self) {
+        let mut registry = self.ctx.shared.registry();
+        registry.connections.remove(&self.fd);
+        if let Some(connected) = self.connected() {
+            if connected.qid == 0 {
+                registry.tear_down(connected.cntlid);
+            } else if let Some(controller) = registry.controllers.get_mut(&connected.cntlid) {
+                controller.queues.remove(&connected.qid);
+            }
+        }
+    }
+
     pub(crate) fn connected(&self) -> Option<Connected> {
         self.state.borrow().connected
     }
@@ -174,7 +229,7 @@ impl Queue {
         if data.is_empty() {
             return self.outbox.push(Outgoing::Response(completion));
         }
-        let response = (!sqflow_disabled).then_some(completion);
+        let response = (!sqflow_disabled || self.transport == Transport::Rdma).then_some(completion);
         self.outbox.push(Outgoing::Data { cid: command.cid, data, response });
     }
 
@@ -211,6 +266,43 @@ impl Queue {
         };
         self.outbox.push(Outgoing::ReadyToTransfer { cid, ttag: ttag as u16, len });
         receiver
+    }
+
+    /// A buffer for `len` bytes of `command`'s data: the namespace's own kind for a write, so that it goes
+    /// to the device as it is.
+    pub(crate) fn capsule_buffer(&self, command: &Command, len: usize) -> IoBuffer {
+        match self.device(command.nsid) {
+            Some(device) if command.opcode == IoOpcode::Write as u8 => self.ctx.buffer_for(&device, len),
+            _ => IoBuffer::aligned(len, 8),
+        }
+    }
+
+    /// Ends the transfer `ttag` of command `cid` at once: `fill` writes its whole buffer (or says why it
+    /// could not), and the command gets the buffer. `false`: no such transfer is waiting.
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub(crate) fn finish_transfer(
+        &self,
+        ttag: u16,
+        cid: u16,
+        fill: impl FnOnce(&mut [u8]) -> Result<(), NvmeStatus>,
+    ) -> bool {
+        let taken = {
+            let mut state = self.state.borrow_mut();
+            match state.transfers.get_mut(usize::from(ttag)) {
+                Some(slot) if slot.as_ref().is_some_and(|transfer| transfer.cid == cid) => slot.take(),
+                _ => None,
+            }
+        };
+        let Some(Transfer { buffer: Some(mut buffer), done, .. }) = taken else { return false };
+        let delivered = fill(buffer.as_mut_slice()).map(|()| buffer);
+        // The command task is waiting on the other end; if it is gone, the data has nowhere to go.
+        let _ = done.try_send(delivered);
+        true
+    }
+
+    /// Drops the transfers still waiting for data: the connection ended, and their commands end with it.
+    pub(crate) fn abandon_transfers(&self) {
+        self.state.borrow_mut().transfers.clear();
     }
 
     /// Records an error in the controller's error log.
@@ -255,21 +347,7 @@ pub(crate) async fn serve(stream: TcpStream, ctx: Rc<ExecutorContext>) {
         // Checked at start-up on the listener; a failure here leaves the default, which still works.
         let _ = set_congestion_control(fd, algorithm);
     }
-    ctx.shared.registry().connections.insert(fd);
-    let queue = Rc::new(Queue {
-        ctx: Rc::clone(&ctx),
-        outbox: Outbox::default(),
-        state: RefCell::new(QueueState {
-            connected: None,
-            outstanding: HashSet::new(),
-            transfers: Vec::new(),
-            sq_head: 0,
-            close_after_flush: false,
-            held_async_events: 0,
-        }),
-        counters: Arc::new(QueueCounters::default()),
-        fd,
-    });
+    let queue = Rc::new(Queue::new(Rc::clone(&ctx), fd, Transport::Tcp));
     let decoder = Decoder { controller: true, digests: Default::default(), max_data_bytes: 0 };
     let mut reader = PduReader::new(read_half, decoder);
     let mut writer = PduWriter::new(write_half);
@@ -279,16 +357,9 @@ pub(crate) async fn serve(stream: TcpStream, ctx: Rc<ExecutorContext>) {
         queue.outbox.close();
         writer_task.await;
     }
-    // Deregister before the socket closes (when the streams drop), so no one shuts down a reused number.
-    let mut registry = ctx.shared.registry();
-    registry.connections.remove(&fd);
-    if let Some(connected) = queue.connected() {
-        if connected.qid == 0 {
-            registry.tear_down(connected.cntlid);
-        } else if let Some(controller) = registry.controllers.get_mut(&connected.cntlid) {
-            controller.queues.remove(&connected.qid);
-        }
-    }
+    queue.abandon_transfers();
+    // Before the socket closes (when the streams drop).
+    queue.leave();
 }
 
 /// ICReq → ICResp: digests as the host asks (both supported), no padding needed for our data (CPDA 0).
@@ -362,7 +433,7 @@ async fn write_loop(queue: Rc<Queue>, mut writer: PduWriter) {
         if writer.flush().await.is_err() {
             return;
         }
-        if queue.state.borrow().close_after_flush {
+        if queue.closing() {
             let _ = writer.close().await;
             return;
         }
@@ -372,7 +443,7 @@ async fn write_loop(queue: Rc<Queue>, mut writer: PduWriter) {
 
 async fn read_loop(queue: &Rc<Queue>, reader: &mut PduReader) {
     loop {
-        if queue.state.borrow().close_after_flush {
+        if queue.closing() {
             return;
         }
         let got = reader.read_header().await;
@@ -417,10 +488,7 @@ async fn receive_command(
                 PduError::DataLimitExceeded { len: data_len, limit: queue.ctx.config.in_capsule_data_bytes }.into()
             );
         }
-        let mut buffer = match queue.device(command.nsid) {
-            Some(device) if command.opcode == IoOpcode::Write as u8 => queue.ctx.buffer_for(&device, data_len as usize),
-            _ => IoBuffer::aligned(data_len as usize, 8),
-        };
+        let mut buffer = queue.capsule_buffer(&command, data_len as usize);
         match reader.read_data(received, buffer.as_mut_slice()).await {
             Ok(()) => Some(Ok(buffer)),
             Err(TransportError::Pdu(PduError::DataDigest { .. })) => Some(Err(NvmeStatus::TRANSIENT_TRANSPORT_ERROR)),
@@ -429,12 +497,23 @@ async fn receive_command(
     } else {
         None
     };
+    dispatch(queue, command, data).map_err(|what| PduError::Sequence(what).into())
+}
+
+/// Runs a command that arrived on `queue`, with its in-capsule data (or the status its transfer failed
+/// with): accounts the SQ and its CID, then hands it to the fabrics, admin or I/O command set. `Err`: the
+/// host broke the queue's protocol (more commands than entries), which ends the connection.
+pub(crate) fn dispatch(
+    queue: &Rc<Queue>,
+    command: Command,
+    data: Option<Result<IoBuffer, NvmeStatus>>,
+) -> Result<(), &'static str> {
     {
         let mut state = queue.state.borrow_mut();
         let entries = state.connected.map_or(32, |connected| connected.entries);
         state.sq_head = ((u32::from(state.sq_head) + 1) % entries) as u16;
         if state.outstanding.len() as u32 >= entries {
-            return Err(PduError::Sequence("more commands outstanding than the queue has entries").into());
+            return Err("more commands outstanding than the queue has entries");
         }
         if !state.outstanding.insert(command.cid) {
             drop(state);

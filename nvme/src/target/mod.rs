@@ -10,6 +10,8 @@ mod buffers;
 mod config;
 mod connection;
 mod io;
+#[cfg(feature = "rdma")]
+mod rdma;
 mod registry;
 mod reservations;
 
@@ -76,6 +78,8 @@ pub struct TargetHandle {
     stopping: Arc<AtomicBool>,
     listeners: Vec<RawFd>,
     shared: Arc<Shared>,
+    #[cfg(feature = "rdma")]
+    rdma: Option<rdma::RdmaListener>,
 }
 
 impl TargetHandle {
@@ -98,6 +102,11 @@ impl TargetHandle {
         }
         for thread in self.threads {
             let _ = thread.join();
+        }
+        // After the executors: their RDMA connections report on the listener's channel.
+        #[cfg(feature = "rdma")]
+        if let Some(listener) = self.rdma {
+            listener.stop();
         }
     }
 
@@ -286,8 +295,12 @@ pub fn start(config: TargetConfig) -> Result<TargetHandle, TargetError> {
         stopping: Arc::clone(&stopping),
         listeners: Vec::new(),
         shared: Arc::clone(&shared),
+        #[cfg(feature = "rdma")]
+        rdma: None,
     };
+    let (mut rdma_intakes, rdma_handoffs) = rdma_channels(&config)?;
     for (index, &cpu) in config.cpus.iter().enumerate() {
+        let rdma_intake = rdma_intakes.pop();
         let (ready, started) = mpsc::channel::<Result<(SocketAddr, RawFd), TargetError>>();
         let listen = handle.local_addr;
         let (config, shared, backends, stopping) =
@@ -309,6 +322,7 @@ pub fn start(config: TargetConfig) -> Result<TargetHandle, TargetError> {
                 let _ = ready.send(Ok((local, fd)));
                 let ctx =
                     Rc::new(ExecutorContext { shared, config, devices, listen: local, buffers: Default::default() });
+                serve_rdma(rdma_intake, &ctx);
                 accept_loop(listener, ctx, stopping).await;
             })
             .map_err(|error| TargetError::Executor(error.to_string()));
@@ -337,8 +351,58 @@ pub fn start(config: TargetConfig) -> Result<TargetHandle, TargetError> {
             }
         }
     }
+    #[cfg(feature = "rdma")]
+    if let Some(address) = config.rdma_listen {
+        match rdma::listen(address, &config, rdma_handoffs) {
+            Ok(listener) => handle.rdma = Some(listener),
+            Err(error) => {
+                handle.stop();
+                return Err(error);
+            }
+        }
+    }
+    #[cfg(not(feature = "rdma"))]
+    let () = rdma_handoffs;
     Ok(handle)
 }
+
+/// One intake per executor (popped from the end) and the listener's handoffs to them, where the target
+/// listens on RDMA.
+#[cfg(feature = "rdma")]
+fn rdma_channels(config: &TargetConfig) -> Result<(Vec<rdma::Intake>, Vec<rdma::Handoff>), TargetError> {
+    let mut intakes = Vec::new();
+    let mut handoffs = Vec::new();
+    if config.rdma_listen.is_some() {
+        for _ in &config.cpus {
+            let (handoff, intake) = rdma::channel().map_err(|error| TargetError::Executor(error.to_string()))?;
+            handoffs.push(handoff);
+            intakes.push(intake);
+        }
+    }
+    intakes.reverse();
+    Ok((intakes, handoffs))
+}
+
+/// Without feature `rdma`, an RDMA listener is refused before anything starts.
+#[cfg(not(feature = "rdma"))]
+fn rdma_channels(config: &TargetConfig) -> Result<(Vec<()>, ()), TargetError> {
+    match config.rdma_listen {
+        Some(address) => Err(TargetError::Config(format!(
+            "an NVMe/RDMA listener ({address}) needs a build with RDMA: cargo build --features rdma"
+        ))),
+        None => Ok((Vec::new(), ())),
+    }
+}
+
+#[cfg(feature = "rdma")]
+fn serve_rdma(intake: Option<rdma::Intake>, ctx: &Rc<ExecutorContext>) {
+    if let Some(intake) = intake {
+        glommio::spawn_local(rdma::serve_intake(intake, Rc::clone(ctx))).detach();
+    }
+}
+
+#[cfg(not(feature = "rdma"))]
+fn serve_rdma(_: Option<()>, _: &Rc<ExecutorContext>) {}
 
 /// A listener with `SO_REUSEPORT`, as glommio binds one, keeping its descriptor so that `stop` can shut
 /// it down and end the pending accept.

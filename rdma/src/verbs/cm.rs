@@ -7,6 +7,7 @@
 //! (`rdma_init_qp_attr`), then named in `rdma_accept` by its number. Events are read with the channel's
 //! descriptor non-blocking and waited for with `poll(2)`, bounded by a timeout.
 
+use std::collections::VecDeque;
 use std::net::SocketAddrV4;
 use std::time::{Duration, Instant};
 
@@ -22,6 +23,18 @@ const CM: &str = "rdma_cm";
 pub struct CmListener {
     channel: *mut sys::rdma_event_channel,
     id: *mut sys::rdma_cm_id,
+    /// Events read while [`accept`](CmListener::accept) waited for its own, reported next.
+    held: VecDeque<CmEvent>,
+}
+
+/// What a listener reports.
+pub enum CmEvent {
+    /// A peer asks to connect.
+    Request(CmRequest),
+    /// The connection of the request whose [`token`](CmRequest::token) this is ended: the peer
+    /// disconnected, or the connection failed. Its queue pair is not told (it is ours, not the manager's):
+    /// whoever serves it moves it to the error state.
+    Disconnected(usize),
 }
 
 // SAFETY: the channel and ids are used from one thread at a time (`&mut self` or ownership).
@@ -29,6 +42,8 @@ unsafe impl Send for CmListener {}
 
 impl Drop for CmListener {
     fn drop(&mut self) {
+        // Held requests' ids report on the channel: destroyed first.
+        self.held.clear();
         // SAFETY: the listener's id and channel, destroyed once; requests hold ids of their own, destroyed
         // before (they borrow the listener).
         unsafe {
@@ -49,6 +64,32 @@ pub struct CmRequest {
     pub initiator_depth: u8,
     /// RDMA READs of the peer's this side must answer at once (the peer's initiator depth).
     pub responder_resources: u8,
+}
+
+// SAFETY: the request's id is used by its one owner (the listener's thread, then the executor serving the
+// connection, which only destroys it); librdmacm's calls on an id are not tied to a thread.
+unsafe impl Send for CmRequest {}
+
+impl CmRequest {
+    /// What names this connection in [`CmEvent::Disconnected`] while the request lives.
+    pub fn token(&self) -> usize {
+        self.id as usize
+    }
+
+    /// The RDMA device the request arrived on (the one the listening address belongs to); `None` if the
+    /// manager bound none.
+    pub fn device_name(&self) -> Option<String> {
+        // SAFETY: a live request id; a bound id's context and device live as long as it, and the device's
+        // name is a NUL-terminated string of libibverbs'.
+        unsafe {
+            let context = (*self.id).verbs;
+            if context.is_null() || (*context).device.is_null() {
+                return None;
+            }
+            let name = sys::ibv_get_device_name((*context).device);
+            (!name.is_null()).then(|| std::ffi::CStr::from_ptr(name).to_string_lossy().into_owned())
+        }
+    }
 }
 
 impl Drop for CmRequest {
@@ -75,7 +116,7 @@ impl CmListener {
         if channel.is_null() {
             return Err(last_error("rdma_create_event_channel", CM));
         }
-        let mut listener = CmListener { channel, id: std::ptr::null_mut() };
+        let mut listener = CmListener { channel, id: std::ptr::null_mut(), held: VecDeque::new() };
         // SAFETY: a live channel; the id is written on success.
         if unsafe {
             sys::rdma_create_id(channel, &mut listener.id, std::ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP)
@@ -112,17 +153,45 @@ impl CmListener {
     /// The next connection request, waiting up to `timeout`; other events are read and dropped.
     pub fn next_request(&mut self, timeout: Duration) -> Result<Option<CmRequest>, TransferError> {
         let deadline = Instant::now() + timeout;
+        loop {
+            match self.next(deadline.saturating_duration_since(Instant::now()))? {
+                Some(CmEvent::Request(request)) => return Ok(Some(request)),
+                Some(CmEvent::Disconnected(_)) => continue,
+                None => return Ok(None),
+            }
+        }
+    }
+
+    /// The next request or end of a connection, waiting up to `timeout`; other events are read and dropped.
+    pub fn next(&mut self, timeout: Duration) -> Result<Option<CmEvent>, TransferError> {
+        if let Some(held) = self.held.pop_front() {
+            return Ok(Some(held));
+        }
+        let deadline = Instant::now() + timeout;
         while let Some(event) = self.next_event(deadline)? {
-            if event.kind == sys::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST {
-                return Ok(Some(CmRequest {
-                    id: event.id,
-                    private_data: event.private_data,
-                    initiator_depth: event.initiator_depth,
-                    responder_resources: event.responder_resources,
-                }));
+            if let Some(reported) = Self::reported(event) {
+                return Ok(Some(reported));
             }
         }
         Ok(None)
+    }
+
+    /// What `event` means to the listener's user, if anything.
+    fn reported(event: Event) -> Option<CmEvent> {
+        use sys::rdma_cm_event_type as kind;
+        match event.kind {
+            kind::RDMA_CM_EVENT_CONNECT_REQUEST => Some(CmEvent::Request(CmRequest {
+                id: event.id,
+                private_data: event.private_data,
+                initiator_depth: event.initiator_depth,
+                responder_resources: event.responder_resources,
+            })),
+            kind::RDMA_CM_EVENT_DISCONNECTED
+            | kind::RDMA_CM_EVENT_CONNECT_ERROR
+            | kind::RDMA_CM_EVENT_UNREACHABLE
+            | kind::RDMA_CM_EVENT_DEVICE_REMOVAL => Some(CmEvent::Disconnected(event.id as usize)),
+            _ => None,
+        }
     }
 
     /// Accepts `request` on `pair` (connected by the manager's attributes), with `private_data` (at most
@@ -168,6 +237,10 @@ impl CmListener {
         while let Some(event) = self.next_event(deadline)? {
             if event.id == request.id && event.kind == sys::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED {
                 return Ok(());
+            }
+            // Another host's request, or another connection's end, is kept for `next`, not lost.
+            if let Some(reported) = Self::reported(event) {
+                self.held.push_back(reported);
             }
         }
         Err(returned_error("rdma_accept (not established in time)", CM, libc::ETIMEDOUT))

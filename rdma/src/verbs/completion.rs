@@ -196,26 +196,33 @@ impl CompletionQueue {
         unsafe { (*self.inner.channel).fd }
     }
 
+    /// Reads and acknowledges one event, without waiting; `false` if there was none. A waiter that armed the
+    /// queue once has at most one to take: this spares [`take_events`](Self::take_events)' last read, which
+    /// only finds the channel empty.
+    pub fn take_event(&self) -> Result<bool, TransferError> {
+        let mut queue = std::ptr::null_mut();
+        let mut context = std::ptr::null_mut();
+        // SAFETY: the channel is non-blocking and only this queue reports to it.
+        if unsafe { sys::ibv_get_cq_event(self.inner.channel, &mut queue, &mut context) } != 0 {
+            let error = std::io::Error::last_os_error();
+            if error.kind() == std::io::ErrorKind::WouldBlock {
+                return Ok(false);
+            }
+            return Err(TransferError::Verbs {
+                call: "ibv_get_cq_event",
+                device: self.inner.device.name.clone(),
+                source: error,
+            });
+        }
+        // SAFETY: one event just taken from this queue; ibv_destroy_cq waits for every ack.
+        unsafe { sys::ibv_ack_cq_events(self.inner.raw, 1) };
+        Ok(true)
+    }
+
     /// Reads and acknowledges the events the channel holds, without waiting; returns how many.
     pub fn take_events(&self) -> Result<u32, TransferError> {
         let mut taken = 0;
-        loop {
-            let mut queue = std::ptr::null_mut();
-            let mut context = std::ptr::null_mut();
-            // SAFETY: the channel is non-blocking and only this queue reports to it.
-            if unsafe { sys::ibv_get_cq_event(self.inner.channel, &mut queue, &mut context) } != 0 {
-                let error = std::io::Error::last_os_error();
-                if error.kind() == std::io::ErrorKind::WouldBlock {
-                    break;
-                }
-                return Err(TransferError::Verbs {
-                    call: "ibv_get_cq_event",
-                    device: self.inner.device.name.clone(),
-                    source: error,
-                });
-            }
-            // SAFETY: one event just taken from this queue; ibv_destroy_cq waits for every ack.
-            unsafe { sys::ibv_ack_cq_events(self.inner.raw, 1) };
+        while self.take_event()? {
             taken += 1;
         }
         Ok(taken)

@@ -24,7 +24,7 @@ mod device;
 mod memory;
 mod queue_pair;
 
-pub use cm::{CmListener, CmRequest};
+pub use cm::{CmEvent, CmListener, CmRequest};
 pub use completion::{Completion, CompletionKind, CompletionQueue, WorkRequestError};
 pub use device::{Device, PortInfo};
 pub use memory::{Access, LocalSpan, MemoryRegion, ProtectionDomain, RegisteredBuffer};

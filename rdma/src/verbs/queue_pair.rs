@@ -242,6 +242,51 @@ impl QueuePair {
         self.posted(errno, "ibv_post_send")
     }
 
+    /// Posts a SEND of `message`, after an RDMA WRITE of `write`'s local span into its remote one where
+    /// given, in one call (one system call on providers that post through the kernel). The WRITE is not
+    /// signalled: the SEND's completion, `work_request_id`, says both are done (a queue pair completes in
+    /// order), and the peer sees the message only once the written bytes are in place; a failure of either
+    /// is reported under `work_request_id`. With `invalidate`, the SEND invalidates that remote key of the
+    /// peer's as it lands (SEND with Invalidate), which spares the peer a local invalidation of its own.
+    ///
+    /// # Safety
+    /// The written span's and `message`'s bytes must stay allocated and unchanged until that completion is
+    /// polled.
+    pub unsafe fn post_send_after_write(
+        &self,
+        work_request_id: u64,
+        write: Option<(LocalSpan, RemoteSpan)>,
+        message: LocalSpan,
+        invalidate: Option<u32>,
+    ) -> Result<(), TransferError> {
+        let mut sent = sys::ibv_sge { addr: message.address, length: message.length, lkey: message.local_key };
+        // SAFETY: a plain-data struct (unions included); the fields a SEND uses are set below.
+        let mut send: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+        send.wr_id = work_request_id;
+        send.sg_list = &mut sent;
+        send.num_sge = 1;
+        send.opcode = sys::ibv_wr_opcode::IBV_WR_SEND;
+        send.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        if let Some(key) = invalidate {
+            send.opcode = sys::ibv_wr_opcode::IBV_WR_SEND_WITH_INV;
+            send.imm_data_invalidated_rkey_union.invalidated_rkey = key;
+        }
+        let Some((local, remote)) = write else {
+            let mut bad = std::ptr::null_mut();
+            // SAFETY: a live queue pair; the request and its element outlive the call, which copies them.
+            let errno = unsafe { sys::ibv_post_send(self.raw, &mut send, &mut bad) };
+            return self.posted(errno, "ibv_post_send");
+        };
+        let mut written = sys::ibv_sge { addr: local.address, length: local.length, lkey: local.local_key };
+        let mut request = rdma_request(sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE, work_request_id, &mut written, remote)?;
+        request.next = &mut send;
+        request.send_flags = 0;
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: a live queue pair; both requests and their elements outlive the call, which copies them.
+        let errno = unsafe { sys::ibv_post_send(self.raw, &mut request, &mut bad) };
+        self.posted(errno, "ibv_post_send")
+    }
+
     /// Posts a receive into `local`, for the peer's next SEND (of at most `local.length` bytes).
     ///
     /// # Safety
@@ -272,25 +317,37 @@ impl QueuePair {
         local: LocalSpan,
         remote: RemoteSpan,
     ) -> Result<(), TransferError> {
-        if local.length > remote.length {
-            return Err(TransferError::OutOfRegion {
-                offset: 0,
-                length: u64::from(local.length),
-                registered: u64::from(remote.length),
-            });
-        }
         let mut element = sys::ibv_sge { addr: local.address, length: local.length, lkey: local.local_key };
-        // SAFETY: a plain-data struct (unions included); the fields RDMA READ/WRITE use are set below.
-        let mut request: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
-        request.wr_id = work_request_id;
-        request.sg_list = &mut element;
-        request.num_sge = 1;
-        request.opcode = opcode;
-        request.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        request.wr.rdma = sys::rdma_t { remote_addr: remote.address, rkey: remote.remote_key };
+        let mut request = rdma_request(opcode, work_request_id, &mut element, remote)?;
         let mut bad = std::ptr::null_mut();
         // SAFETY: a live queue pair; the request and its element outlive the call, which copies them.
         let errno = unsafe { sys::ibv_post_send(self.raw, &mut request, &mut bad) };
         self.posted(errno, "ibv_post_send")
     }
+}
+
+/// A signalled RDMA READ or WRITE (`opcode`) of `element`'s bytes to or from `remote`; refused when the
+/// local span is longer than the remote one. The request points at `element`, which must outlive its post.
+fn rdma_request(
+    opcode: sys::ibv_wr_opcode::Type,
+    work_request_id: u64,
+    element: &mut sys::ibv_sge,
+    remote: RemoteSpan,
+) -> Result<sys::ibv_send_wr, TransferError> {
+    if element.length > remote.length {
+        return Err(TransferError::OutOfRegion {
+            offset: 0,
+            length: u64::from(element.length),
+            registered: u64::from(remote.length),
+        });
+    }
+    // SAFETY: a plain-data struct (unions included); the fields RDMA READ/WRITE use are set below.
+    let mut request: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+    request.wr_id = work_request_id;
+    request.sg_list = element;
+    request.num_sge = 1;
+    request.opcode = opcode;
+    request.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+    request.wr.rdma = sys::rdma_t { remote_addr: remote.address, rkey: remote.remote_key };
+    Ok(request)
 }

@@ -1,15 +1,10 @@
 //! Waiting for a connection's RDMA completions on the shard's reactor.
 //!
-//! glommio has no call that waits for an arbitrary descriptor, but it arms a poll (`POLL_ADD` on its
-//! io_uring) for a descriptor the moment it adopts it as a stream, and a read of that stream waits for the
-//! poll before trying `recv`. So a duplicate of the completion channel's descriptor, adopted as a
-//! `UnixStream`, is read once: the read returns (with `ENOTSOCK`, the descriptor not being a socket) when
-//! the channel becomes readable, and the duplicate is closed. A wait thus costs a `dup`, one poll on the
-//! reactor's ring and a `close`, and happens only when the queue was empty after it was armed; a busy
+//! The completion channel's descriptor is awaited on the reactor (`strata_nvme::readiness`: a `dup`, one
+//! poll on the reactor's ring and a `close`), only when the queue was empty after it was armed; a busy
 //! connection finds completions by polling and never waits. A busy-polled node polls the queue between
 //! yields instead (`idle_poll`), as it does its sockets.
 
-use std::os::fd::{FromRawFd, RawFd};
 use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
@@ -46,26 +41,13 @@ pub(super) async fn next(
             return Ok(taken);
         }
         crate::metrics::add(waits, 1);
-        futures_lite::future::or(readable(queue.event_fd()), glommio::timer::sleep(deadline - now)).await;
+        futures_lite::future::or(
+            strata_nvme::readiness::readable(queue.event_fd()),
+            glommio::timer::sleep(deadline - now),
+        )
+        .await;
         queue.take_events()?;
     }
-}
-
-/// Returns once `fd` is readable (see the module's doc).
-async fn readable(fd: RawFd) {
-    // SAFETY: `fd` is open (the completion queue holds it); the duplicate is ours to close.
-    #[allow(unsafe_code)]
-    let duplicate = unsafe { libc::dup(fd) };
-    if duplicate < 0 {
-        futures_lite::future::yield_now().await;
-        return;
-    }
-    // SAFETY: a descriptor nothing else owns; glommio polls it and closes it on drop. It is not a socket,
-    // so the read below never consumes anything: it ends with ENOTSOCK once the poll says readable.
-    #[allow(unsafe_code)]
-    let mut stream = unsafe { glommio::net::UnixStream::from_raw_fd(duplicate) };
-    let mut byte = [0u8; 1];
-    let _ = futures_lite::AsyncReadExt::read(&mut stream, &mut byte).await;
 }
 
 #[cfg(test)]
