@@ -10,7 +10,9 @@
 #   RUNTIME=5 REPS=3 [JOBS="randread:4k:1 randread:4k:16 read:128k:4 write:128k:4"] [GUEST_CPUS=2]
 #   [TARGET_FLAGS="--cpus 1"] scripts/bench-nvmf-rdma.sh
 #
-# Prints one line per job (median over REPS of each target, and their ratio), then a JSON object.
+# Prints one line per job (median over REPS of each target, and their ratio), then a JSON object. The
+# `host:` row runs Strata's own NVMe/RDMA host (`strata-bench --ioengine=nvmf`) on nvmet-rdma beside the
+# kernel's host under fio, same job; then a `--verify=crc32c` pass of Strata's host there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNTIME=${RUNTIME:-5}
@@ -19,7 +21,7 @@ JOBS=${JOBS:-"randread:4k:1 randread:4k:16 read:128k:4 write:128k:4"}
 TARGET_FLAGS=${TARGET_FLAGS:---cpus 1}
 export STRATA_RDMA_GUEST_CPUS=${GUEST_CPUS:-2}
 
-cargo build --release -q -p strata-tools --features rdma --bin strata-pool
+cargo build --release -q -p strata-tools --features rdma --bin strata-pool --bin strata-bench
 script=$(mktemp)
 log=$(mktemp)
 trap 'rm -f "$script" "$log"' EXIT
@@ -66,9 +68,23 @@ for rep in \$(seq 1 $REPS); do
     done
   done
 done
+# Strata's own host on the kernel's target: the 4 KiB QD 16 job beside the kernel host's, and a verify pass.
+theirs_address="trtype=rdma,traddr=10.0.2.15,trsvcid=4422,subnqn=\$theirs,ns=1"
+for rep in \$(seq 1 $REPS); do
+  strata-bench --name=host --ioengine=nvmf --filename=\$theirs_address --rw=randread --bs=4k --iodepth=16 \
+    --size=256m --runtime=$RUNTIME --time_based --output-format=json >/tmp/host.json
+  echo "BENCH host:randread:4k:16 strata \$rep \$(grep -m1 '"iops"' /tmp/host.json | tr -dc '0-9.') 0"
+  fio --name=bench --filename=\$kernel --direct=1 --ioengine=libaio --rw=randread --bs=4k --iodepth=16 \
+    --size=256m --runtime=$RUNTIME --time_based --output-format=terse --terse-version=3 >/tmp/fio.out
+  awk -F';' -v rep=\$rep '{ printf "BENCH host:randread:4k:16 kernel %s %s %s\n", rep, \$8, \$7 }' /tmp/fio.out
+done
+strata-bench --name=verify --ioengine=nvmf --filename=\$theirs_address --rw=randwrite --bs=64k --iodepth=8 \
+  --size=64m --verify=crc32c >/tmp/verify.out 2>&1 && echo "VERIFY ok" || { echo "VERIFY failed"; cat /tmp/verify.out; }
 nvme disconnect -n \$ours >/dev/null; nvme disconnect -n \$theirs >/dev/null
 EOF
-tests/lab/rdma-guest run 1500 "$script" target/release/strata-pool "$(command -v fio)" | tee "$log" >/dev/null
+tests/lab/rdma-guest run 1500 "$script" target/release/strata-pool target/release/strata-bench "$(command -v fio)" |
+  tee "$log" >/dev/null
+grep -h "VERIFY" "$log" || true
 python3 - "$log" <<'EOF'
 import json, statistics, sys
 rows = {}
@@ -85,7 +101,7 @@ for job, targets in rows.items():
     result[job] = {"strata_iops": strata, "kernel_iops": kernel, "ratio": round(ratio, 3),
                    "strata_runs": [value[0] for value in targets.get("strata", [])],
                    "kernel_runs": [value[0] for value in targets.get("kernel", [])]}
-    print(f"{job:18} strata {strata:10.0f} IOPS   kernel nvmet-rdma {kernel:10.0f} IOPS   ratio {ratio:.2f}")
+    print(f"{job:22} strata {strata:10.0f} IOPS   kernel {kernel:10.0f} IOPS   ratio {ratio:.2f}")
 print(json.dumps(result))
 if not rows:
     sys.exit("no BENCH lines from the guest")

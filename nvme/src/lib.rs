@@ -41,7 +41,7 @@ pub use crate::buffer::IoBuffer;
 pub use crate::device::{BlockDevice, Geometry, IoTiming};
 pub use crate::error::{BlockError, BlockErrorKind, BlockOp, BlockResult};
 pub use crate::faults::{FaultConfig, FaultDevice, FaultStats};
-pub use crate::host::{HostOptions, NvmfAddress, NvmfDevice, NvmfError};
+pub use crate::host::{HostOptions, NvmfAddress, NvmfDevice, NvmfError, NvmfTransport};
 pub use crate::memory::MemoryDevice;
 pub use crate::queue_depth::QueueDepthLimit;
 pub use crate::ring::{RingDevice, RingWait};

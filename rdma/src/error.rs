@@ -61,4 +61,13 @@ pub enum TransferError {
         /// Work requests the queue holds.
         capacity: u32,
     },
+    /// The peer refused the connection (RDMA_CM REJECT); what it said is in its private data.
+    #[error("the peer rejected the connection ({} bytes of private data)", private_data.len())]
+    Rejected {
+        /// The REJECT's private data.
+        private_data: Vec<u8>,
+    },
+    /// The connection manager could not reach the peer, or gave up on an event.
+    #[error("RDMA_CM: {0}")]
+    Unreachable(String),
 }

@@ -37,3 +37,22 @@ fn a_target_asked_to_listen_on_rdma_it_cannot_have_refuses_to_start() {
         assert!(error.contains("--features rdma"), "names the feature: {error}");
     }
 }
+
+/// And for the NVMe-oF host: `trtype=rdma` without feature `rdma` names the feature; with it, where no RDMA
+/// device routes to the address, the connect fails with the connection manager's error, at once.
+#[test]
+fn a_host_asked_for_rdma_it_cannot_have_fails_with_a_typed_error() {
+    let address = strata_nvme::NvmfAddress::parse("trtype=rdma,traddr=192.0.2.1,trsvcid=4420,subnqn=nqn.x").unwrap();
+    let error = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .spawn(move || async move {
+            let options = strata_nvme::HostOptions::default();
+            strata_nvme::NvmfDevice::connect(&address, &options, 1).await.err().expect("no RDMA to connect over")
+        })
+        .expect("executor")
+        .join()
+        .expect("the connect's outcome");
+    assert!(matches!(error, strata_nvme::NvmfError::Rdma(_)), "{error}");
+    if !cfg!(feature = "rdma") {
+        assert!(error.to_string().contains("--features rdma"), "names the feature: {error}");
+    }
+}

@@ -6,7 +6,7 @@ use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
 
 use super::queue::HostQueue;
-use super::{HostOptions, NvmfError};
+use super::{HostOptions, NvmfError, NvmfTransport};
 use crate::buffer::IoBuffer;
 use crate::spec::{
     AdminOpcode, Command, Completion, ConnectData, ControllerIdentity, DISCOVERY_NQN, DiscoveryLog, FABRICS_OPCODE,
@@ -120,12 +120,15 @@ impl AdminQueue {
     /// Connects the admin queue, enables the controller, identifies it and asks for `io_queues` I/O queues
     /// (none for a discovery controller).
     pub(crate) async fn connect(
-        addr: SocketAddr,
+        (transport, addr): (NvmfTransport, SocketAddr),
         subnqn: &str,
         options: &HostOptions,
         io_queues: u16,
     ) -> Result<Self, NvmfError> {
-        let queue = HostQueue::open(addr, options.digests, ADMIN_QUEUE_ENTRIES, false, None).await?;
+        let queue = match transport {
+            NvmfTransport::Tcp => HostQueue::open(addr, options.digests, ADMIN_QUEUE_ENTRIES, false, None).await?,
+            NvmfTransport::Rdma => HostQueue::open_rdma(addr, 0, ADMIN_QUEUE_ENTRIES)?,
+        };
         let result = Self::bring_up(&queue, subnqn, options, io_queues).await;
         match result {
             Ok(info) => {
@@ -170,7 +173,7 @@ impl AdminQueue {
         let identity = ControllerIdentity::decode(&bytes)
             .ok_or_else(|| NvmfError::Protocol("short Identify Controller data".into()))?;
         if identity.sgls & 0b11 == 0 {
-            return Err(NvmfError::Protocol("controller does not support SGLs, which NVMe/TCP requires".into()));
+            return Err(NvmfError::Protocol("controller does not support SGLs, which NVMe-oF requires".into()));
         }
         let mut granted = 0;
         if io_queues > 0 {
@@ -216,7 +219,7 @@ async fn keep_alive(queue: Weak<HostQueue>, interval: Duration) {
 /// first, then every record.
 pub async fn discover(addr: SocketAddr, options: &HostOptions) -> Result<DiscoveryLog, NvmfError> {
     let options = HostOptions { keep_alive_ms: 0, ..options.clone() };
-    let admin = AdminQueue::connect(addr, DISCOVERY_NQN, &options, 0).await?;
+    let admin = AdminQueue::connect((NvmfTransport::Tcp, addr), DISCOVERY_NQN, &options, 0).await?;
     let header = get_log_page(&admin.queue, 0x70, 0, DiscoveryLog::HEADER_BYTES).await?;
     let records = DiscoveryLog::record_count(&header).unwrap_or(0).min(1024) as usize;
     let bytes = get_log_page(&admin.queue, 0x70, 0, DiscoveryLog::HEADER_BYTES + records * 1024).await?;

@@ -10,7 +10,7 @@ use glommio::sync::Semaphore;
 
 use super::controller::{AdminQueue, ControllerInfo, connect_queue};
 use super::queue::HostQueue;
-use super::{HostOptions, NvmfAddress, NvmfError};
+use super::{HostOptions, NvmfAddress, NvmfError, NvmfTransport};
 use crate::buffer::IoBuffer;
 use crate::device::{BlockDevice, Geometry};
 use crate::error::{BlockError, BlockErrorKind, BlockOp, BlockResult};
@@ -61,7 +61,8 @@ impl NvmfDevice {
     /// Connects to the controller of `address`, asks for `io_queues` I/O queues (one per executor that
     /// will use it), identifies the namespace and opens I/O queue 1 on this executor.
     pub async fn connect(address: &NvmfAddress, options: &HostOptions, io_queues: u16) -> Result<Self, NvmfError> {
-        let admin = AdminQueue::connect(address.addr, &address.subnqn, options, io_queues.max(1)).await?;
+        let admin =
+            AdminQueue::connect((address.transport, address.addr), &address.subnqn, options, io_queues.max(1)).await?;
         let namespace = admin.namespace(address.nsid).await?;
         if namespace.nsze == 0 {
             // Identify returns zeroes for an NSID that is valid but not active.
@@ -173,9 +174,13 @@ impl NvmfDevice {
         if owns_admin {
             let admin_broken = self.admin.borrow().as_ref().and_then(|admin| admin.queue.broken()).is_some();
             if admin_broken {
-                let admin =
-                    AdminQueue::connect(share.address.addr, &share.address.subnqn, &share.options, share.io_queues)
-                        .await?;
+                let admin = AdminQueue::connect(
+                    (share.address.transport, share.address.addr),
+                    &share.address.subnqn,
+                    &share.options,
+                    share.io_queues,
+                )
+                .await?;
                 share.cntlid.store(admin.info.cntlid, Ordering::SeqCst);
                 *self.admin.borrow_mut() = Some(admin);
             }
@@ -239,14 +244,19 @@ impl NvmfDevice {
 
 async fn open_io_queue(share: &ControllerShare, qid: u16) -> Result<Rc<HostQueue>, NvmfError> {
     let options = &share.options;
-    let queue = HostQueue::open(
-        share.address.addr,
-        options.digests,
-        options.queue_entries,
-        options.busy_poll,
-        options.tcp_congestion.as_deref(),
-    )
-    .await?;
+    let queue = match share.address.transport {
+        NvmfTransport::Tcp => {
+            HostQueue::open(
+                share.address.addr,
+                options.digests,
+                options.queue_entries,
+                options.busy_poll,
+                options.tcp_congestion.as_deref(),
+            )
+            .await?
+        }
+        NvmfTransport::Rdma => HostQueue::open_rdma(share.address.addr, qid, options.queue_entries)?,
+    };
     queue.set_in_capsule_bytes(share.in_capsule_bytes);
     let cntlid = share.cntlid.load(Ordering::SeqCst);
     match connect_queue(&queue, options, &share.address.subnqn, qid, options.queue_entries, cntlid).await {

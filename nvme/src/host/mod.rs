@@ -1,17 +1,20 @@
-//! The NVMe-oF/TCP host: a userspace initiator that is itself a block device ([`NvmfDevice`]), plus
-//! discovery ([`discover`]).
+//! The NVMe-oF host: a userspace initiator that is itself a block device ([`NvmfDevice`]), over TCP or
+//! (feature `rdma`) RDMA, plus discovery ([`discover`], TCP).
 //!
 //! A controller has an admin queue (Connect, Property Get/Set for the enable handshake, Identify, Set
 //! Features, Keep Alive) and one I/O queue per executor that uses it; each queue is one TCP connection
-//! served by a reader task and a writer task on that executor. Commands are pipelined up to the queue
-//! depth; reads land straight in the caller's buffer from C2HData PDUs; writes go in the capsule when
-//! small enough and after the controller's R2T otherwise. A broken connection fails the commands in
+//! served by a reader task and a writer task on that executor, or one RDMA queue pair served by a
+//! completion task (`host/rdma.rs`). Commands are pipelined up to the queue depth; over TCP reads land straight
+//! in the caller's buffer from C2HData PDUs, and writes go in the capsule when small enough and after the
+//! controller's R2T otherwise. A broken connection fails the commands in
 //! flight with a typed error; the next command reconnects, retrying until the controller-loss timeout.
 
 mod controller;
 mod device;
 mod identity;
 mod queue;
+#[cfg(feature = "rdma")]
+mod rdma;
 mod reservations;
 
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -23,9 +26,20 @@ pub use self::identity::{machine_identity, node_host_id};
 use crate::spec::NvmeStatus;
 use crate::tcp::{Digests, TransportError};
 
-/// Where a namespace is: `trtype=tcp,traddr=ADDR,trsvcid=PORT,subnqn=NQN,ns=N` (nvme-cli's names).
+/// The transport binding a controller is reached by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NvmfTransport {
+    /// NVMe/TCP.
+    Tcp,
+    /// NVMe/RDMA (feature `rdma`): `addr` is an IPv4 address an RDMA device routes to.
+    Rdma,
+}
+
+/// Where a namespace is: `trtype=tcp|rdma,traddr=ADDR,trsvcid=PORT,subnqn=NQN,ns=N` (nvme-cli's names).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NvmfAddress {
+    /// The transport (`trtype`; TCP when not given).
+    pub transport: NvmfTransport,
     /// Transport address and service (port).
     pub addr: SocketAddr,
     /// Subsystem NQN.
@@ -39,11 +53,13 @@ impl NvmfAddress {
     pub fn parse(text: &str) -> Result<Self, NvmfError> {
         let invalid = |what: String| NvmfError::InvalidAddress(format!("{text:?}: {what}"));
         let (mut traddr, mut trsvcid, mut subnqn, mut nsid) = (None, 4420u16, None, 1u32);
+        let mut transport = NvmfTransport::Tcp;
         for part in text.split(',') {
             let (key, value) = part.split_once('=').ok_or_else(|| invalid(format!("{part:?} is not key=value")))?;
             match key {
-                "trtype" if value.eq_ignore_ascii_case("tcp") => {}
-                "trtype" => return Err(invalid(format!("transport {value:?} is not supported (tcp)"))),
+                "trtype" if value.eq_ignore_ascii_case("tcp") => transport = NvmfTransport::Tcp,
+                "trtype" if value.eq_ignore_ascii_case("rdma") => transport = NvmfTransport::Rdma,
+                "trtype" => return Err(invalid(format!("transport {value:?} is not supported (tcp, rdma)"))),
                 "traddr" => traddr = Some(value.to_string()),
                 "trsvcid" => {
                     trsvcid = value.parse().map_err(|_| invalid(format!("trsvcid {value:?} is not a port")))?
@@ -59,7 +75,10 @@ impl NvmfAddress {
         if nsid == 0 || nsid == u32::MAX {
             return Err(invalid("ns must be a namespace ID from 1".into()));
         }
-        Ok(Self { addr, subnqn, nsid })
+        if transport == NvmfTransport::Rdma && !addr.is_ipv4() {
+            return Err(invalid("trtype=rdma takes an IPv4 traddr".into()));
+        }
+        Ok(Self { transport, addr, subnqn, nsid })
     }
 }
 
@@ -67,7 +86,11 @@ impl std::fmt::Display for NvmfAddress {
     /// The form [`NvmfAddress::parse`] reads.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let (ip, port) = (self.addr.ip(), self.addr.port());
-        write!(f, "trtype=tcp,traddr={ip},trsvcid={port},subnqn={},ns={}", self.subnqn, self.nsid)
+        let transport = match self.transport {
+            NvmfTransport::Tcp => "tcp",
+            NvmfTransport::Rdma => "rdma",
+        };
+        write!(f, "trtype={transport},traddr={ip},trsvcid={port},subnqn={},ns={}", self.subnqn, self.nsid)
     }
 }
 
@@ -161,6 +184,9 @@ pub enum NvmfError {
     /// The connection was lost while the command was in flight.
     #[error("the connection to the controller was lost ({0})")]
     Disconnected(String),
+    /// An NVMe/RDMA queue could not be made, connected or kept (or the build has no RDMA).
+    #[error("NVMe/RDMA: {0}")]
+    Rdma(String),
     /// The controller did not become ready in time.
     #[error("{0} timed out")]
     Timeout(&'static str),
@@ -184,13 +210,16 @@ mod tests {
         assert_eq!(address.addr, "127.0.0.1:4421".parse().unwrap());
         assert_eq!((address.subnqn.as_str(), address.nsid), ("nqn.x:y", 2));
         assert_eq!(NvmfAddress::parse("traddr=::1,subnqn=n").unwrap().addr, "[::1]:4420".parse().unwrap());
-        for address in [address, NvmfAddress::parse("traddr=::1,subnqn=n").unwrap()] {
+        let rdma = NvmfAddress::parse("trtype=rdma,traddr=10.0.2.15,subnqn=n").unwrap();
+        assert_eq!((rdma.transport, rdma.addr), (NvmfTransport::Rdma, "10.0.2.15:4420".parse().unwrap()));
+        for address in [address, NvmfAddress::parse("traddr=::1,subnqn=n").unwrap(), rdma] {
             assert_eq!(NvmfAddress::parse(&address.to_string()).unwrap(), address, "{address}");
         }
         for bad in [
             "traddr=127.0.0.1",
             "subnqn=n",
-            "trtype=rdma,traddr=127.0.0.1,subnqn=n",
+            "trtype=fc,traddr=127.0.0.1,subnqn=n",
+            "trtype=rdma,traddr=::1,subnqn=n",
             "traddr=1.2.3.4,subnqn=n,ns=0",
             "x",
         ] {

@@ -1,5 +1,6 @@
-//! One host queue (admin or I/O): a TCP connection, its reader and writer tasks, and the table of
-//! commands in flight, indexed by command ID.
+//! One host queue (admin or I/O): its link to the controller (a TCP connection with its reader and writer
+//! tasks, or an NVMe/RDMA queue pair with its completion task) and the table of commands in flight,
+//! indexed by command ID.
 
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
@@ -52,8 +53,18 @@ pub(crate) struct QueueLimits {
     pub(crate) max_h2c_data_bytes: u32,
 }
 
+/// What carries a queue's commands.
+enum Link {
+    /// The outbox's writer task and a reader task, over TCP.
+    Tcp,
+    #[cfg(feature = "rdma")]
+    Rdma(super::rdma::RdmaLink),
+}
+
 /// A connected queue.
 pub(crate) struct HostQueue {
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    link: Link,
     outbox: Outbox<Outgoing>,
     state: RefCell<State>,
     slots: Semaphore,
@@ -104,19 +115,71 @@ impl HostQueue {
         writer.data_alignment = (usize::from(cpda) + 1) * 4;
         reader.decoder.digests = digests;
         reader.decoder.max_data_bytes = u32::MAX;
-        let queue = Rc::new(Self {
+        let limits = QueueLimits { in_capsule_bytes: 8192, max_h2c_data_bytes: maxh2cdata };
+        let queue = Rc::new(Self::new(Link::Tcp, entries, limits));
+        glommio::spawn_local(Self::write_loop(Rc::clone(&queue), writer)).detach();
+        glommio::spawn_local(Self::read_loop(Rc::clone(&queue), reader)).detach();
+        Ok(queue)
+    }
+
+    fn new(link: Link, entries: u16, limits: QueueLimits) -> Self {
+        Self {
+            link,
             outbox: Outbox::default(),
             state: RefCell::new(State {
                 pending: (0..entries).map(|_| None).collect(),
                 free_cids: (0..entries).rev().collect(),
             }),
             slots: Semaphore::new(u64::from(entries)),
-            limits: Cell::new(QueueLimits { in_capsule_bytes: 8192, max_h2c_data_bytes: maxh2cdata }),
+            limits: Cell::new(limits),
             broken: RefCell::new(None),
-        });
-        glommio::spawn_local(Self::write_loop(Rc::clone(&queue), writer)).detach();
-        glommio::spawn_local(Self::read_loop(Rc::clone(&queue), reader)).detach();
+        }
+    }
+
+    /// Connects queue `qid` over NVMe/RDMA (feature `rdma`); its completion task runs until it breaks.
+    #[cfg(feature = "rdma")]
+    pub(crate) fn open_rdma(addr: SocketAddr, qid: u16, entries: u16) -> Result<Rc<Self>, NvmfError> {
+        let SocketAddr::V4(peer) = addr else {
+            return Err(NvmfError::Rdma(format!("{addr}: NVMe/RDMA connects to IPv4 addresses")));
+        };
+        let (link, granted) = super::rdma::RdmaLink::connect(peer, qid, entries)?;
+        let limits = QueueLimits { in_capsule_bytes: 0, max_h2c_data_bytes: u32::MAX };
+        let queue = Rc::new(Self::new(Link::Rdma(link), granted, limits));
+        glommio::spawn_local(super::rdma::RdmaLink::run(Rc::clone(&queue))).detach();
         Ok(queue)
+    }
+
+    /// Without feature `rdma`: a clear refusal.
+    #[cfg(not(feature = "rdma"))]
+    pub(crate) fn open_rdma(addr: SocketAddr, _qid: u16, _entries: u16) -> Result<Rc<Self>, NvmfError> {
+        Err(NvmfError::Rdma(format!("{addr}: trtype=rdma needs a build with RDMA (cargo build --features rdma)")))
+    }
+
+    /// The queue's RDMA link, if it has one.
+    #[cfg(feature = "rdma")]
+    pub(crate) fn rdma_link(&self) -> Option<&super::rdma::RdmaLink> {
+        match &self.link {
+            Link::Rdma(link) => Some(link),
+            Link::Tcp => None,
+        }
+    }
+
+    /// A response capsule for a command: a read's data is copied out of its staging buffer first.
+    #[cfg(feature = "rdma")]
+    pub(crate) fn complete_response(&self, completion: Completion) {
+        if let Link::Rdma(link) = &self.link {
+            let mut state = self.state.borrow_mut();
+            if let Some(Some(Pending { read: Some(buffer), .. })) = state.pending.get_mut(usize::from(completion.cid)) {
+                link.copy_out(completion.cid, buffer);
+            }
+        }
+        self.complete(completion.cid, Ok(completion));
+    }
+
+    /// Fails the queue for `reason`.
+    #[cfg(feature = "rdma")]
+    pub(crate) fn fail(&self, reason: String) {
+        self.fail_all(reason);
     }
 
     /// Sets how much data may travel in a capsule (the controller's IOCCSZ on I/O queues).
@@ -154,6 +217,10 @@ impl HostQueue {
             return (Err(NvmfError::Protocol("no free command ID".into())), write.or(read));
         };
         command.cid = cid;
+        #[cfg(feature = "rdma")]
+        if let Link::Rdma(link) = &self.link {
+            return self.submit_rdma(link, command, write, read).await;
+        }
         let write = write.map(Rc::new);
         let mut in_capsule = None;
         if let Some(data) = &write {
@@ -169,8 +236,39 @@ impl HostQueue {
             command.sgl = SglDescriptor::transport(buffer.len() as u32);
         }
         self.state.borrow_mut().pending[usize::from(cid)] = Some(Pending { read, write, ..Pending::default() });
-        let mut guard = Abandon { queue: self, cid, done: false };
         self.outbox.push(Outgoing::Command { command, data: in_capsule });
+        self.wait_for(cid).await
+    }
+
+    /// Over RDMA: the data is staged, the command SENT; a write's buffer comes back at once (its bytes were
+    /// copied), a read's once the response says the controller wrote them.
+    #[cfg(feature = "rdma")]
+    async fn submit_rdma(
+        &self,
+        link: &super::rdma::RdmaLink,
+        command: Command,
+        write: Option<IoBuffer>,
+        read: Option<IoBuffer>,
+    ) -> (Result<Completion, NvmfError>, Option<IoBuffer>) {
+        let cid = command.cid;
+        let staged = link.stage(cid, write.as_ref(), read.as_ref().map_or(0, IoBuffer::len));
+        let sent = staged.and_then(|sgl| {
+            self.state.borrow_mut().pending[usize::from(cid)] = Some(Pending { read, ..Pending::default() });
+            link.send(&command, sgl)
+        });
+        if let Err(error) = sent {
+            let read = self.state.borrow_mut().pending[usize::from(cid)].take().and_then(|pending| pending.read);
+            self.state.borrow_mut().free_cids.push(cid);
+            self.fail_all(error.to_string());
+            return (Err(error), write.or(read));
+        }
+        let (result, read) = self.wait_for(cid).await;
+        (result, write.or(read))
+    }
+
+    /// Waits for command `cid`'s completion; frees its ID and returns its buffer.
+    async fn wait_for(&self, cid: u16) -> (Result<Completion, NvmfError>, Option<IoBuffer>) {
+        let mut guard = Abandon { queue: self, cid, done: false };
         let result = std::future::poll_fn(|context| {
             let mut state = self.state.borrow_mut();
             let Some(pending) = state.pending[usize::from(cid)].as_mut() else {
@@ -235,6 +333,10 @@ impl HostQueue {
             return;
         }
         *self.broken.borrow_mut() = Some(reason.clone());
+        #[cfg(feature = "rdma")]
+        if let Link::Rdma(link) = &self.link {
+            link.close();
+        }
         let cids: Vec<u16> = {
             let state = self.state.borrow();
             (0..state.pending.len() as u16).filter(|&cid| state.pending[usize::from(cid)].is_some()).collect()

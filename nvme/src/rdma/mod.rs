@@ -4,6 +4,8 @@
 //! field checked, as the NVMe/TCP PDU codec is; the queue pairs and capsules are `strata-transfer`'s.
 
 pub mod cm;
+#[cfg(feature = "rdma")]
+pub(crate) mod completions;
 mod sgl;
 
 pub use sgl::{KeyedSgl, SglError};

@@ -79,16 +79,7 @@ impl CmRequest {
     /// The RDMA device the request arrived on (the one the listening address belongs to); `None` if the
     /// manager bound none.
     pub fn device_name(&self) -> Option<String> {
-        // SAFETY: a live request id; a bound id's context and device live as long as it, and the device's
-        // name is a NUL-terminated string of libibverbs'.
-        unsafe {
-            let context = (*self.id).verbs;
-            if context.is_null() || (*context).device.is_null() {
-                return None;
-            }
-            let name = sys::ibv_get_device_name((*context).device);
-            (!name.is_null()).then(|| std::ffi::CStr::from_ptr(name).to_string_lossy().into_owned())
-        }
+        device_name_of(self.id)
     }
 }
 
@@ -100,10 +91,10 @@ impl Drop for CmRequest {
 }
 
 /// One event read from the channel.
-struct Event {
-    kind: sys::rdma_cm_event_type::Type,
-    id: *mut sys::rdma_cm_id,
-    private_data: Vec<u8>,
+pub(super) struct Event {
+    pub(super) kind: sys::rdma_cm_event_type::Type,
+    pub(super) id: *mut sys::rdma_cm_id,
+    pub(super) private_data: Vec<u8>,
     initiator_depth: u8,
     responder_resources: u8,
 }
@@ -111,34 +102,9 @@ struct Event {
 impl CmListener {
     /// Listens on `address` (an address of the RDMA device's network interface).
     pub fn bind(address: SocketAddrV4) -> Result<CmListener, TransferError> {
-        // SAFETY: creates a channel we own.
-        let channel = unsafe { sys::rdma_create_event_channel() };
-        if channel.is_null() {
-            return Err(last_error("rdma_create_event_channel", CM));
-        }
-        let mut listener = CmListener { channel, id: std::ptr::null_mut(), held: VecDeque::new() };
-        // SAFETY: a live channel; the id is written on success.
-        if unsafe {
-            sys::rdma_create_id(channel, &mut listener.id, std::ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP)
-        } != 0
-        {
-            let error = last_error("rdma_create_id", CM);
-            // SAFETY: the channel has no id.
-            unsafe { sys::rdma_destroy_event_channel(channel) };
-            std::mem::forget(listener);
-            return Err(error);
-        }
-        // SAFETY: the channel's descriptor is ours; non-blocking, so reading events never waits.
-        unsafe {
-            let flags = libc::fcntl((*channel).fd, libc::F_GETFL);
-            libc::fcntl((*channel).fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
-        }
-        let mut socket = libc::sockaddr_in {
-            sin_family: libc::AF_INET as libc::sa_family_t,
-            sin_port: address.port().to_be(),
-            sin_addr: libc::in_addr { s_addr: u32::from(*address.ip()).to_be() },
-            sin_zero: [0; 8],
-        };
+        let (channel, id) = create_channel_and_id()?;
+        let listener = CmListener { channel, id, held: VecDeque::new() };
+        let mut socket = socket_address(address);
         // SAFETY: a live id and a sockaddr_in that outlives the call.
         if unsafe { sys::rdma_bind_addr(listener.id, (&mut socket as *mut libc::sockaddr_in).cast()) } != 0 {
             return Err(last_error("rdma_bind_addr", CM));
@@ -204,22 +170,7 @@ impl CmListener {
         (private_data, reads): (&[u8], u8),
         timeout: Duration,
     ) -> Result<(), TransferError> {
-        for state in [sys::ibv_qp_state::IBV_QPS_RTR, sys::ibv_qp_state::IBV_QPS_RTS] {
-            // SAFETY: a plain-data struct the call fills in for this request's id.
-            let mut attributes: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
-            attributes.qp_state = state;
-            let mut mask = 0;
-            // SAFETY: a live request id.
-            if unsafe { sys::rdma_init_qp_attr(request.id, &mut attributes, &mut mask) } != 0 {
-                return Err(last_error("rdma_init_qp_attr", CM));
-            }
-            if state == sys::ibv_qp_state::IBV_QPS_RTR {
-                attributes.max_dest_rd_atomic = attributes.max_dest_rd_atomic.min(reads).max(1);
-            } else {
-                attributes.max_rd_atomic = attributes.max_rd_atomic.min(reads).max(1);
-            }
-            pair.modify_with(&mut attributes, mask as u32)?;
-        }
+        ready_to_send(request.id, pair, reads)?;
         // SAFETY: a plain-data struct; `private_data` outlives the call.
         let mut parameters: sys::rdma_conn_param = unsafe { std::mem::zeroed() };
         parameters.private_data = private_data.as_ptr().cast();
@@ -259,43 +210,119 @@ impl CmListener {
 
     /// Reads the next event, waiting until `deadline`; `None` when it passed.
     fn next_event(&mut self, deadline: Instant) -> Result<Option<Event>, TransferError> {
-        loop {
-            let mut raw = std::ptr::null_mut();
-            // SAFETY: a live, non-blocking channel; the event is ours until acknowledged below.
-            if unsafe { sys::rdma_get_cm_event(self.channel, &mut raw) } == 0 {
-                // SAFETY: a live event; its private data (if any) lives until it is acknowledged.
-                let event = unsafe {
-                    let conn = &(*raw).param.conn;
-                    let private_data = if conn.private_data.is_null() {
-                        Vec::new()
-                    } else {
-                        std::slice::from_raw_parts(conn.private_data.cast::<u8>(), usize::from(conn.private_data_len))
-                            .to_vec()
-                    };
-                    Event {
-                        kind: (*raw).event,
-                        id: (*raw).id,
-                        private_data,
-                        initiator_depth: conn.initiator_depth,
-                        responder_resources: conn.responder_resources,
-                    }
-                };
-                // SAFETY: acknowledged once; what was needed of it was copied.
-                unsafe { sys::rdma_ack_cm_event(raw) };
-                return Ok(Some(event));
-            }
-            let error = std::io::Error::last_os_error();
-            if error.kind() != std::io::ErrorKind::WouldBlock {
-                return Err(TransferError::Verbs { call: "rdma_get_cm_event", device: CM.into(), source: error });
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(None);
-            }
-            // SAFETY: one pollfd on the channel's descriptor, open while the listener lives.
-            let mut poll = libc::pollfd { fd: unsafe { (*self.channel).fd }, events: libc::POLLIN, revents: 0 };
-            // SAFETY: as above.
-            unsafe { libc::poll(&mut poll, 1, left.as_millis().clamp(1, i32::MAX as u128) as i32) };
+        next_event(self.channel, deadline)
+    }
+}
+
+/// A non-blocking event channel and an id reporting on it.
+pub(super) fn create_channel_and_id() -> Result<(*mut sys::rdma_event_channel, *mut sys::rdma_cm_id), TransferError> {
+    // SAFETY: creates a channel we own.
+    let channel = unsafe { sys::rdma_create_event_channel() };
+    if channel.is_null() {
+        return Err(last_error("rdma_create_event_channel", CM));
+    }
+    let mut id = std::ptr::null_mut();
+    // SAFETY: a live channel; the id is written on success.
+    if unsafe { sys::rdma_create_id(channel, &mut id, std::ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) } != 0 {
+        let error = last_error("rdma_create_id", CM);
+        // SAFETY: the channel has no id.
+        unsafe { sys::rdma_destroy_event_channel(channel) };
+        return Err(error);
+    }
+    // SAFETY: the channel's descriptor is ours; non-blocking, so reading events never waits.
+    unsafe {
+        let flags = libc::fcntl((*channel).fd, libc::F_GETFL);
+        libc::fcntl((*channel).fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+    }
+    Ok((channel, id))
+}
+
+pub(super) fn socket_address(address: SocketAddrV4) -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: address.port().to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from(*address.ip()).to_be() },
+        sin_zero: [0; 8],
+    }
+}
+
+/// The name of the device `id` is bound to, if any.
+pub(super) fn device_name_of(id: *mut sys::rdma_cm_id) -> Option<String> {
+    // SAFETY: a live id; a bound id's context and device live as long as it, and the device's name is a
+    // NUL-terminated string of libibverbs'.
+    unsafe {
+        let context = (*id).verbs;
+        if context.is_null() || (*context).device.is_null() {
+            return None;
         }
+        let name = sys::ibv_get_device_name((*context).device);
+        (!name.is_null()).then(|| std::ffi::CStr::from_ptr(name).to_string_lossy().into_owned())
+    }
+}
+
+/// Moves `pair` to RTR and RTS with the attributes the manager computed for `id`, with at most `reads`
+/// RDMA READs in flight each way.
+pub(super) fn ready_to_send(id: *mut sys::rdma_cm_id, pair: &QueuePair, reads: u8) -> Result<(), TransferError> {
+    for state in [sys::ibv_qp_state::IBV_QPS_RTR, sys::ibv_qp_state::IBV_QPS_RTS] {
+        // SAFETY: a plain-data struct the call fills in for this id.
+        let mut attributes: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attributes.qp_state = state;
+        let mut mask = 0;
+        // SAFETY: a live id.
+        if unsafe { sys::rdma_init_qp_attr(id, &mut attributes, &mut mask) } != 0 {
+            return Err(last_error("rdma_init_qp_attr", CM));
+        }
+        if state == sys::ibv_qp_state::IBV_QPS_RTR {
+            attributes.max_dest_rd_atomic = attributes.max_dest_rd_atomic.min(reads).max(1);
+        } else {
+            attributes.max_rd_atomic = attributes.max_rd_atomic.min(reads).max(1);
+        }
+        pair.modify_with(&mut attributes, mask as u32)?;
+    }
+    Ok(())
+}
+
+/// Reads the next event of `channel`, waiting until `deadline`; `None` when it passed.
+pub(super) fn next_event(
+    channel: *mut sys::rdma_event_channel,
+    deadline: Instant,
+) -> Result<Option<Event>, TransferError> {
+    loop {
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: a live, non-blocking channel; the event is ours until acknowledged below.
+        if unsafe { sys::rdma_get_cm_event(channel, &mut raw) } == 0 {
+            // SAFETY: a live event; its private data (if any) lives until it is acknowledged.
+            let event = unsafe {
+                let conn = &(*raw).param.conn;
+                let private_data = if conn.private_data.is_null() {
+                    Vec::new()
+                } else {
+                    std::slice::from_raw_parts(conn.private_data.cast::<u8>(), usize::from(conn.private_data_len))
+                        .to_vec()
+                };
+                Event {
+                    kind: (*raw).event,
+                    id: (*raw).id,
+                    private_data,
+                    initiator_depth: conn.initiator_depth,
+                    responder_resources: conn.responder_resources,
+                }
+            };
+            // SAFETY: acknowledged once; what was needed of it was copied.
+            unsafe { sys::rdma_ack_cm_event(raw) };
+            return Ok(Some(event));
+        }
+        let error = std::io::Error::last_os_error();
+        if error.kind() != std::io::ErrorKind::WouldBlock {
+            return Err(TransferError::Verbs { call: "rdma_get_cm_event", device: CM.into(), source: error });
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        // SAFETY: one pollfd on the channel's descriptor, open while the listener lives.
+        let mut poll = libc::pollfd { fd: unsafe { (*channel).fd }, events: libc::POLLIN, revents: 0 };
+        // SAFETY: as above.
+        unsafe { libc::poll(&mut poll, 1, left.as_millis().clamp(1, i32::MAX as u128) as i32) };
     }
 }

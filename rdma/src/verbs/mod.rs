@@ -19,12 +19,14 @@
 #![allow(unsafe_code)]
 
 mod cm;
+mod cm_connect;
 mod completion;
 mod device;
 mod memory;
 mod queue_pair;
 
 pub use cm::{CmEvent, CmListener, CmRequest};
+pub use cm_connect::CmConnection;
 pub use completion::{Completion, CompletionKind, CompletionQueue, WorkRequestError};
 pub use device::{Device, PortInfo};
 pub use memory::{Access, LocalSpan, MemoryRegion, ProtectionDomain, RegisteredBuffer};

@@ -228,18 +228,8 @@ impl QueuePair {
     /// `local`'s bytes must stay allocated and unchanged until the completion of `work_request_id` is
     /// polled.
     pub unsafe fn post_send(&self, work_request_id: u64, local: LocalSpan) -> Result<(), TransferError> {
-        let mut element = sys::ibv_sge { addr: local.address, length: local.length, lkey: local.local_key };
-        // SAFETY: a plain-data struct (unions included); the fields a SEND uses are set below.
-        let mut request: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
-        request.wr_id = work_request_id;
-        request.sg_list = &mut element;
-        request.num_sge = 1;
-        request.opcode = sys::ibv_wr_opcode::IBV_WR_SEND;
-        request.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: a live queue pair; the request and its element outlive the call, which copies them.
-        let errno = unsafe { sys::ibv_post_send(self.raw, &mut request, &mut bad) };
-        self.posted(errno, "ibv_post_send")
+        // SAFETY: the caller keeps `local` valid until the completion.
+        unsafe { self.post_send_after_write(work_request_id, None, local, None) }
     }
 
     /// Posts a SEND of `message`, after an RDMA WRITE of `write`'s local span into its remote one where

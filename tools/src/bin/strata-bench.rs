@@ -24,7 +24,8 @@ Block mode (no subcommand): fio's options and job files, run on Strata's block l
   fio's name) on a ring of the job's own that it blocks in while waiting, as fio's engine does, with
   registered buffers.
   --ioengine=nvmf --filename='trtype=tcp,traddr=127.0.0.1,trsvcid=4420,subnqn=NQN,ns=1' runs on Strata's
-  NVMe-oF/TCP host against any NVMe/TCP target (strata-pool target, Linux nvmet, SPDK).
+  NVMe-oF host against any NVMe/TCP target (strata-pool target, Linux nvmet, SPDK); trtype=rdma (a build
+  with --features rdma) against any NVMe/RDMA target, at an IPv4 address an RDMA device routes to.
   strata-bench JOBFILE.fio [--output-format=json]
 Options before the first --name apply to every job. The exit status is 1 when a job failed or a block
 failed verification.";

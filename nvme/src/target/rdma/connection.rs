@@ -23,7 +23,7 @@ use strata_transfer::{RemoteSpan, TransferError};
 use super::Accepted;
 use super::staging::Staging;
 use crate::buffer::IoBuffer;
-use crate::rdma::KeyedSgl;
+use crate::rdma::{KeyedSgl, completions};
 use crate::spec::SglDescriptor;
 use crate::spec::{COMMAND_BYTES, COMPLETION_BYTES, Command, Completion as Response, FABRICS_OPCODE, NvmeStatus};
 use crate::target::connection::{ExecutorContext, Outgoing, Queue, Transport, dispatch};
@@ -148,22 +148,8 @@ async fn complete_loop(link: &Rc<Link>) {
     let mut done = Vec::with_capacity(POLL_BATCH);
     while !link.ended.get() {
         done.clear();
-        match link.completions.poll(&mut done, POLL_BATCH) {
-            Ok(0) => {
-                let armed = link.completions.arm().and_then(|()| link.completions.poll(&mut done, POLL_BATCH));
-                match armed {
-                    Ok(0) => {
-                        crate::readiness::readable(link.completions.event_fd()).await;
-                        if link.completions.take_event().is_err() {
-                            link.end();
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(_) => link.end(),
-                }
-            }
-            Ok(_) => {}
-            Err(_) => link.end(),
+        if completions::next(&link.completions, &mut done, POLL_BATCH).await.is_err() {
+            link.end();
         }
         for completion in done.drain(..) {
             link.on_completion(completion);
