@@ -1,5 +1,6 @@
-//! The Linux kernel's NVMe/RDMA host (`nvme connect -t rdma`) on Strata's target over soft-RoCE: it
-//! connects the admin and I/O queues, identifies the controller, and its block device then reads back,
+//! The Linux kernel's NVMe/RDMA host (`nvme discover` and `nvme connect -t rdma`) on Strata's target over
+//! soft-RoCE: discovery lists the subsystem on its RDMA port; the host connects the admin and I/O queues,
+//! identifies the controller, and its block device then reads back,
 //! byte for byte, what it wrote through it. Writes of every size cross both ways the binding moves data
 //! (in-capsule up to the controller's IOCCSZ, by RDMA READ beyond it) and reads come back by RDMA WRITE;
 //! the whole region is read back, so a write that landed anywhere else shows. The host then disconnects.
@@ -103,6 +104,10 @@ fn the_kernels_host_writes_and_reads_back_through_our_target() {
     };
     let handle = target::start(config).expect("the target starts with an RDMA listener");
 
+    // Discovery over RDMA lists the subsystem on its RDMA port, as `nvme connect-all -t rdma` needs.
+    let discovered = nvme_cli(&["discover", "-t", "rdma", "-a", &address.to_string(), "-s", "4421"]);
+    let record = discovered.split("=====Discovery Log Entry").find(|record| record.contains(NQN)).unwrap_or_default();
+    assert!(record.contains("trtype:  rdma") && record.contains("4421"), "the subsystem's RDMA entry: {discovered}");
     nvme_cli(&["connect", "-t", "rdma", "-a", &address.to_string(), "-s", "4421", "-n", NQN]);
     let sysfs = controller(NQN).expect("the host lists a controller of our subsystem");
     let read = |name: &str| std::fs::read_to_string(sysfs.join(name)).unwrap_or_default().trim().to_string();

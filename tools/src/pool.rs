@@ -225,7 +225,11 @@ pub fn format_discovery(log: &DiscoveryLog) -> String {
         text += &format!("trsvcid: {}\n", entry.trsvcid);
         text += &format!("subnqn:  {}\n", entry.subnqn);
         text += &format!("traddr:  {}\n", entry.traddr);
-        text += &format!("sectype: {}\n", name_of(entry.sectype, &[(0, "none"), (1, "tls13")]));
+        if entry.trtype == DiscoveryEntry::TRTYPE_RDMA {
+            text += &format!("rdma_cms: {}\n", name_of(entry.tsas[2], &[(1, "rdma-cm")]));
+        } else {
+            text += &format!("sectype: {}\n", name_of(entry.tsas[0], &[(0, "none"), (1, "tls13")]));
+        }
     }
     text
 }
@@ -237,7 +241,11 @@ pub fn discovery_json(log: &DiscoveryLog) -> serde_json::Value {
         .iter()
         .map(|entry| {
             serde_json::json!({
-                "trtype": if entry.trtype == DiscoveryEntry::TRTYPE_TCP { "tcp".to_string() } else { entry.trtype.to_string() },
+                "trtype": match entry.trtype {
+                    DiscoveryEntry::TRTYPE_TCP => "tcp".to_string(),
+                    DiscoveryEntry::TRTYPE_RDMA => "rdma".to_string(),
+                    other => other.to_string(),
+                },
                 "adrfam": if entry.adrfam == 1 { "ipv4" } else { "ipv6" },
                 "subtype": if entry.subtype == DiscoveryEntry::SUBTYPE_NVM { "nvme subsystem" } else { "current discovery subsystem" },
                 "portid": entry.portid,

@@ -30,7 +30,7 @@ impl LogPage {
 /// One discovery log page entry, 1024 bytes (NVMe over Fabrics 1.1, figure 37).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DiscoveryEntry {
-    /// Byte 0: transport type (3: TCP).
+    /// Byte 0: transport type (1: RDMA, 3: TCP).
     pub trtype: u8,
     /// Byte 1: address family (1: IPv4, 2: IPv6).
     pub adrfam: u8,
@@ -44,14 +44,16 @@ pub struct DiscoveryEntry {
     pub cntlid: u16,
     /// Bytes 8..10: admin max submission queue size.
     pub asqsz: u16,
-    /// Bytes 32..64: transport service identifier (the TCP port), ASCII, space padded.
+    /// Bytes 32..64: transport service identifier (the port), ASCII, space padded.
     pub trsvcid: String,
     /// Bytes 256..512: subsystem NQN.
     pub subnqn: String,
     /// Bytes 512..768: transport address, ASCII, space padded.
     pub traddr: String,
-    /// Byte 768 (TSAS for TCP): security type (0: none).
-    pub sectype: u8,
+    /// Bytes 768..771, the start of the transport-specific address subtype (TSAS): for TCP the security
+    /// type (0: none) then zeroes; for RDMA the QP service type, provider type and connection management
+    /// ([`DiscoveryEntry::TSAS_RDMA`]).
+    pub tsas: [u8; 3],
 }
 
 impl DiscoveryEntry {
@@ -59,6 +61,12 @@ impl DiscoveryEntry {
     pub const BYTES: usize = 1024;
     /// TRTYPE for TCP.
     pub const TRTYPE_TCP: u8 = 3;
+    /// TRTYPE for RDMA.
+    pub const TRTYPE_RDMA: u8 = 1;
+    /// TSAS of a TCP port without security.
+    pub const TSAS_TCP: [u8; 3] = [0, 0, 0];
+    /// TSAS of an RDMA port: reliable connected queue pairs (1), no provider specified (1), RDMA_CM (1).
+    pub const TSAS_RDMA: [u8; 3] = [1, 1, 1];
     /// SUBTYPE of an NVM subsystem.
     pub const SUBTYPE_NVM: u8 = 2;
     /// SUBTYPE of the discovery subsystem answering (NVMe-oF 1.1 "current discovery subsystem").
@@ -75,7 +83,7 @@ impl DiscoveryEntry {
         put_str(bytes, 32, 32, &self.trsvcid, b' ');
         put_str(bytes, 256, 256, &self.subnqn, 0);
         put_str(bytes, 512, 256, &self.traddr, b' ');
-        bytes[768] = self.sectype;
+        bytes[768..771].copy_from_slice(&self.tsas);
     }
 
     fn decode(bytes: &[u8]) -> Self {
@@ -90,7 +98,7 @@ impl DiscoveryEntry {
             trsvcid: read_str(bytes, 32, 32),
             subnqn: read_str(bytes, 256, 256),
             traddr: read_str(bytes, 512, 256),
-            sectype: bytes[768],
+            tsas: [bytes[768], bytes[769], bytes[770]],
         }
     }
 }
@@ -246,9 +254,11 @@ mod tests {
             trsvcid: "4420".into(),
             subnqn: "nqn.2026-12.io.strata:a".into(),
             traddr: "127.0.0.1".into(),
-            sectype: 0,
+            tsas: DiscoveryEntry::TSAS_TCP,
         };
-        let log = DiscoveryLog { generation: 9, entries: vec![entry.clone(), entry] };
+        let rdma =
+            DiscoveryEntry { trtype: DiscoveryEntry::TRTYPE_RDMA, tsas: DiscoveryEntry::TSAS_RDMA, ..entry.clone() };
+        let log = DiscoveryLog { generation: 9, entries: vec![entry, rdma] };
         let bytes = log.encode();
         assert_eq!(bytes.len(), 1024 + 2 * 1024);
         assert_eq!(&bytes[0..8], &9u64.to_le_bytes());
@@ -260,6 +270,8 @@ mod tests {
         assert_eq!(&first[32..37], b"4420 ", "TRSVCID is space padded");
         assert_eq!(&first[256..260], b"nqn.");
         assert_eq!(&first[512..521], b"127.0.0.1");
+        let second = &bytes[2048..3072];
+        assert_eq!((second[0], &second[768..771]), (1, &[1u8, 1, 1][..]), "TRTYPE RDMA, its TSAS: RC, none, RDMA_CM");
         assert_eq!(DiscoveryLog::decode(&bytes), Some(log));
         assert_eq!(DiscoveryLog::decode(&bytes[..2048]).map(|log| log.entries.len()), Some(1));
     }

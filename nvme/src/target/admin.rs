@@ -193,7 +193,7 @@ fn get_log_page(queue: &Rc<Queue>, command: &Command, connected: Connected) -> R
     let shared = &queue.ctx.shared;
     let discovery = shared.subsystems[connected.subsystem].discovery;
     let page = match LogPage::from_id(lid) {
-        Some(LogPage::Discovery) if discovery => discovery_log(shared, connected, queue.ctx.listen).encode(),
+        Some(LogPage::Discovery) if discovery => discovery_log(queue, connected).encode(),
         Some(LogPage::Error) => {
             let registry = shared.registry();
             let mut bytes = Vec::with_capacity(ERROR_LOG_ENTRIES * 64);
@@ -215,29 +215,49 @@ fn get_log_page(queue: &Rc<Queue>, command: &Command, connected: Connected) -> R
     Reply::data(bytes)
 }
 
-/// The discovery log for this host: the subsystems it may connect to, and this discovery subsystem.
-fn discovery_log(shared: &Shared, connected: Connected, listen: SocketAddr) -> DiscoveryLog {
+/// The discovery log for this host: the subsystems it may connect to, and this discovery subsystem, on each
+/// transport the target listens on (TCP port 1; RDMA port 2).
+fn discovery_log(queue: &Queue, connected: Connected) -> DiscoveryLog {
+    let shared = &queue.ctx.shared;
     let hostnqn = shared.registry().controllers.get(&connected.cntlid).map(|controller| controller.hostnqn.clone());
-    let entry = |nqn: &str, subtype| DiscoveryEntry {
-        trtype: DiscoveryEntry::TRTYPE_TCP,
+    let tcp = (DiscoveryEntry::TRTYPE_TCP, 1, queue.ctx.listen, DiscoveryEntry::TSAS_TCP);
+    let rdma = queue
+        .ctx
+        .config
+        .rdma_listen
+        .map(|listen| (DiscoveryEntry::TRTYPE_RDMA, 2, listen.into(), DiscoveryEntry::TSAS_RDMA));
+    let entry = |(trtype, portid, listen, tsas): (u8, u16, SocketAddr, [u8; 3]), nqn: &str, subtype| DiscoveryEntry {
+        trtype,
         adrfam: if listen.is_ipv4() { 1 } else { 2 },
         subtype,
         treq: 0,
-        portid: 1,
+        portid,
         cntlid: 0xffff,
         asqsz: 32,
         trsvcid: listen.port().to_string(),
         subnqn: nqn.to_string(),
         traddr: listen.ip().to_string(),
-        sectype: 0,
+        tsas,
     };
-    let mut entries: Vec<DiscoveryEntry> = shared
+    let allowed = shared
         .subsystems
         .iter()
-        .filter(|subsystem| !subsystem.discovery && hostnqn.as_deref().is_some_and(|host| subsystem.allows(host)))
-        .map(|subsystem| entry(&subsystem.nqn, DiscoveryEntry::SUBTYPE_NVM))
-        .collect();
-    entries.push(entry(DISCOVERY_NQN, DiscoveryEntry::SUBTYPE_CURRENT_DISCOVERY));
+        .filter(|subsystem| !subsystem.discovery && hostnqn.as_deref().is_some_and(|host| subsystem.allows(host)));
+    let mut entries = Vec::new();
+    for subsystem in allowed {
+        entries.extend(
+            [Some(tcp), rdma]
+                .into_iter()
+                .flatten()
+                .map(|port| entry(port, &subsystem.nqn, DiscoveryEntry::SUBTYPE_NVM)),
+        );
+    }
+    entries.extend(
+        [Some(tcp), rdma]
+            .into_iter()
+            .flatten()
+            .map(|port| entry(port, DISCOVERY_NQN, DiscoveryEntry::SUBTYPE_CURRENT_DISCOVERY)),
+    );
     // The configuration is fixed for the target's life, so one generation describes it.
     DiscoveryLog { generation: 1, entries }
 }
