@@ -106,8 +106,10 @@ fn the_kernels_host_writes_and_reads_back_through_our_target() {
 
     // Discovery over RDMA lists the subsystem on its RDMA port, as `nvme connect-all -t rdma` needs.
     let discovered = nvme_cli(&["discover", "-t", "rdma", "-a", &address.to_string(), "-s", "4421"]);
-    let record = discovered.split("=====Discovery Log Entry").find(|record| record.contains(NQN)).unwrap_or_default();
-    assert!(record.contains("trtype:  rdma") && record.contains("4421"), "the subsystem's RDMA entry: {discovered}");
+    let listed = discovered
+        .split("=====Discovery Log Entry")
+        .any(|record| record.contains(NQN) && record.contains("trtype:  rdma") && record.contains("trsvcid: 4421"));
+    assert!(listed, "the subsystem's RDMA entry: {discovered}");
     nvme_cli(&["connect", "-t", "rdma", "-a", &address.to_string(), "-s", "4421", "-n", NQN]);
     let sysfs = controller(NQN).expect("the host lists a controller of our subsystem");
     let read = |name: &str| std::fs::read_to_string(sysfs.join(name)).unwrap_or_default().trim().to_string();

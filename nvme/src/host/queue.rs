@@ -251,13 +251,17 @@ impl HostQueue {
         read: Option<IoBuffer>,
     ) -> (Result<Completion, NvmfError>, Option<IoBuffer>) {
         let cid = command.cid;
-        let staged = link.stage(cid, write.as_ref(), read.as_ref().map_or(0, IoBuffer::len));
-        let sent = staged.and_then(|sgl| {
-            self.state.borrow_mut().pending[usize::from(cid)] = Some(Pending { read, ..Pending::default() });
-            link.send(&command, sgl)
-        });
-        if let Err(error) = sent {
-            let read = self.state.borrow_mut().pending[usize::from(cid)].take().and_then(|pending| pending.read);
+        let sent = match link.stage(cid, write.as_ref(), read.as_ref().map_or(0, IoBuffer::len)) {
+            Ok(sgl) => {
+                self.state.borrow_mut().pending[usize::from(cid)] = Some(Pending { read, ..Pending::default() });
+                link.send(&command, sgl).map_err(|error| {
+                    let pending = self.state.borrow_mut().pending[usize::from(cid)].take();
+                    (error, pending.and_then(|pending| pending.read))
+                })
+            }
+            Err(error) => Err((error, read)),
+        };
+        if let Err((error, read)) = sent {
             self.state.borrow_mut().free_cids.push(cid);
             self.fail_all(error.to_string());
             return (Err(error), write.or(read));

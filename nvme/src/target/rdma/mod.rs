@@ -40,6 +40,9 @@ const ESTABLISH_WAIT: Duration = Duration::from_secs(10);
 const STOP_POLL: Duration = Duration::from_millis(200);
 /// RDMA READs in flight each way on a queue pair (what soft-RoCE and most NICs allow).
 const READS_IN_FLIGHT: u8 = 16;
+/// Queues served at once: each pins its receives (a command capsule and in-capsule data per entry, 2 MiB
+/// at the defaults) and a completion queue, so hosts are refused (No Resources) beyond it.
+const QUEUES_MAX: usize = 256;
 
 /// A connection accepted by the listener, on its way to an executor.
 pub(crate) struct Accepted {
@@ -167,12 +170,16 @@ impl Accepter {
                 }
             }
         }
-        self.pairs.retain(|_, pair| pair.strong_count() > 0);
     }
 
     /// Accepts `request` and hands it to the next executor, or rejects it.
     fn on_request(&mut self, request: CmRequest) {
         let token = request.token();
+        self.pairs.retain(|_, pair| pair.strong_count() > 0);
+        if self.pairs.len() >= QUEUES_MAX {
+            let _ = self.listener.reject(&request, &encode_reject(RejectStatus::NoResources));
+            return;
+        }
         match self.establish(request) {
             Ok(accepted) => {
                 self.pairs.insert(token, Arc::downgrade(&accepted.pair));
