@@ -18,8 +18,7 @@ use std::time::Duration;
 
 use strata_transfer::TransferError;
 use strata_transfer::verbs::{
-    Access, CmConnection, CompletionKind, CompletionQueue, Device, ProtectionDomain, QueuePair, QueuePairOptions,
-    RegisteredBuffer,
+    Access, CmConnection, CompletionQueue, Device, ProtectionDomain, QueuePair, QueuePairOptions, RegisteredBuffer,
 };
 
 use super::NvmfError;
@@ -27,17 +26,11 @@ use super::queue::HostQueue;
 use crate::buffer::IoBuffer;
 use crate::rdma::KeyedSgl;
 use crate::rdma::cm::{ConnectAccept, ConnectRequest, decode_reject};
-use crate::rdma::completions;
+use crate::rdma::link::{self, POLL_BATCH, READS_IN_FLIGHT, post_receive, received_slot};
 use crate::spec::{COMMAND_BYTES, COMPLETION_BYTES, Command, Completion};
 
 /// How long resolving the controller's address and route, and its answer to the connection, may take.
 const CONNECT_WAIT: Duration = Duration::from_secs(10);
-/// RDMA READs of ours the controller may have in flight at once.
-const READS_IN_FLIGHT: u8 = 16;
-/// A receive's work request ID has this bit (its slot below); a SEND's is its command ID.
-const RECEIVE: u64 = 1 << 63;
-/// Completions taken per poll.
-const POLL_BATCH: usize = 32;
 /// The smallest staging buffer.
 const SMALLEST_STAGED: usize = 4096;
 
@@ -118,7 +111,7 @@ impl RdmaLink {
         let pair = QueuePair::new(&domain, &completions, options)?;
         let receives = RegisteredBuffer::new(&domain, entries as usize * COMPLETION_BYTES, Access::Local)?;
         for slot in 0..entries as usize {
-            post_receive(&pair, &receives, slot)?;
+            post_receive(&pair, &receives, slot, COMPLETION_BYTES)?;
         }
         Ok((pair, completions, domain, receives))
     }
@@ -186,7 +179,7 @@ impl RdmaLink {
         let mut done = Vec::with_capacity(POLL_BATCH);
         let reason = 'serving: loop {
             done.clear();
-            if let Err(error) = completions::next(&link.completions, &mut done, POLL_BATCH).await {
+            if let Err(error) = link::next(&link.completions, &mut done, POLL_BATCH).await {
                 break format!("completion queue: {error}");
             }
             for completion in done.drain(..) {
@@ -194,17 +187,15 @@ impl RdmaLink {
                     Ok(bytes) => bytes as usize,
                     Err(error) => break 'serving format!("work request failed: {error}"),
                 };
-                if completion.kind != CompletionKind::Receive || completion.work_request_id & RECEIVE == 0 {
-                    continue;
-                }
-                let slot = (completion.work_request_id & !RECEIVE) as usize;
+                // A SEND's completion (its ID is the command's) says nothing the response will not.
+                let Some(slot) = received_slot(&completion) else { continue };
                 let at = slot * COMPLETION_BYTES;
                 let Some(response) = link.receives.as_slice()[at..at + bytes.min(COMPLETION_BYTES)].first_chunk()
                 else {
                     break 'serving format!("a response capsule of {bytes} bytes");
                 };
                 let response = Completion::decode(response);
-                if let Err(error) = post_receive(&link.pair, &link.receives, slot) {
+                if let Err(error) = post_receive(&link.pair, &link.receives, slot, COMPLETION_BYTES) {
                     break 'serving format!("post receive: {error}");
                 }
                 queue.complete_response(response);
@@ -212,13 +203,4 @@ impl RdmaLink {
         };
         queue.fail(reason);
     }
-}
-
-fn post_receive(pair: &QueuePair, receives: &RegisteredBuffer, slot: usize) -> Result<(), TransferError> {
-    let local = receives.region().local_span((slot * COMPLETION_BYTES) as u64, COMPLETION_BYTES as u32)?;
-    // SAFETY: the receives' buffer lives as long as the queue pair (declared after it, dropped after it),
-    // and a slot is read only once its receive completed, then posted again.
-    #[allow(unsafe_code)]
-    let posted = unsafe { pair.post_receive(RECEIVE | slot as u64, local) };
-    posted
 }

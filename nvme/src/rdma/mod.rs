@@ -5,7 +5,7 @@
 
 pub mod cm;
 #[cfg(feature = "rdma")]
-pub(crate) mod completions;
+pub(crate) mod link;
 mod sgl;
 
 pub use sgl::{KeyedSgl, SglError};

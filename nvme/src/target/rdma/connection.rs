@@ -23,15 +23,12 @@ use strata_transfer::{RemoteSpan, TransferError};
 use super::Accepted;
 use super::staging::Staging;
 use crate::buffer::IoBuffer;
-use crate::rdma::{KeyedSgl, completions};
+use crate::rdma::KeyedSgl;
+use crate::rdma::link::{self, POLL_BATCH, post_receive, received_slot};
 use crate::spec::SglDescriptor;
 use crate::spec::{COMMAND_BYTES, COMPLETION_BYTES, Command, Completion as Response, FABRICS_OPCODE, NvmeStatus};
 use crate::target::connection::{ExecutorContext, Outgoing, Queue, Transport, dispatch};
 
-/// A receive's work request ID: this bit, and the receive's slot.
-const RECEIVE: u64 = 1 << 63;
-/// Completions taken per poll.
-const POLL_BATCH: usize = 32;
 /// Data direction bits of an opcode (and of a Fabrics command type): host to controller.
 const HOST_TO_CONTROLLER: u8 = 0b01;
 
@@ -45,22 +42,6 @@ pub(super) fn send_queue_depth(entries: u32) -> u32 {
 /// having seen it, sends the next command.
 fn response_slots(entries: u32) -> usize {
     2 * entries as usize + 8
-}
-
-/// Posts the receive of `slot`.
-pub(super) fn post_receive(
-    pair: &QueuePair,
-    receives: &RegisteredBuffer,
-    slot: usize,
-    capsule_bytes: usize,
-) -> Result<(), TransferError> {
-    let local = receives.region().local_span((slot * capsule_bytes) as u64, capsule_bytes as u32)?;
-    #[allow(unsafe_code)]
-    // SAFETY: the receives' buffer lives as long as the queue pair (declared after it, dropped after it),
-    // and a slot is read only once its receive completed, then posted again.
-    unsafe {
-        pair.post_receive(RECEIVE | slot as u64, local)
-    }
 }
 
 /// A work request on the send queue, by the ID it was posted with.
@@ -148,7 +129,7 @@ async fn complete_loop(link: &Rc<Link>) {
     let mut done = Vec::with_capacity(POLL_BATCH);
     while !link.ended.get() {
         done.clear();
-        if completions::next(&link.completions, &mut done, POLL_BATCH).await.is_err() {
+        if link::next(&link.completions, &mut done, POLL_BATCH).await.is_err() {
             link.end();
         }
         for completion in done.drain(..) {
@@ -204,8 +185,7 @@ impl Link {
             // A flushed request means the link is already ending; any other failure ends it.
             return self.end();
         };
-        if completion.work_request_id & RECEIVE != 0 {
-            let slot = (completion.work_request_id & !RECEIVE) as usize;
+        if let Some(slot) = received_slot(&completion) {
             return self.on_capsule(slot, bytes as usize);
         }
         let taken = self.work.borrow_mut().get_mut(completion.work_request_id as usize).and_then(Option::take);

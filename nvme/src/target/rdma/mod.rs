@@ -32,14 +32,13 @@ use strata_transfer::verbs::{
 use super::TargetError;
 use super::connection::ExecutorContext;
 use crate::rdma::cm::{ConnectAccept, ConnectRequest, RejectStatus, encode_reject};
+use crate::rdma::link::{READS_IN_FLIGHT, post_receive};
 use crate::spec::COMMAND_BYTES;
 
 /// How long an accepted connection may take to be established.
 const ESTABLISH_WAIT: Duration = Duration::from_secs(10);
 /// How often the listener looks at its stop flag.
 const STOP_POLL: Duration = Duration::from_millis(200);
-/// RDMA READs in flight each way on a queue pair (what soft-RoCE and most NICs allow).
-const READS_IN_FLIGHT: u8 = 16;
 /// Queues served at once: each pins its receives (a command capsule and in-capsule data per entry, 2 MiB
 /// at the defaults) and a completion queue, so hosts are refused (No Resources) beyond it.
 const QUEUES_MAX: usize = 256;
@@ -251,7 +250,7 @@ impl Accepter {
         let pair = QueuePair::new(&domain, &completions, options)?;
         let receives = RegisteredBuffer::new(&domain, entries as usize * self.capsule_bytes, Access::Local)?;
         for slot in 0..entries as usize {
-            connection::post_receive(&pair, &receives, slot, self.capsule_bytes)?;
+            post_receive(&pair, &receives, slot, self.capsule_bytes)?;
         }
         let accept = ConnectAccept { controller_receive_queue_size: entries as u16 };
         self.listener.accept(request, &pair, (&accept.encode(), READS_IN_FLIGHT), ESTABLISH_WAIT)?;
