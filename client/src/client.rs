@@ -5,10 +5,10 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use strata_proto::{
-    FRAME_HEADER_BYTES, FrameHeader, HELLO_REPLY_BYTES, HelloReply, HelloRequest, ITEM_LINKS, ITEM_PROGRESSIVE,
-    ITEM_WAIT, ITEM_WITH_VERSION, Limits, Links, MAX_ITEM_WAIT_MS, Opcode, PART_HEADER_BYTES, PutOptions,
-    REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, Status, VERSION_BYTES, Version,
-    encode_part_header, shard_of,
+    FRAME_HEADER_BYTES, FRAME_STREAMED, FrameHeader, HELLO_REPLY_BYTES, HelloReply, HelloRequest, ITEM_LINKS,
+    ITEM_PROGRESSIVE, ITEM_WAIT, ITEM_WITH_VERSION, Limits, Links, MAX_ITEM_WAIT_MS, Opcode, PART_HEADER_BYTES,
+    PutOptions, REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, Status, VERSION_BYTES,
+    Version, encode_part_header, shard_of,
 };
 
 use crate::error::ClientError;
@@ -32,6 +32,9 @@ pub struct ClientOptions {
     /// Offer RDMA in HELLO, on this device (as `ibv_devices` names it): the values of an `RdmaBuffer` then
     /// move by RDMA (needs feature `rdma`; a node without a device, or a build without it, uses TCP).
     pub rdma_device: Option<String>,
+    /// Accept streamed replies in HELLO: a batch of gets whose items the node reads from its NVMe tier is
+    /// sent item by item as each is ready, in order, instead of once the last one is read.
+    pub streamed_replies: bool,
 }
 
 impl Default for ClientOptions {
@@ -43,6 +46,7 @@ impl Default for ClientOptions {
             spin_before_block: None,
             shared_memory: true,
             rdma_device: None,
+            streamed_replies: true,
         }
     }
 }
@@ -142,6 +146,7 @@ impl ShardConnection {
             token: options.token.clone().unwrap_or_default(),
             offers_shared: options.shared_memory,
             offers_rdma: options.rdma_device.is_some() && strata_transfer::RDMA_BUILT,
+            accepts_streamed: options.streamed_replies,
         };
         FrameHeader::request(Opcode::Hello, 0, 1, hello.encoded_len() as u64).encode_into(&mut connection.output);
         hello.encode_into(&mut connection.output);
@@ -1191,12 +1196,23 @@ impl Client {
         if header.count as usize != indices.len() {
             return Err(ClientError::Protocol(format!("{} replies to {} items", header.count, indices.len())));
         }
+        // A streamed reply (FRAME_STREAMED) gives no body length: each item's data is bounded by the
+        // longest value the node stores instead.
+        let streamed = header.flags & FRAME_STREAMED != 0;
+        if streamed && header.body_len != 0 {
+            return Err(ClientError::Protocol("a streamed reply with a body length".into()));
+        }
+        let longest_data = self.hello.limits.max_value_bytes + VERSION_BYTES as u64;
         let mut body_read = 0u64;
         for &send in indices {
             let index = sends[send].0;
+            let connection = self.connection(peer)?;
             let item = connection.read_item()?;
             body_read += RESPONSE_ITEM_BYTES as u64 + u64::from(item.data_len);
-            if body_read > header.body_len {
+            if streamed && u64::from(item.data_len) > longest_data {
+                return Err(ClientError::Protocol(format!("a streamed reply item of {} bytes", item.data_len)));
+            }
+            if !streamed && body_read > header.body_len {
                 return Err(ClientError::Protocol("reply items overrun the body".into()));
             }
             if item.status == Status::Moved {
@@ -1270,7 +1286,7 @@ impl Client {
                 }),
             };
         }
-        if body_read != header.body_len {
+        if !streamed && body_read != header.body_len {
             return Err(ClientError::Protocol("reply items do not fill the body".into()));
         }
         Ok(())

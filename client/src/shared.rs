@@ -199,8 +199,13 @@ impl LocalConnection {
         let stream = writer.try_clone().map_err(io)?;
         let reader = BufReader::with_capacity(64 << 10, SpinningReader { stream, spin: options.spin_before_block });
         let mut connection = Self { writer, reader, regions: Vec::new(), next_request_id: 1 };
-        let hello =
-            HelloRequest { token: options.token.clone().unwrap_or_default(), offers_shared: false, offers_rdma: false };
+        let hello = HelloRequest {
+            token: options.token.clone().unwrap_or_default(),
+            offers_shared: false,
+            offers_rdma: false,
+            // Its replies carry no values (they are in the client's memory): nothing worth streaming.
+            accepts_streamed: false,
+        };
         let mut frame = Vec::new();
         FrameHeader::request(Opcode::Hello, 0, 1, hello.encoded_len() as u64).encode_into(&mut frame);
         hello.encode_into(&mut frame);

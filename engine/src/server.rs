@@ -204,6 +204,7 @@ async fn serve_stream(server: Rc<ShardServer>, mut stream: ClientStream, peer_on
         shared,
         rdma: None,
         peer_on_host,
+        streamed_replies: false,
         input: vec![0u8; INPUT_BUFFER_BYTES].into_boxed_slice(),
         start: 0,
         end: 0,
@@ -438,6 +439,7 @@ async fn handle_hello(
         ));
     }
     *scope = Some(tenant);
+    connection.streamed_replies = hello.accepts_streamed;
     // The Unix socket is offered to a client that can use it, on this host, over TCP.
     let offered =
         if hello.offers_shared && connection.peer_on_host { server.local_socket.borrow().clone() } else { None };

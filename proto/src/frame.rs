@@ -7,7 +7,9 @@
 //! `crc` is the crc32c of bytes 0..32. `count` is the number of items in the body; `status` is zero in
 //! requests and, in responses, the status of the frame as a whole (an item's own status is in its item
 //! header). A request of a cluster client sets flag [`FRAME_EPOCH`] and carries its cluster epoch, 48
-//! bits: the low 32 in bytes 36..40, the high 16 in bytes 22..24.
+//! bits: the low 32 in bytes 36..40, the high 16 in bytes 22..24. A reply with flag [`FRAME_STREAMED`] has
+//! body length 0: its `count` items follow one by one, each item header telling its data's length, sent as
+//! each is ready (only to a client that accepted it in HELLO, [`HELLO_ACCEPTS_STREAMED`]).
 
 use crate::codes::{Opcode, PROTOCOL_VERSION, ProtoError, Status, u16_at, u32_at, u64_at};
 use crate::limits::Limits;
@@ -16,6 +18,11 @@ use crate::limits::Limits;
 pub const FRAME_HEADER_BYTES: usize = 40;
 /// Frame flag: the request carries the client's cluster epoch (see the module's header).
 pub const FRAME_EPOCH: u16 = 1;
+/// Reply flag: the body's length was not known when the header went out (body length 0); the body is
+/// `count` reply items, each followed by its `data len` bytes, sent in request order as each is ready.
+pub const FRAME_STREAMED: u16 = 1 << 1;
+/// HELLO request flag: the client reads replies with [`FRAME_STREAMED`].
+pub const HELLO_ACCEPTS_STREAMED: u16 = 1 << 2;
 /// The largest epoch a frame carries.
 pub const MAX_FRAME_EPOCH: u64 = (1 << 48) - 1;
 

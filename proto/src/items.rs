@@ -34,6 +34,7 @@
 //! ```
 
 use crate::codes::{Opcode, ProtoError, Status, u16_at, u32_at, u64_at};
+use crate::frame::HELLO_ACCEPTS_STREAMED;
 use crate::limits::{HELLO_REPLY_BYTES, Limits, MAX_TOKEN_BYTES, REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES};
 use crate::rdma::{HELLO_OFFERS_RDMA, HELLO_RDMA, REGISTER_REMOTE};
 use crate::shared::{HELLO_OFFERS_SHARED, HELLO_SHARED_SOCKET, ITEM_SHARED, REGISTER_RELEASE};
@@ -490,6 +491,8 @@ pub struct HelloRequest {
     pub offers_shared: bool,
     /// The client has an RDMA device ([`HELLO_OFFERS_RDMA`]).
     pub offers_rdma: bool,
+    /// The client reads streamed replies ([`HELLO_ACCEPTS_STREAMED`]).
+    pub accepts_streamed: bool,
 }
 
 impl HelloRequest {
@@ -497,7 +500,8 @@ impl HelloRequest {
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&(self.token.len() as u16).to_le_bytes());
         let flags = if self.offers_shared { HELLO_OFFERS_SHARED } else { 0 }
-            | if self.offers_rdma { HELLO_OFFERS_RDMA } else { 0 };
+            | if self.offers_rdma { HELLO_OFFERS_RDMA } else { 0 }
+            | if self.accepts_streamed { HELLO_ACCEPTS_STREAMED } else { 0 };
         out.extend_from_slice(&flags.to_le_bytes());
         out.extend_from_slice(&self.token);
     }
@@ -517,7 +521,7 @@ impl HelloRequest {
             return Err(ProtoError::Field("token length"));
         }
         let flags = u16_at(body, 2);
-        if flags & !(HELLO_OFFERS_SHARED | HELLO_OFFERS_RDMA) != 0 {
+        if flags & !(HELLO_OFFERS_SHARED | HELLO_OFFERS_RDMA | HELLO_ACCEPTS_STREAMED) != 0 {
             return Err(ProtoError::Field("flags of a HELLO"));
         }
         if body.len() != 4 + len {
@@ -527,6 +531,7 @@ impl HelloRequest {
             token: body[4..].to_vec(),
             offers_shared: flags & HELLO_OFFERS_SHARED != 0,
             offers_rdma: flags & HELLO_OFFERS_RDMA != 0,
+            accepts_streamed: flags & HELLO_ACCEPTS_STREAMED != 0,
         })
     }
 }
@@ -790,13 +795,14 @@ mod tests {
         assert_eq!(HelloReply::decode(&rdma_body), Ok(with_rdma));
         body[10] = 4;
         assert_eq!(HelloReply::decode(&body), Err(ProtoError::Field("flags of a HELLO reply")));
-        let request = HelloRequest { token: b"secret".to_vec(), offers_shared: true, offers_rdma: true };
+        let request =
+            HelloRequest { token: b"secret".to_vec(), offers_shared: true, offers_rdma: true, accepts_streamed: true };
         let mut body = Vec::new();
         request.encode_into(&mut body);
         assert_eq!(body.len(), request.encoded_len());
-        assert_eq!(body[2], 3, "both offers");
+        assert_eq!(body[2], 7, "both offers and streamed replies");
         assert_eq!(HelloRequest::decode(&body), Ok(request));
-        body[2] = 4;
+        body[2] = 8;
         assert_eq!(HelloRequest::decode(&body), Err(ProtoError::Field("flags of a HELLO")));
         let bad = HelloReply { shard_id: 3, ..reply };
         let mut body = Vec::new();

@@ -32,7 +32,9 @@ mod version;
 
 pub use codes::{LOCATED_IN_DRAM, LOCATED_ON_NVME, Opcode, PROTOCOL_VERSION, ProtoError, Status};
 pub use events::{Event, EventRef, Keys, KeysIter, MAX_EVENT_KEYS, MIN_EVENT_BYTES, OpenEvent, RemovalReason, Tier};
-pub use frame::{FRAME_EPOCH, FRAME_HEADER_BYTES, FrameHeader, MAGIC, MAX_FRAME_EPOCH};
+pub use frame::{
+    FRAME_EPOCH, FRAME_HEADER_BYTES, FRAME_STREAMED, FrameHeader, HELLO_ACCEPTS_STREAMED, MAGIC, MAX_FRAME_EPOCH,
+};
 pub use hash::{fnv1a_64, shard_of};
 pub use items::{
     HelloReply, HelloRequest, ITEM_LINKS, ITEM_MATCH_ALL, ITEM_PIN_HARD, ITEM_PIN_SOFT, ITEM_PROGRESSIVE,

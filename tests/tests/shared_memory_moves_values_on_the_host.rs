@@ -97,7 +97,8 @@ fn shard_socket(node: &strata_engine::Node) -> SocketAddr {
 fn raw_local(node: &strata_engine::Node, token: &[u8]) -> UnixStream {
     let mut stream = UnixStream::connect_addr(&shard_socket(node)).expect("the shard's Unix socket");
     stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    let hello = HelloRequest { token: token.to_vec(), offers_shared: false, offers_rdma: false };
+    let hello =
+        HelloRequest { token: token.to_vec(), offers_shared: false, offers_rdma: false, accepts_streamed: false };
     let mut frame = Vec::new();
     FrameHeader::request(Opcode::Hello, 0, 1, hello.encoded_len() as u64).encode_into(&mut frame);
     hello.encode_into(&mut frame);

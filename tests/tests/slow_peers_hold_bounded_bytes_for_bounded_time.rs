@@ -205,7 +205,7 @@ fn connect(node: &strata_engine::Node, name: &str) -> Result<Client, ClientError
 fn raw_tenant(node: &strata_engine::Node, name: &str) -> TcpStream {
     let mut stream = raw(node);
     let token = format!("token-of-{name}").into_bytes();
-    let hello = strata_proto::HelloRequest { token, offers_shared: false, offers_rdma: false };
+    let hello = strata_proto::HelloRequest { token, offers_shared: false, offers_rdma: false, accepts_streamed: false };
     let mut body = Vec::new();
     hello.encode_into(&mut body);
     let mut frame = FrameHeader::request(Opcode::Hello, 1, 1, body.len() as u64).encode().to_vec();

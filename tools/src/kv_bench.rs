@@ -206,6 +206,10 @@ pub struct KvArgs {
     /// measure what the check costs.
     #[arg(long)]
     pub skip_crc: bool,
+    /// Ask for whole replies only (no FRAME_STREAMED): a batch of tier reads is then answered once its last
+    /// read is done, to measure what streaming gains.
+    #[arg(long)]
+    pub no_streamed_replies: bool,
     /// Subscribe to the node's events during the run and count them (events/s in the report).
     #[arg(long)]
     pub subscribe: bool,
@@ -429,6 +433,7 @@ fn connect(args: &KvArgs) -> anyhow::Result<Client> {
         shared_memory: matches!(args.transport, KvTransport::Shm | KvTransport::Auto),
         rdma_device: args.rdma_device.clone(),
         verify_checksums: !args.skip_crc,
+        streamed_replies: !args.no_streamed_replies,
         ..ClientOptions::default()
     };
     if let Some(etcd) = &args.cluster {

@@ -49,6 +49,9 @@ pub(super) struct Connection {
     pub(super) rdma: Option<super::rdma::RdmaLink>,
     /// A TCP peer on the node's own host, to which the shard offers its Unix socket.
     pub(super) peer_on_host: bool,
+    /// The client reads streamed replies (HELLO_ACCEPTS_STREAMED): a batch's items may go out as each is
+    /// ready.
+    pub(super) streamed_replies: bool,
     pub(super) input: Box<[u8]>,
     pub(super) start: usize,
     pub(super) end: usize,

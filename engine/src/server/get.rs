@@ -1,22 +1,24 @@
 //! GET and GET_RANGE frames: each item read here or at its owner, the reply one vectored write of the
 //! headers and every value's own memory (the DRAM segment, pinned, or the NVMe read's buffers).
 
-use std::future::Future;
 use std::io;
-use std::pin::Pin;
 use std::time::Duration;
 
 use strata_proto::{
-    FrameHeader, ITEM_WITH_VERSION, Opcode, RESPONSE_ITEM_BYTES, RequestItem, ResponseItemHeader, Status, VERSION_BYTES,
+    FRAME_STREAMED, FrameHeader, ITEM_WITH_VERSION, Opcode, RESPONSE_ITEM_BYTES, RequestItem, ResponseItemHeader,
+    Status, VERSION_BYTES,
 };
 
 use super::connection::Connection;
 use super::watch::on_socket;
 use super::{ConnectionError, ShardServer, count};
 use crate::forward::ForwardOp;
-use crate::join::join_in_order;
+use crate::join::{InOrder, LocalFuture, join_in_order};
 use crate::shard::{Prefetch, ReadData, ReadHit, Shard};
 use crate::tenants::Scope;
+
+/// One item's read: its hit, or the status to answer.
+type ItemRead = Result<ReadHit, Status>;
 
 /// Reads one item of a GET / GET_RANGE frame, here or at the key's owner.
 async fn read_item(
@@ -56,63 +58,139 @@ pub(super) async fn handle_get<'a>(
         let range = (header.opcode == Opcode::GetRange).then_some((item.header.offset, item.header.value_len));
         read_item(server, scope, item.key, range, item.header.wait())
     };
+    // Items that asked for their version get it before their bytes (ITEM_WITH_VERSION).
+    let with_version: Vec<bool> = items.iter().map(|item| item.header.flags & ITEM_WITH_VERSION != 0).collect();
     // Items MOVED (a cluster client under an older membership, see `ownership.rs`) are answered so, unread.
     let moved: Vec<Option<ResponseItemHeader>> =
         items.iter().map(|item| server.moved(item.key, header.epoch)).collect();
     let results: Vec<Result<ReadHit, Status>> = if moved.iter().any(Option::is_some) {
         let reads = items.iter().zip(&moved).map(|(item, moved)| match moved {
-            Some(_) => Box::pin(async { Err(Status::Moved) }) as Pin<Box<dyn Future<Output = _> + '_>>,
-            None => Box::pin(read(item)) as Pin<Box<dyn Future<Output = _> + '_>>,
+            Some(_) => Box::pin(async { Err(Status::Moved) }) as LocalFuture<'_, _>,
+            None => Box::pin(read(item)) as LocalFuture<'_, _>,
         });
         join_in_order(reads.collect()).await
     } else if items.iter().any(|item| !item.header.wait().is_zero()) {
         // Items that may wait for their keys wait together: a batch of layers of several requests whose
         // prefills are still sending takes as long as the slowest, not the sum.
-        join_in_order(items.iter().map(|item| Box::pin(read(item)) as Pin<Box<dyn Future<Output = _> + '_>>).collect())
-            .await
+        join_in_order(items.iter().map(|item| Box::pin(read(item)) as LocalFuture<'_, _>).collect()).await
     } else {
         // What DRAM answers is answered at once, item by item; the rest (reads from the NVMe tier, items
         // another shard owns) then run together, the device reads bounded by the shard's queue depth.
         let mut results = answer_from_dram(server, scope, header.opcode, items);
         let pending: Vec<usize> = (0..items.len()).filter(|&at| results[at].is_none()).collect();
         if !pending.is_empty() {
-            let reads = pending.iter().map(|&at| Box::pin(read(&items[at])) as Pin<Box<dyn Future<Output = _> + '_>>);
-            for (at, result) in pending.iter().zip(join_in_order(reads.collect()).await) {
-                results[*at] = Some(result);
+            let reads: Vec<LocalFuture<'_, _>> = pending
+                .iter()
+                .map(|&at| Box::pin(async move { (at, read(&items[at]).await) }) as LocalFuture<'_, _>)
+                .collect();
+            if streams(connection, items) {
+                return stream_reply(connection, header, (results, InOrder::new(reads)), &with_version).await;
+            }
+            for (at, result) in join_in_order(reads).await {
+                results[at] = Some(result);
             }
         }
         results.into_iter().map(|result| result.unwrap_or(Err(Status::NotFound))).collect()
     };
     // Shared items are copied (a local client's) or written by RDMA into the client's memory now; their
-    // replies carry no data.
-    let results = answer_shared(connection, items, results).await;
-    // Items that asked for their version get it before their bytes (ITEM_WITH_VERSION).
-    let with_version: Vec<bool> = items.iter().map(|item| item.header.flags & ITEM_WITH_VERSION != 0).collect();
-    let body_len: u64 = results
+    // replies carry no data. MOVED carries the node's epoch.
+    let replies: Vec<Reply> = (answer_shared(connection, items, results).await.into_iter().zip(moved))
+        .map(|(reply, moved)| moved.map_or(reply, Reply::Answered))
+        .collect();
+    let body_len: u64 = replies
         .iter()
         .zip(&with_version)
-        .map(|(result, &versioned)| {
+        .map(|(reply, &versioned)| {
             let prefix = if versioned { VERSION_BYTES as u64 } else { 0 };
-            RESPONSE_ITEM_BYTES as u64 + result.sent().map_or(0, |hit| prefix + hit.len() as u64)
+            RESPONSE_ITEM_BYTES as u64 + reply.sent().map_or(0, |hit| prefix + hit.len() as u64)
         })
         .sum();
     FrameHeader {
         opcode: header.opcode,
         flags: 0,
         request_id: header.request_id,
-        count: results.len() as u32,
+        count: replies.len() as u32,
         status: Status::Ok,
         body_len,
         epoch: 0,
     }
     .encode_into(&mut connection.output);
-    // The reply goes out in one vectored write (a few, past IOV_MAX pieces): the headers from one buffer,
-    // each value from its own memory (the DRAM segment, pinned, or the NVMe read's buffers), no copy.
-    let mut heads: Vec<usize> = Vec::with_capacity(results.len());
-    for ((result, moved), &versioned) in results.iter().zip(&moved).zip(&with_version) {
-        match (result, moved) {
-            (Reply::Shared(answer), _) => answer.encode_into(&mut connection.output),
-            (Reply::Sent(Ok(hit)), _) if versioned => {
+    write_replies(connection, &replies, &with_version).await?;
+    Ok(count(replies.iter().map(Reply::status)))
+}
+
+/// Whether a GET's reply streams (FRAME_STREAMED) while some of its items are still being read: to a
+/// client that accepted it, for a batch whose values all travel on the socket (a shared item's reply is a
+/// header alone, already small).
+fn streams(connection: &Connection, items: &[RequestItem<'_>]) -> bool {
+    connection.streamed_replies && items.len() > 1 && items.iter().all(|item| item.shared.is_none())
+}
+
+/// A streamed run of ready items goes out early only if it carries at least this many bytes: each write
+/// costs a system call and a wake-up of a client asleep in its read (25–30 µs together on this project's
+/// machines), which a run pays back only if moving it takes as long (about 100 KiB over loopback TCP).
+/// Sent item by item, 4 KiB gets in batches of 32 lost 2–3 %; 64 KiB ones gained 7 %.
+const STREAM_RUN_BYTES: usize = 128 << 10;
+
+/// A streamed reply: the frame header at once (no body length), then each run of items that are ready, in
+/// order, in one vectored write once it carries [`STREAM_RUN_BYTES`], while the reads of later items go
+/// on. An early item is not held back by a late one, and each hit's pin or read buffer is given back as
+/// soon as it is sent.
+async fn stream_reply(
+    connection: &mut Connection,
+    header: FrameHeader,
+    (mut results, mut reads): (Vec<Option<ItemRead>>, InOrder<'_, (usize, ItemRead)>),
+    with_version: &[bool],
+) -> Result<(u64, u64), ConnectionError> {
+    FrameHeader {
+        opcode: header.opcode,
+        flags: FRAME_STREAMED,
+        request_id: header.request_id,
+        count: results.len() as u32,
+        status: Status::Ok,
+        body_len: 0,
+        epoch: 0,
+    }
+    .encode_into(&mut connection.output);
+    let mut statuses = Vec::with_capacity(results.len());
+    let mut sent = 0;
+    while sent < results.len() {
+        while let Some((at, result)) = reads.next_if_done().await {
+            results[at] = Some(result);
+        }
+        let ready = results[sent..].iter().take_while(|result| result.is_some()).count();
+        let run_bytes: usize = results[sent..sent + ready].iter().flatten().flatten().map(ReadHit::len).sum();
+        let last = sent + ready == results.len();
+        if ready == 0 || (!last && run_bytes < STREAM_RUN_BYTES) {
+            // The next item's read is among those left: wait for it (every read goes on meanwhile).
+            let (at, result) = reads.next().await.unwrap_or((sent, Err(Status::Io)));
+            results[at] = Some(result);
+            continue;
+        }
+        let replies: Vec<Reply> = results[sent..sent + ready]
+            .iter_mut()
+            .map(|result| Reply::Sent(result.take().unwrap_or(Err(Status::NotFound))))
+            .collect();
+        write_replies(connection, &replies, &with_version[sent..sent + ready]).await?;
+        statuses.extend(replies.iter().map(Reply::status));
+        sent += ready;
+    }
+    Ok(count(statuses.into_iter()))
+}
+
+/// Writes `replies` (with `connection.output`, which may begin with the frame's header) in one vectored
+/// write (a few, past IOV_MAX pieces): the headers from one buffer, each value from its own memory (the DRAM
+/// segment, pinned, or the NVMe read's buffers), no copy.
+async fn write_replies(
+    connection: &mut Connection,
+    replies: &[Reply],
+    with_version: &[bool],
+) -> Result<(), ConnectionError> {
+    let mut heads: Vec<usize> = Vec::with_capacity(replies.len());
+    for (reply, &versioned) in replies.iter().zip(with_version) {
+        match reply {
+            Reply::Answered(answer) => answer.encode_into(&mut connection.output),
+            Reply::Sent(Ok(hit)) if versioned => {
                 let version = hit.version.unwrap_or_default().encode();
                 ResponseItemHeader {
                     status: Status::Ok,
@@ -123,26 +201,24 @@ pub(super) async fn handle_get<'a>(
                 .encode_into(&mut connection.output);
                 connection.output.extend_from_slice(&version);
             }
-            (Reply::Sent(Ok(hit)), _) => ResponseItemHeader {
+            Reply::Sent(Ok(hit)) => ResponseItemHeader {
                 status: Status::Ok,
                 data_len: hit.len() as u32,
                 data_crc: hit.data_crc,
                 object_len: hit.object_len,
             }
             .encode_into(&mut connection.output),
-            // MOVED carries the node's epoch.
-            (Reply::Sent(Err(_)), Some(answer)) => answer.encode_into(&mut connection.output),
-            (Reply::Sent(Err(status)), None) => ResponseItemHeader::status(*status).encode_into(&mut connection.output),
+            Reply::Sent(Err(status)) => ResponseItemHeader::status(*status).encode_into(&mut connection.output),
         }
         heads.push(connection.output.len());
     }
     let output = std::mem::take(&mut connection.output);
-    let mut pieces: Vec<io::IoSlice<'_>> = Vec::with_capacity(results.len() * 2 + 1);
+    let mut pieces: Vec<io::IoSlice<'_>> = Vec::with_capacity(replies.len() * 2 + 1);
     let mut head_start = 0usize;
-    for (result, &head_end) in results.iter().zip(&heads) {
+    for (reply, &head_end) in replies.iter().zip(&heads) {
         pieces.push(io::IoSlice::new(&output[head_start..head_end]));
         head_start = head_end;
-        if let Some(hit) = result.sent() {
+        if let Some(hit) = reply.sent() {
             pieces.extend(hit.slices().into_iter().filter(|slice| !slice.is_empty()).map(io::IoSlice::new));
         }
     }
@@ -150,15 +226,14 @@ pub(super) async fn handle_get<'a>(
     drop(pieces);
     connection.output = output;
     connection.output.clear();
-    written?;
-    Ok(count(results.iter().map(Reply::status)))
+    Ok(written?)
 }
 
-/// One item's answer: sent on the socket (its value follows its header), or copied into the client's
-/// shared memory (its header alone).
+/// One item's answer: sent on the socket (its value follows its header), or a header alone (a value
+/// copied into the client's shared memory, or MOVED with the node's epoch).
 enum Reply {
     Sent(Result<ReadHit, Status>),
-    Shared(ResponseItemHeader),
+    Answered(ResponseItemHeader),
 }
 
 impl Reply {
@@ -172,7 +247,7 @@ impl Reply {
     fn status(&self) -> Status {
         match self {
             Reply::Sent(result) => result.as_ref().map_or_else(|status| *status, |_| Status::Ok),
-            Reply::Shared(answer) => answer.status,
+            Reply::Answered(answer) => answer.status,
         }
     }
 }
@@ -190,7 +265,7 @@ async fn answer_shared(
             .into_iter()
             .zip(items)
             .map(|(result, item)| match (result, item.shared) {
-                (Ok(hit), Some(span)) => Reply::Shared(copy_to_client(connection, &span, &hit)),
+                (Ok(hit), Some(span)) => Reply::Answered(copy_to_client(connection, &span, &hit)),
                 (result, _) => Reply::Sent(result),
             })
             .collect();
@@ -214,7 +289,11 @@ async fn answer_shared(
         });
     }
     drop(transfers);
-    results.into_iter().zip(answers).map(|(result, answer)| answer.map_or(Reply::Sent(result), Reply::Shared)).collect()
+    results
+        .into_iter()
+        .zip(answers)
+        .map(|(result, answer)| answer.map_or(Reply::Sent(result), Reply::Answered))
+        .collect()
 }
 
 /// Copies a hit into the span of the client's memory its item named: the answer says how many bytes and
