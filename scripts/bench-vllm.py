@@ -6,7 +6,8 @@
    bytes fetched with raw ``StrataStore.batch_get_into_multi_buffers``, one layer batch after another.
    Rounds alternate between the two; each round's figure is its median over REPS loads.
 2. Scheduler lookup: ``get_num_new_matched_tokens`` on a request of a 1,000-block chain that is stored,
-   p50 and p99 over LOOKUPS requests, each timed at its first lookup.
+   p50 and p99 over LOOKUPS requests, each timed at its first lookup; then the same with the connector's
+   ``spin_microseconds`` at 0 (``lookup_no_spin_*``).
 
 Run in the engines' venv, against a release node it starts on loopback, as the serving rows run: the node
 on one shard busy-polling on CPU 1, this process on CPU 0:
@@ -122,6 +123,19 @@ def load_rows(config, rounds, reps):
     }
 
 
+def lookup_rows(config, lookups):
+    """The lookup row with the connector's default (its scheduler-side store busy-polls each reply) and,
+    in the same run, with ``spin_microseconds: 0`` (each reply waits in a sleeping thread)."""
+    extra = config.kv_transfer_config.kv_connector_extra_config
+    spinning = lookup_row(config, lookups)
+    extra["spin_microseconds"] = 0
+    try:
+        sleeping = lookup_row(config, lookups)
+    finally:
+        del extra["spin_microseconds"]
+    return {**spinning, **{key.replace("lookup_", "lookup_no_spin_"): value for key, value in sleeping.items()}}
+
+
 def lookup_row(config, lookups):
     """Each timed call is a request's first lookup: LOOKUPS requests of distinct 1,000-block prompts, all
     stored (marker keys only: the lookup reads nothing else)."""
@@ -175,7 +189,7 @@ def main():
         try:
             model = test_vllm.write_model(pathlib.Path(tempfile.mkdtemp(dir=scratch)), KV_HEADS)
             config = test_vllm.vllm_config(model, node.address, f"bench-{uuid.uuid4().hex}/")
-            result = {**load_rows(config, rounds, reps), **lookup_row(config, lookups)}
+            result = {**load_rows(config, rounds, reps), **lookup_rows(config, lookups)}
         finally:
             node.stop()
     print(json.dumps(result, indent=1))
