@@ -34,29 +34,36 @@ impl<'a, T> InOrder<'a, T> {
         Self { futures, outputs, next: 0 }
     }
 
-    /// The next output in order, once every future has been polled and that one is done; `None` when all
-    /// were taken.
+    /// The next output in order, once it is done (every future not done is polled while it is waited
+    /// for); `None` when all were taken.
     pub(crate) async fn next(&mut self) -> Option<T> {
-        if self.next == self.outputs.len() {
-            return None;
+        if self.next_is_pending() {
+            std::future::poll_fn(|context| {
+                self.poll_all(context);
+                if self.next_is_pending() { Poll::Pending } else { Poll::Ready(()) }
+            })
+            .await;
         }
-        std::future::poll_fn(|context| {
-            self.poll_all(context);
-            if self.outputs[self.next].is_some() { Poll::Ready(()) } else { Poll::Pending }
-        })
-        .await;
         self.take_next()
     }
 
-    /// Polls every future not done once (which starts those not started) and takes the next output if it is
-    /// done, without waiting.
+    /// The next output if it is done, without waiting: when it is not, every future not done is polled
+    /// once first (which starts those not started). Outputs already done are taken without polling, so
+    /// taking a run of them costs one pass over the futures, not one per output.
     pub(crate) async fn next_if_done(&mut self) -> Option<T> {
-        std::future::poll_fn(|context| {
-            self.poll_all(context);
-            Poll::Ready(())
-        })
-        .await;
+        if self.next_is_pending() {
+            std::future::poll_fn(|context| {
+                self.poll_all(context);
+                Poll::Ready(())
+            })
+            .await;
+        }
         self.take_next()
+    }
+
+    /// Whether an output is left to take and not done yet.
+    fn next_is_pending(&self) -> bool {
+        self.outputs.get(self.next).is_some_and(Option::is_none)
     }
 
     fn poll_all(&mut self, context: &mut std::task::Context<'_>) {
