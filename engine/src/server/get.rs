@@ -162,8 +162,8 @@ async fn stream_reply(
         let run_bytes: usize = results[sent..sent + ready].iter().flatten().flatten().map(ReadHit::len).sum();
         let last = sent + ready == results.len();
         if ready == 0 || (!last && run_bytes < STREAM_RUN_BYTES) {
-            // The next item's read is among those left: wait for it (every read goes on meanwhile).
-            let (at, result) = reads.next().await.unwrap_or((sent, Err(Status::Io)));
+            // The first item not ready is the next read in order: wait for it (every read goes on meanwhile).
+            let (at, result) = reads.next().await.unwrap_or((sent + ready, Err(Status::Io)));
             results[at] = Some(result);
             continue;
         }
