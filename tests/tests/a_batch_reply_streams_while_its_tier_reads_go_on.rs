@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::{Scratch, client, config, key_of, start, value_of, with_file};
+use common::{Scratch, client, config, key_of, say_hello, start, value_of, with_file};
 use strata_proto::{
     FRAME_HEADER_BYTES, FRAME_STREAMED, FrameHeader, HelloRequest, Opcode, RESPONSE_ITEM_BYTES, RequestItemHeader,
     ResponseItemHeader, Status,
@@ -22,14 +22,8 @@ fn raw(node: &strata_engine::Node, accepts_streamed: bool) -> TcpStream {
     let mut stream = TcpStream::connect(node.local_addr()).expect("connect");
     stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
     let hello = HelloRequest { token: Vec::new(), offers_shared: false, offers_rdma: false, accepts_streamed };
-    let mut frame = Vec::new();
-    FrameHeader::request(Opcode::Hello, 0, 1, hello.encoded_len() as u64).encode_into(&mut frame);
-    hello.encode_into(&mut frame);
-    stream.write_all(&frame).expect("hello");
-    let header = read_header(&mut stream);
+    let (header, _) = say_hello(&mut stream, &hello);
     assert_eq!(header.status, Status::Ok, "HELLO");
-    let mut body = vec![0u8; header.body_len as usize];
-    stream.read_exact(&mut body).expect("hello body");
     stream
 }
 

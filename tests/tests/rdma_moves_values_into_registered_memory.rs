@@ -13,7 +13,7 @@ use std::net::TcpStream;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{config, spans_from, start, value_of};
+use common::{config, say_hello, spans_from, start, value_of};
 use strata_client::{Client, ClientError, ClientOptions, PutOptions, Transport};
 use strata_engine::Node;
 use strata_nvme::DeviceSpec;
@@ -138,11 +138,7 @@ fn raw_connection(node: &Node) -> (TcpStream, HelloReply) {
     let mut stream = TcpStream::connect(node.local_addr()).expect("connect");
     stream.set_read_timeout(Some(Duration::from_secs(60))).expect("timeout");
     let hello = HelloRequest { token: Vec::new(), offers_shared: false, offers_rdma: true, accepts_streamed: false };
-    let mut frame = Vec::new();
-    FrameHeader::request(Opcode::Hello, 1, 1, hello.encoded_len() as u64).encode_into(&mut frame);
-    hello.encode_into(&mut frame);
-    stream.write_all(&frame).expect("hello");
-    let (_, body) = read_frame(&mut stream);
+    let (_, body) = say_hello(&mut stream, &hello);
     (stream, HelloReply::decode(&body).expect("hello reply"))
 }
 

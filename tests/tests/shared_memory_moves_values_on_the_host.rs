@@ -10,7 +10,7 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixStream};
 use std::time::{Duration, Instant};
 
-use common::{Scratch, config, spans_from, start, total, value_of, with_file};
+use common::{Scratch, config, say_hello, spans_from, start, total, value_of, with_file};
 use strata_client::{Client, ClientError, ClientOptions, PutOptions, SharedBuffer, Transport};
 use strata_proto::{
     FRAME_HEADER_BYTES, FrameHeader, HelloRequest, ITEM_SHARED, Opcode, REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES,
@@ -99,14 +99,8 @@ fn raw_local(node: &strata_engine::Node, token: &[u8]) -> UnixStream {
     stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
     let hello =
         HelloRequest { token: token.to_vec(), offers_shared: false, offers_rdma: false, accepts_streamed: false };
-    let mut frame = Vec::new();
-    FrameHeader::request(Opcode::Hello, 0, 1, hello.encoded_len() as u64).encode_into(&mut frame);
-    hello.encode_into(&mut frame);
-    stream.write_all(&frame).expect("hello");
-    let header = read_header(&mut stream);
+    let (header, _) = say_hello(&mut stream, &hello);
     assert_eq!(header.status, Status::Ok, "HELLO over the Unix socket");
-    let mut body = vec![0u8; header.body_len as usize];
-    stream.read_exact(&mut body).expect("hello body");
     stream
 }
 

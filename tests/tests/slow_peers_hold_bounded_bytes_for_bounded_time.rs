@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{client, config, start, total};
+use common::{client, config, say_hello, start, total};
 use strata_client::{Client, ClientError, ClientOptions};
 use strata_engine::peer_limits::PeerLimits;
 use strata_engine::tenants::TenantConfig;
@@ -206,17 +206,8 @@ fn raw_tenant(node: &strata_engine::Node, name: &str) -> TcpStream {
     let mut stream = raw(node);
     let token = format!("token-of-{name}").into_bytes();
     let hello = strata_proto::HelloRequest { token, offers_shared: false, offers_rdma: false, accepts_streamed: false };
-    let mut body = Vec::new();
-    hello.encode_into(&mut body);
-    let mut frame = FrameHeader::request(Opcode::Hello, 1, 1, body.len() as u64).encode().to_vec();
-    frame.extend_from_slice(&body);
-    stream.write_all(&frame).expect("hello");
-    let mut head = [0u8; FRAME_HEADER_BYTES];
-    stream.read_exact(&mut head).expect("hello reply");
-    let header = FrameHeader::decode(&head).expect("frame");
+    let (header, _) = say_hello(&mut stream, &hello);
     assert_eq!(header.status, Status::Ok);
-    let mut rest = vec![0u8; header.body_len as usize];
-    stream.read_exact(&mut rest).expect("hello body");
     stream
 }
 

@@ -239,25 +239,14 @@ fn discovery_log(queue: &Queue, connected: Connected) -> DiscoveryLog {
         traddr: listen.ip().to_string(),
         tsas,
     };
+    let ports: Vec<_> = [Some(tcp), rdma].into_iter().flatten().collect();
     let allowed = shared
         .subsystems
         .iter()
-        .filter(|subsystem| !subsystem.discovery && hostnqn.as_deref().is_some_and(|host| subsystem.allows(host)));
-    let mut entries = Vec::new();
-    for subsystem in allowed {
-        entries.extend(
-            [Some(tcp), rdma]
-                .into_iter()
-                .flatten()
-                .map(|port| entry(port, &subsystem.nqn, DiscoveryEntry::SUBTYPE_NVM)),
-        );
-    }
-    entries.extend(
-        [Some(tcp), rdma]
-            .into_iter()
-            .flatten()
-            .map(|port| entry(port, DISCOVERY_NQN, DiscoveryEntry::SUBTYPE_CURRENT_DISCOVERY)),
-    );
+        .filter(|subsystem| !subsystem.discovery && hostnqn.as_deref().is_some_and(|host| subsystem.allows(host)))
+        .map(|subsystem| (subsystem.nqn.as_str(), DiscoveryEntry::SUBTYPE_NVM));
+    let listed = allowed.chain([(DISCOVERY_NQN, DiscoveryEntry::SUBTYPE_CURRENT_DISCOVERY)]);
+    let entries = listed.flat_map(|(nqn, subtype)| ports.iter().map(move |&port| entry(port, nqn, subtype))).collect();
     // The configuration is fixed for the target's life, so one generation describes it.
     DiscoveryLog { generation: 1, entries }
 }

@@ -102,3 +102,22 @@ pub fn spans_from(sizes: &[usize], start: usize) -> Vec<(usize, usize)> {
         })
         .collect()
 }
+
+/// Says `hello` on a raw connection (TCP or a shard's Unix socket) and reads the node's reply: its header
+/// and its body, whatever its status.
+pub fn say_hello(
+    stream: &mut (impl std::io::Read + std::io::Write),
+    hello: &strata_proto::HelloRequest,
+) -> (strata_proto::FrameHeader, Vec<u8>) {
+    use strata_proto::{FRAME_HEADER_BYTES, FrameHeader, Opcode};
+    let mut frame = Vec::new();
+    FrameHeader::request(Opcode::Hello, 1, 1, hello.encoded_len() as u64).encode_into(&mut frame);
+    hello.encode_into(&mut frame);
+    stream.write_all(&frame).expect("hello");
+    let mut bytes = [0u8; FRAME_HEADER_BYTES];
+    stream.read_exact(&mut bytes).expect("hello reply header");
+    let header = FrameHeader::decode(&bytes).expect("a reply header");
+    let mut body = vec![0u8; header.body_len as usize];
+    stream.read_exact(&mut body).expect("hello reply body");
+    (header, body)
+}
