@@ -13,13 +13,13 @@ use std::net::TcpStream;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{config, say_hello, spans_from, start, value_of};
+use common::{config, read_frame, say_hello, spans_from, start, value_of};
 use strata_client::{Client, ClientError, ClientOptions, PutOptions, Transport};
 use strata_engine::Node;
 use strata_nvme::DeviceSpec;
 use strata_proto::{
-    FRAME_HEADER_BYTES, FrameHeader, HelloReply, HelloRequest, ITEM_SHARED, Opcode, REGISTER_REMOTE,
-    REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, SharedSpan, Status,
+    FrameHeader, HelloReply, HelloRequest, ITEM_SHARED, Opcode, REGISTER_REMOTE, REQUEST_ITEM_BYTES,
+    RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, SharedSpan, Status,
 };
 use strata_transfer::Endpoint;
 use strata_transfer::verbs::{
@@ -140,15 +140,6 @@ fn raw_connection(node: &Node) -> (TcpStream, HelloReply) {
     let hello = HelloRequest { token: Vec::new(), offers_shared: false, offers_rdma: true, accepts_streamed: false };
     let (_, body) = say_hello(&mut stream, &hello);
     (stream, HelloReply::decode(&body).expect("hello reply"))
-}
-
-fn read_frame(stream: &mut TcpStream) -> (FrameHeader, Vec<u8>) {
-    let mut header = [0u8; FRAME_HEADER_BYTES];
-    stream.read_exact(&mut header).expect("reply header");
-    let header = FrameHeader::decode(&header).expect("header");
-    let mut body = vec![0u8; header.body_len as usize];
-    stream.read_exact(&mut body).expect("reply body");
-    (header, body)
 }
 
 /// Sends one item (`item`, `key`, then `tail`) of `opcode`; the reply's first item and its data.

@@ -109,15 +109,20 @@ pub fn say_hello(
     stream: &mut (impl std::io::Read + std::io::Write),
     hello: &strata_proto::HelloRequest,
 ) -> (strata_proto::FrameHeader, Vec<u8>) {
-    use strata_proto::{FRAME_HEADER_BYTES, FrameHeader, Opcode};
+    use strata_proto::{FrameHeader, Opcode};
     let mut frame = Vec::new();
     FrameHeader::request(Opcode::Hello, 1, 1, hello.encoded_len() as u64).encode_into(&mut frame);
     hello.encode_into(&mut frame);
     stream.write_all(&frame).expect("hello");
-    let mut bytes = [0u8; FRAME_HEADER_BYTES];
-    stream.read_exact(&mut bytes).expect("hello reply header");
-    let header = FrameHeader::decode(&bytes).expect("a reply header");
+    read_frame(stream)
+}
+
+/// Reads one reply frame whose body length its header gives: the header and the body.
+pub fn read_frame(stream: &mut impl std::io::Read) -> (strata_proto::FrameHeader, Vec<u8>) {
+    let mut bytes = [0u8; strata_proto::FRAME_HEADER_BYTES];
+    stream.read_exact(&mut bytes).expect("reply header");
+    let header = strata_proto::FrameHeader::decode(&bytes).expect("a reply header");
     let mut body = vec![0u8; header.body_len as usize];
-    stream.read_exact(&mut body).expect("hello reply body");
+    stream.read_exact(&mut body).expect("reply body");
     (header, body)
 }
