@@ -38,7 +38,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  #
 
 import test_vllm  # noqa: E402  (its tiny-model vLLM config)
 
-LAYERS, BLOCKS_LOADED, POOL_BLOCKS = 8, 64, 128
+LAYERS, BLOCKS_LOADED = 8, 64
+POOL_BLOCKS = 2 * BLOCKS_LOADED + 1  # block 0 is vLLM's null block, never a request's
 TOKENS, KV_HEADS, HEAD_DIM = 16, 8, 128  # K and V rows of 32 KiB each: 64 KiB per block and layer
 
 
@@ -63,13 +64,14 @@ def stored_blocks(config):
     from strata.vllm import BlockTransfer
 
     saver, kv = worker(config)
-    transfer = BlockTransfer("bench", [os.urandom(32) for _ in range(BLOCKS_LOADED)], list(range(BLOCKS_LOADED)))
+    saved = list(range(1, BLOCKS_LOADED + 1))
+    transfer = BlockTransfer("bench", [os.urandom(32) for _ in range(BLOCKS_LOADED)], (saved,))
     saver.bind_connector_metadata(StrataConnectorMetadata(saves=[transfer]))
     for name in test_vllm.LAYERS:
         saver.save_kv_layer(name, kv[name], None)
     saver.wait_for_save()
     saver.shutdown()
-    return BlockTransfer("bench", transfer.hashes, list(range(BLOCKS_LOADED, 2 * BLOCKS_LOADED)))
+    return BlockTransfer("bench", transfer.hashes, (list(range(BLOCKS_LOADED + 1, POOL_BLOCKS)),))
 
 
 def connector_load(loader, metadata):
@@ -87,7 +89,7 @@ def connector_load(loader, metadata):
 def raw_load(store, loader, transfer):
     per_layer = []
     for name in test_vllm.LAYERS:
-        pointers, sizes = loader.worker._block_parts(name, transfer.block_ids)
+        pointers, sizes = loader.worker._block_parts(name, transfer.block_ids[0])
         keys = loader.keys(transfer.hashes, name)
         per_layer.append((keys, pointers, sizes))
     started = time.perf_counter()

@@ -105,14 +105,14 @@ def kv_cache_config(kv_heads=None):
     return KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=tensors, kv_cache_groups=[KVCacheGroupSpec(LAYERS, spec)])
 
 
-def schedule_request(scheduler, request_id, tokens):
+def schedule_request(scheduler, request_id, tokens, hash_block_size=None):
     """Adds a one-token request for ``tokens`` (blocks hashed as vLLM hashes them) and schedules it."""
     request = Request(
         request_id,
         prompt_token_ids=tokens,
         sampling_params=SamplingParams(max_tokens=1),
         pooling_params=None,
-        block_hasher=get_request_block_hasher(BLOCK, sha256),
+        block_hasher=get_request_block_hasher(hash_block_size or BLOCK, sha256),
     )
     scheduler.add_request(request)
     return scheduler.schedule()
@@ -141,7 +141,7 @@ class Instance:
         if before_load:
             before_load()
         self.worker.start_load_kv(None)
-        for name in LAYERS:
+        for name in self.kv:  # the layers in forward order
             self.worker.wait_for_layer_load(name)
             if compute:
                 compute(name)
@@ -177,10 +177,10 @@ def test_a_second_instance_hits_the_saved_blocks_and_loads_them_byte_equal(node,
     output = second.schedule("second", tokens)
     assert output.num_scheduled_tokens["second"] == PROMPT - 3 * BLOCK  # only the remaining tokens
     loads = output.kv_connector_metadata.loads
-    assert [len(load.block_ids) for load in loads] == [3]
+    assert [len(load.block_ids[0]) for load in loads] == [3]
     assert second.run_forward(output) == set()
     for name in LAYERS:
-        for saved, loaded in zip(saved_blocks, loads[0].block_ids):
+        for saved, loaded in zip(saved_blocks, loads[0].block_ids[0]):
             assert torch.equal(block_bytes(second, name, loaded), block_bytes(first, name, saved))
     first.close()
     second.close()
@@ -197,7 +197,7 @@ def test_a_block_removed_between_lookup_and_load_is_reported_for_recompute(node,
     second = Instance(tiny_model, node.address, prefix)
     output = second.schedule("second", tokens)
     load = output.kv_connector_metadata.loads[0]
-    assert len(load.block_ids) == 3
+    assert len(load.block_ids[0]) == 3
 
     store = StrataStore()
     assert store.setup(node.address) == 0
@@ -205,7 +205,7 @@ def test_a_block_removed_between_lookup_and_load_is_reported_for_recompute(node,
     def remove_the_middle_block():
         assert store.remove(second.worker.key(load.hashes[1], LAYERS[0])) == 0
 
-    assert second.run_forward(output, before_load=remove_the_middle_block) == {load.block_ids[1]}
+    assert second.run_forward(output, before_load=remove_the_middle_block) == {load.block_ids[0][1]}
     store.close()
     first.close()
     second.close()
@@ -302,7 +302,7 @@ def tp_worker(model, address, prefix, tp_size, rank, monkeypatch):
 def save_blocks(worker, kv, hashes, block_ids):
     from strata.vllm import BlockTransfer, StrataConnectorMetadata
 
-    worker.bind_connector_metadata(StrataConnectorMetadata(saves=[BlockTransfer("save", hashes, block_ids)]))
+    worker.bind_connector_metadata(StrataConnectorMetadata(saves=[BlockTransfer("save", hashes, (block_ids,))]))
     for name in LAYERS:
         worker.save_kv_layer(name, kv[name], None)
     worker.wait_for_save()
@@ -312,7 +312,7 @@ def save_blocks(worker, kv, hashes, block_ids):
 def load_blocks(worker, hashes, block_ids):
     from strata.vllm import BlockTransfer, StrataConnectorMetadata
 
-    worker.bind_connector_metadata(StrataConnectorMetadata(loads=[BlockTransfer("load", hashes, block_ids)]))
+    worker.bind_connector_metadata(StrataConnectorMetadata(loads=[BlockTransfer("load", hashes, (block_ids,))]))
     worker.start_load_kv(None)
     for name in LAYERS:
         worker.wait_for_layer_load(name)
@@ -398,3 +398,108 @@ def test_mla_latent_rows_are_stored_once_by_rank_0_and_read_by_every_rank(node, 
         assert torch.equal(kv[name][8:10].view(torch.uint8), ranks[0][1][name][4:6].view(torch.uint8))
     for worker, _ in ranks:
         worker.shutdown()
+
+
+# ---- hybrid models (HMA): a full-attention group of 32-token blocks and a sliding-window group of 16 --------
+
+HYBRID_FULL, HYBRID_WINDOW = 32, 16  # each group's tokens per block; the scheduler's block is 32, hashes 16
+WINDOW = 32  # the sliding window, in tokens
+HYBRID_LAYERS = [f"model.layers.{at}.self_attn.attn" for at in range(4)]  # even: full, odd: sliding window
+HYBRID_PROMPT = 4 * HYBRID_FULL + 2
+
+
+def hybrid_kv_cache_config():
+    """vLLM's hybrid layout: one group per kind of attention, each with its own block size and the same page
+    size, every KV cache tensor shared by one layer of each group."""
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    full = FullAttentionSpec(block_size=HYBRID_FULL, num_kv_heads=2, head_size=HEAD_DIM, dtype=torch.float16)
+    window = SlidingWindowSpec(
+        block_size=HYBRID_WINDOW, num_kv_heads=4, head_size=HEAD_DIM, dtype=torch.float16, sliding_window=WINDOW
+    )
+    assert full.page_size_bytes == window.page_size_bytes
+    page = full.page_size_bytes
+    tensors = [
+        KVCacheTensor(size=BLOCKS * page, layers=HYBRID_LAYERS[at : at + 2], layer_stride=0, block_stride=page)
+        for at in (0, 2)
+    ]
+    groups = [KVCacheGroupSpec(HYBRID_LAYERS[0::2], full), KVCacheGroupSpec(HYBRID_LAYERS[1::2], window)]
+    return KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=tensors, kv_cache_groups=groups)
+
+
+class HybridInstance(Instance):
+    """A vLLM instance of a hybrid model: its real scheduler over the two groups, and a worker-side connector
+    whose layers view shared KV cache tensors as vLLM lays them out."""
+
+    def __init__(self, model, address, prefix):
+        from strata.vllm import StrataConnector
+
+        config = vllm_config(model, address, prefix)
+        kv_config = hybrid_kv_cache_config()
+        self.scheduler = Scheduler(
+            config, kv_config, StructuredOutputManager(config), block_size=HYBRID_FULL, hash_block_size=HYBRID_WINDOW
+        )
+        self.worker = StrataConnector(config, KVConnectorRole.WORKER, kv_config)
+        page = kv_config.kv_cache_tensors[0].size // BLOCKS
+        self.raw = [torch.zeros(BLOCKS * page, dtype=torch.uint8) for _ in kv_config.kv_cache_tensors]
+        self.kv = {}
+        for at, name in enumerate(HYBRID_LAYERS):
+            tokens, heads = (HYBRID_FULL, 2) if at % 2 == 0 else (HYBRID_WINDOW, 4)
+            self.kv[name] = self.raw[at // 2].view(torch.float16).view(2, BLOCKS, tokens, heads, HEAD_DIM)
+        self.worker.register_kv_caches(self.kv)
+
+    def schedule(self, request_id, tokens):
+        return schedule_request(self.scheduler, request_id, tokens, hash_block_size=HYBRID_WINDOW)
+
+
+def test_a_hybrid_models_groups_of_two_block_sizes_are_saved_and_loaded_byte_equal(node, tiny_model):
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import supports_hma
+    from vllm.v1.request import RequestStatus
+
+    prefix = f"{uuid.uuid4().hex}/"
+    tokens = torch.randint(0, 1000, (HYBRID_PROMPT,)).tolist()
+    first = HybridInstance(tiny_model, node.address, prefix)
+    assert supports_hma(first.scheduler.connector)
+    output = first.schedule("first", tokens)
+    assert output.num_scheduled_tokens["first"] == HYBRID_PROMPT
+    full_saved, window_saved = (ids[:] for ids in output.scheduled_new_reqs[0].block_ids)
+    for raw in first.raw:
+        raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8))
+    assert first.run_forward(output) == set()
+    first.scheduler.finish_requests("first", RequestStatus.FINISHED_ABORTED)  # request_finished_all_groups
+    assert "first" not in first.scheduler.connector.scheduler.tracked
+
+    second = HybridInstance(tiny_model, node.address, prefix)
+    output = second.schedule("second", tokens)
+    hit = 4 * HYBRID_FULL  # every full scheduler block; the last two tokens are computed
+    assert output.num_scheduled_tokens["second"] == HYBRID_PROMPT - hit
+    full_loaded, window_loaded = output.kv_connector_metadata.loads[0].block_ids
+    assert len(full_loaded) == hit // HYBRID_FULL and len(window_loaded) == hit // HYBRID_WINDOW
+    # vLLM holds only the window's blocks of the sliding-window group: the others are its null block.
+    in_window = -(-(WINDOW - 1) // HYBRID_WINDOW)
+    assert window_loaded[:-in_window] == [0] * (len(window_loaded) - in_window) and 0 not in window_loaded[-in_window:]
+    assert second.run_forward(output) == set()
+
+    for name in HYBRID_LAYERS[0::2]:
+        for saved, loaded in zip(full_saved, full_loaded):
+            assert torch.equal(block_bytes(second, name, loaded), block_bytes(first, name, saved))
+    for name in HYBRID_LAYERS[1::2]:
+        for saved, loaded in list(zip(window_saved, window_loaded))[-in_window:]:
+            assert torch.equal(block_bytes(second, name, loaded), block_bytes(first, name, saved))
+    for name in HYBRID_LAYERS:  # the null block is never written
+        assert not block_bytes(second, name, 0).any()
+    first.close()
+    second.close()
+
+
+def test_mamba_groups_are_refused_with_a_clear_error(node, tiny_model):
+    from strata.vllm import StrataConnector
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    config = vllm_config(tiny_model, node.address, "mamba/")
+    mamba = MambaSpec(block_size=BLOCK, shapes=((16,),), dtypes=(torch.float16,), mamba_cache_mode="align")
+    attention = kv_cache_config().kv_cache_groups[0].kv_cache_spec
+    groups = [KVCacheGroupSpec(LAYERS[:1], attention), KVCacheGroupSpec(LAYERS[1:], mamba)]
+    kv_config = KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups)
+    with pytest.raises(ValueError, match="not recurrent state"):
+        StrataConnector(config, KVConnectorRole.WORKER, kv_config)
