@@ -9,9 +9,11 @@ import uuid
 
 import pytest
 import torch
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig, PoolHitPolicy, PoolName, PoolTransfer
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 from sglang.srt.mem_cache.storage import StorageBackendFactory
 
@@ -253,3 +255,99 @@ def test_context_parallel_ranks_keep_their_own_shards_of_a_page(node):
         assert backend.batch_get_v1(keys, loaded) == [True, True]
         for expected, actual in zip(written, page_bytes(backend.mem_pool_host, loaded)):
             assert torch.equal(expected, actual)  # its own shard, not the other rank's
+
+
+# ---- hybrid pools (the v2 PoolTransfer interface) ----------------------------------------------------------
+
+
+def mamba_host_pool():
+    """A Mamba state pool: one temporal and one conv state per slot, two layers."""
+    states = MambaStateBufferInfo(temporal=torch.zeros(2, 9, 4, 8), conv=(torch.zeros(2, 9, 3, 8),))
+    return MambaPoolHost(states, 2.0, 0, device_capacity=8, pin_memory=False, device="cpu", layout="page_first")
+
+
+def hybrid_backend(config, kv_pool):
+    """A backend over a KV pool, a sliding-window pool (an MHA host pool of its own) and a Mamba pool, each
+    registered as SGLang's hybrid pool group registers them."""
+    swa, mamba = mha_host_pool("page_first", heads=1), mamba_host_pool()
+    backend = backend_over(config, kv_pool)
+    for name, pool in ((PoolName.KV, kv_pool), (PoolName.SWA, swa), (PoolName.MAMBA, mamba)):
+        backend.register_mem_host_pool_v2(pool, name)
+    return backend, swa, mamba
+
+
+def mamba_states(pool, slots):
+    """Each slot's states as bytes: temporal, then conv."""
+    return [
+        torch.cat([buffer[slot].reshape(-1).view(torch.uint8) for buffer in (pool.temporal_buffer, pool.conv_buffer[0])])
+        for slot in slots.tolist()
+    ]
+
+
+def test_hybrid_pools_round_trip_and_each_bounds_the_restorable_prefix(node):
+    kv = mha_host_pool("page_first")
+    backend, swa, mamba = hybrid_backend(storage_config(node), kv)
+    keys = [f"hybrid-{at}" for at in range(6)]
+    assert all(backend.batch_set_v1(keys, filled_pages(kv, len(keys))))
+    # The sliding window's last three pages, and Mamba checkpoints after pages 3 and 6.
+    window = filled_pages(swa, 3)
+    checkpoints = mamba.alloc(2)
+    for buffer in (mamba.temporal_buffer, mamba.conv_buffer[0]):
+        buffer.view(torch.uint8).copy_(torch.randint(0, 256, buffer.view(torch.uint8).shape))
+    saves = [
+        PoolTransfer(PoolName.SWA, host_indices=window, keys=keys[3:]),
+        PoolTransfer(PoolName.MAMBA, host_indices=checkpoints, keys=[keys[2], keys[5]]),
+    ]
+    assert backend.batch_set_v2(saves) == {PoolName.SWA: [True] * 3, PoolName.MAMBA: [True, True]}
+
+    by_window = PoolTransfer(PoolName.SWA, keys=keys[3:], hit_policy=PoolHitPolicy.TRAILING_PAGES)
+    by_state = PoolTransfer(PoolName.MAMBA, keys=[keys[5]], hit_policy=PoolHitPolicy.TRAILING_PAGES)
+    hit = backend.batch_exists_v2(keys, [by_state])
+    assert (hit.kv_hit_pages, hit.restorable_prefix_pages) == (6, [3, 6])  # a state after pages 3 and 6 only
+    hit = backend.batch_exists_v2(keys, [by_window, by_state])
+    assert (hit.kv_hit_pages, hit.restorable_prefix_pages) == (6, [6])
+    assert hit.extra_pool_hit_pages == {PoolName.KV: 6, PoolName.SWA: 6, PoolName.MAMBA: 6}
+    every_page = PoolTransfer(PoolName.SWA, keys=keys, hit_policy=PoolHitPolicy.ALL_PAGES)
+    assert backend.batch_exists_v2(keys, [every_page]).kv_hit_pages == 0  # pages 1-3 have no window rows
+
+    loaded_window, loaded_states = swa.alloc(3 * PAGE), mamba.alloc(2)
+    loads = [
+        PoolTransfer(PoolName.SWA, host_indices=loaded_window, keys=keys[3:]),
+        PoolTransfer(PoolName.MAMBA, host_indices=loaded_states, keys=[keys[2], keys[5]]),
+    ]
+    assert backend.batch_get_v2(loads) == {PoolName.SWA: [True] * 3, PoolName.MAMBA: [True, True]}
+    for expected, actual in zip(page_bytes(swa, window), page_bytes(swa, loaded_window)):
+        assert torch.equal(expected, actual)
+    for expected, actual in zip(mamba_states(mamba, checkpoints), mamba_states(mamba, loaded_states)):
+        assert torch.equal(expected, actual)
+
+    # A window page lost on the node: the window no longer restores the prefix, and reading it reports it.
+    assert backend.store.remove(backend._pool_keys(PoolName.SWA, [keys[4]])[0]) == 0
+    assert backend.batch_exists_v2(keys, [by_window, by_state]).restorable_prefix_pages == []
+    assert backend.batch_get_v2(loads[:1]) == {PoolName.SWA: [True, False, True]}
+    with pytest.raises(ValueError, match="not supported"):
+        backend.batch_exists_v2(keys, [PoolTransfer(PoolName.SWA, keys=keys, hit_policy=PoolHitPolicy.BLOCK_GROUPS)])
+    backend.close()
+
+
+def test_in_an_mla_model_shared_pools_are_written_once_and_mamba_state_by_every_rank(node):
+    prefix = f"{uuid.uuid4().hex}/"
+    ranks = []
+    for rank in range(2):
+        config = storage_config(node, tp_rank=rank, tp_size=2, mla=True)
+        config.extra_config["key_prefix"] = prefix
+        ranks.append(hybrid_backend(config, mla_host_pool()))
+    (writer, _, _), (reader, reader_swa, reader_mamba) = ranks
+    assert writer._pool_keys(PoolName.SWA, ["page"]) == reader._pool_keys(PoolName.SWA, ["page"])
+    assert writer._pool_keys(PoolName.MAMBA, ["page"]) != reader._pool_keys(PoolName.MAMBA, ["page"])
+
+    # The second rank is not the storage writer: it stores its Mamba shard, and no shared window page.
+    saves = [
+        PoolTransfer(PoolName.SWA, host_indices=filled_pages(reader_swa, 1), keys=["mla-page"]),
+        PoolTransfer(PoolName.MAMBA, host_indices=reader_mamba.alloc(1), keys=["mla-page"]),
+    ]
+    assert reader.batch_set_v2(saves) == {PoolName.SWA: [True], PoolName.MAMBA: [True]}
+    stored_keys = reader._pool_keys(PoolName.SWA, ["mla-page"]) + reader._pool_keys(PoolName.MAMBA, ["mla-page"])
+    assert reader.store.batch_is_exist(stored_keys) == [0, 1]
+    for backend, _, _ in ranks:
+        backend.close()

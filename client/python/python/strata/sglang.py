@@ -30,8 +30,19 @@ and a TP 2 reader name the same objects.
 its tokens), without the existence round trip Mooncake's backend makes first. ``batch_get_v1`` counts a
 page as read only when every byte of every part arrived, checked end to end by the node's crc32c.
 
-The v2 ``PoolTransfer`` interface (hybrid pools: Mamba, SWA, DSA) is not implemented: SGLang only uses it
-for backends that declare it, and falls back to v1 for the KV pool.
+**Hybrid pools** (SGLang's v2 ``PoolTransfer`` interface, which its ``HybridCacheController`` calls for
+hybrid models: sliding-window, Mamba and sparse-attention pools beside the KV pool). Each pool registered
+with ``register_mem_host_pool_v2`` has its buffers registered with the store, and each page of it is one
+object, named like the KV page of the same hash with the pool's name in its namespace:
+``{key_prefix}{model}/{mha|mla}/{layout}/{pool}/tp{size}.{rank}/pp{pp_rank}/{page hash}``. A pool's pages
+carry the rank, as SGLang's ranks all store them, except in an MLA model, where only the storage writer
+stores them (``tp*``), Mamba state aside: it is TP-sharded even there. ``batch_exists_v2`` is one prefix
+match of the KV pages and one existence batch for every pool's pages of that prefix; each pool then removes
+the stops it cannot restore: an ``all_pages`` pool needs every page before a stop, a ``trailing_pages`` pool
+(a sliding window, a Mamba checkpoint) its last ``len(keys)`` pages, so the restorable stops can have holes
+(SGLang intersects them across ranks). ``batch_get_v2`` and ``batch_set_v2`` move every pool's pages in
+one batch and answer one bool per page of each pool. The ``block_groups`` policy (DeepSeek V4's compressed
+pools) is refused with a clear error.
 """
 
 from __future__ import annotations
@@ -40,7 +51,13 @@ import logging
 import re
 
 import torch
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransferResult,
+)
 
 from . import OK
 from .store import connect, stored
@@ -71,36 +88,66 @@ class StrataHiCacheStorage(HiCacheStorage):
         if storage_config.should_split_heads and not storage_config.is_mla_model:
             self.split_factor = storage_config.tp_lcm_size // storage_config.tp_size
         self.mem_pool_host = None
-        self._registered = []
+        self.registered_pools = {}
+        self._registered = {}
         self._namespaces = None
+        self._pool_namespaces = {}
 
     # ---- registration ---------------------------------------------------------------------------------
 
     def register_mem_pool_host(self, mem_pool_host):
         super().register_mem_pool_host(mem_pool_host)
-        buffers = getattr(mem_pool_host, "get_hybrid_pool_buffer", lambda: [mem_pool_host.kv_buffer])()
+        self._register_buffers(mem_pool_host, "KV")
+        self._namespaces = self._namespaces_of(mem_pool_host)
+
+    def register_mem_host_pool_v2(self, host_pool, host_pool_name):
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        if host_pool_name == PoolName.KV:
+            return  # the KV pool: registered by register_mem_pool_host, its pages are the v1 objects
+        self._register_buffers(host_pool, host_pool_name)
+        self._pool_namespaces[host_pool_name] = self._pool_namespace(host_pool, host_pool_name)
+
+    def _register_buffers(self, pool, name) -> None:
+        """Registers a host pool's buffers with the store, each once."""
+        buffers = getattr(pool, "get_hybrid_pool_buffer", lambda: [getattr(pool, "kv_buffer", None)])()
         for buffer in buffers:
             if buffer is None:
                 continue
             pointer, size = buffer.data_ptr(), buffer.numel() * buffer.element_size()
-            if self.store.register_buffer(pointer, size) != OK:
-                raise ValueError(f"strata: could not register the host pool's buffer at {pointer:#x}")
-            self._registered.append(pointer)
-        self._namespaces = self._namespaces_of(mem_pool_host)
+            if self._registered.get(pointer) == size:
+                continue
+            if pointer in self._registered or self.store.register_buffer(pointer, size) != OK:
+                raise ValueError(f"strata: could not register the {name} pool's buffer ({size} bytes at {pointer:#x})")
+            self._registered[pointer] = size
 
-    def _namespaces_of(self, pool) -> list:
-        """The key namespace of each object of a page: one, or ``split_factor`` in split-heads mode."""
+    def _namespace_root(self, pool) -> tuple:
+        """(what every key of a pool's pages starts with: prefix, model, attention kind and layout; what
+        ends it: the pipeline stage, and the context-parallel shard where there is one)."""
         config = self.config
         model = (config.model_name or "default").replace("/", "-")
         layout = _LAYOUT_FAMILIES.get(pool.layout, pool.layout)
+        kind = "mla" if config.is_mla_model else "mha"
         tail = f"pp{config.pp_rank}/"
         if config.attn_cp_size > 1 or config.dcp_size > 1:
             # Context-parallel ranks hold different shards of a page: their objects must never meet.
             tail = f"cp{config.attn_cp_size}.{config.attn_cp_rank}/dcp{config.dcp_size}.{config.dcp_rank}/{tail}"
+        return f"{self.key_prefix}{model}/{kind}/{layout}/", tail
+
+    def _namespaces_of(self, pool) -> list:
+        """The key namespace of each object of a KV page: one, or ``split_factor`` in split-heads mode."""
+        config = self.config
+        root, tail = self._namespace_root(pool)
         if config.is_mla_model:
-            return [f"{self.key_prefix}{model}/mla/{layout}/tp*/{tail}"]
+            return [f"{root}tp*/{tail}"]
         unit, first = config.tp_size * self.split_factor, config.tp_rank * self.split_factor
-        return [f"{self.key_prefix}{model}/mha/{layout}/tp{unit}.{first + i}/{tail}" for i in range(self.split_factor)]
+        return [f"{root}tp{unit}.{first + i}/{tail}" for i in range(self.split_factor)]
+
+    def _pool_namespace(self, pool, name) -> str:
+        """The key namespace of a hybrid pool's pages (see the module's docs)."""
+        config = self.config
+        root, tail = self._namespace_root(pool)
+        ranks = "tp*" if self._pool_is_shared(name) else f"tp{config.tp_size}.{config.tp_rank}"
+        return f"{root}{getattr(name, 'value', name)}/{ranks}/{tail}"
 
     def _object_keys(self, page_keys):
         """The node's keys of the pages' objects, page by page (and unit by unit within a page)."""
@@ -109,18 +156,13 @@ class StrataHiCacheStorage(HiCacheStorage):
         return [namespace + key for key in page_keys for namespace in self._namespaces]
 
     def _page_parts(self, object_count, host_indices):
-        """The host pool's (pointers, sizes) grouped per object, in the pool's own part order."""
+        """The KV host pool's (pointers, sizes) grouped per object, in the pool's own part order."""
         pool = self.mem_pool_host
         if self.split_factor == 1:
             pointers, sizes = pool.get_page_buffer_meta(host_indices)
         else:
             pointers, sizes = pool.get_split_heads_page_buffer_meta(host_indices, self.split_factor)
-        if object_count == 0 or len(pointers) % object_count:
-            raise ValueError(f"strata: {len(pointers)} buffer parts do not split into {object_count} pages")
-        per_object = len(pointers) // object_count
-        grouped_pointers = [pointers[i : i + per_object] for i in range(0, len(pointers), per_object)]
-        grouped_sizes = [sizes[i : i + per_object] for i in range(0, len(sizes), per_object)]
-        return grouped_pointers, grouped_sizes
+        return _grouped(pointers, sizes, object_count)
 
     def _per_page(self, per_object):
         """One bool per page from one bool per object (a page holds ``split_factor`` objects)."""
@@ -158,6 +200,90 @@ class StrataHiCacheStorage(HiCacheStorage):
         pointers, sizes = self._page_parts(len(object_keys), host_indices)
         results = self.store.batch_put_from_multi_buffers(object_keys, pointers, sizes)
         return self._per_page([stored(code) for code in results])
+
+    # ---- the hybrid-pool (v2) interface --------------------------------------------------------------
+
+    def batch_exists_v2(self, keys, pool_transfers=None, extra_info=None) -> PoolTransferResult:
+        """The longest prefix of ``keys`` every pool can restore (see the module's docs)."""
+        anchored = getattr(self.mem_pool_host, "kv_buffer", None) is not None
+        kv_pages = self.batch_exists(keys, extra_info) if anchored else len(keys)
+        hits = {PoolName.KV: kv_pages} if kv_pages else {}
+        restorable = set(range(1, kv_pages + 1))
+        checked = [transfer for transfer in pool_transfers or () if transfer.name != PoolName.KV and kv_pages]
+        for transfer in checked:
+            if transfer.hit_policy not in (PoolHitPolicy.ALL_PAGES, PoolHitPolicy.TRAILING_PAGES):
+                raise ValueError(f"strata: pool hit policy {transfer.hit_policy} is not supported")
+        object_keys = [self._pool_keys(transfer.name, keys[:kv_pages]) for transfer in checked]
+        found = self.store.batch_is_exist([key for pool_keys in object_keys for key in pool_keys]) if checked else []
+        for at, transfer in enumerate(checked):
+            present = [code == 1 for code in found[at * kv_pages : (at + 1) * kv_pages]]
+            window = kv_pages if transfer.hit_policy == PoolHitPolicy.ALL_PAGES else max(1, len(transfer.keys or ()))
+            stops = _restorable_stops(present, window)
+            if stops:
+                hits[transfer.name] = stops[-1]
+            restorable &= set(stops)
+        stops = sorted(restorable)
+        return PoolTransferResult(stops[-1] if stops else 0, hits, stops)
+
+    def batch_get_v2(self, transfers, extra_info=None) -> dict:
+        """Reads each pool's pages into its host indices: one bool per page of each pool."""
+        return self._pool_io(transfers, writing=False)
+
+    def batch_set_v2(self, transfers, extra_info=None) -> dict:
+        """Writes each pool's pages from its host indices: one bool per page of each pool."""
+        return self._pool_io(transfers, writing=True)
+
+    def _pool_io(self, transfers, writing: bool) -> dict:
+        """Every pool's pages in one batch (the KV pool's, if asked for, through the v1 path)."""
+        results, plans = {}, []
+        for transfer in transfers:
+            if not transfer.keys:
+                results[transfer.name] = []
+            elif transfer.name == PoolName.KV:
+                move = self.batch_set_v1 if writing else self.batch_get_v1
+                results[transfer.name] = move(transfer.keys, transfer.host_indices)
+            elif writing and self._pool_is_shared(transfer.name) and not self.config.is_storage_writer:
+                results[transfer.name] = [True] * len(transfer.keys)  # the writer rank stores shared pages
+            else:
+                plans.append((transfer.name, self._pool_keys(transfer.name, transfer.keys), *self._pool_parts(transfer)))
+        if not plans:
+            return results
+        keys = [key for plan in plans for key in plan[1]]
+        pointers = [parts for plan in plans for parts in plan[2]]
+        sizes = [parts for plan in plans for parts in plan[3]]
+        if writing:
+            done = [stored(code) for code in self.store.batch_put_from_multi_buffers(keys, pointers, sizes)]
+        else:
+            codes = self.store.batch_get_into_multi_buffers(keys, pointers, sizes)
+            done = [code == sum(parts) for code, parts in zip(codes, sizes)]
+        start = 0
+        for name, pool_keys, _, _ in plans:
+            results[name] = done[start : start + len(pool_keys)]
+            start += len(pool_keys)
+        return results
+
+    def _pool_keys(self, name, page_keys) -> list:
+        namespace = self._pool_namespaces.get(name)
+        if namespace is None:
+            raise ValueError(f"strata: host pool {name} was not registered (register_mem_host_pool_v2)")
+        return [namespace + key for key in page_keys]
+
+    def _pool_is_shared(self, name) -> bool:
+        """Whether a pool's pages are the same on every TP rank: an MLA model's, Mamba state aside (it is
+        TP-sharded even there)."""
+        return self.config.is_mla_model and name != PoolName.MAMBA
+
+    def _pool_parts(self, transfer) -> tuple:
+        """A transfer's (pointers, sizes), one list of parts per page, from its pool's own buffer layout."""
+        pool = self.registered_pools[transfer.name]
+        page_size = getattr(pool, "page_size", 1) or 1
+        if len(transfer.host_indices) != len(transfer.keys) * page_size:
+            raise ValueError(
+                f"strata: {transfer.name} transfer of {len(transfer.keys)} pages has "
+                f"{len(transfer.host_indices)} host indices, not {len(transfer.keys) * page_size}"
+            )
+        pointers, sizes = pool.get_page_buffer_meta(transfer.host_indices)
+        return _grouped(pointers, sizes, len(transfer.keys))
 
     # ---- the legacy interface: a key and a pointer (or a tensor) per value ------------------------------
 
@@ -203,8 +329,9 @@ class StrataHiCacheStorage(HiCacheStorage):
         return self.store.is_exist(key) == 1
 
     def clear(self) -> None:
-        """Removes this rank's pages (its key namespace); other models and ranks keep theirs."""
-        namespaces = self._namespaces or ([self.key_prefix] if self.key_prefix else [])
+        """Removes this rank's pages (its key namespaces); other models and ranks keep theirs."""
+        namespaces = (self._namespaces or []) + list(self._pool_namespaces.values())
+        namespaces = namespaces or ([self.key_prefix] if self.key_prefix else [])
         for namespace in namespaces:
             self.store.remove_by_regex("^" + re.escape(namespace))
         if not namespaces:
@@ -215,6 +342,26 @@ class StrataHiCacheStorage(HiCacheStorage):
             self.store.unregister_buffer(pointer)
         self._registered.clear()
         self.store.close()
+
+
+def _grouped(pointers, sizes, object_count) -> tuple:
+    """(pointers, sizes) as one list of parts per object, in order."""
+    if object_count == 0 or len(pointers) % object_count:
+        raise ValueError(f"strata: {len(pointers)} buffer parts do not split into {object_count} pages")
+    per_object = len(pointers) // object_count
+    grouped_pointers = [pointers[i : i + per_object] for i in range(0, len(pointers), per_object)]
+    grouped_sizes = [sizes[i : i + per_object] for i in range(0, len(sizes), per_object)]
+    return grouped_pointers, grouped_sizes
+
+
+def _restorable_stops(present: list, window: int) -> list:
+    """The prefix lengths (1..len(present)) whose last ``window`` pages (fewer at the start) are present."""
+    stops, run = [], 0
+    for length, here in enumerate(present, start=1):
+        run = run + 1 if here else 0
+        if run >= min(window, length):
+            stops.append(length)
+    return stops
 
 
 def _bytes_of(value) -> bytes:
