@@ -252,13 +252,14 @@ def test_block_events_come_from_the_nodes_stream_in_vllms_own_format(node, tiny_
         assert by_hash[block].token_ids == tokens[at * BLOCK : (at + 1) * BLOCK]
         assert by_hash[block].parent_block_hash == (request.block_hashes[at - 1] if at else None)
         assert by_hash[block].block_size == BLOCK and by_hash[block].medium == "CPU"  # in the node's DRAM
+        assert (by_hash[block].group_idx, by_hash[block].kv_cache_spec_kind) == (0, "full_attention")
 
     store = StrataStore()
     assert store.setup(node.address) == 0
     assert store.remove(first.worker.key(request.block_hashes[2], LAYERS[-1], unit=0)) == 0
     store.close()
     removed = [event for event in events_until(1, BlockRemoved) if isinstance(event, BlockRemoved)]
-    assert removed[0].block_hashes == [request.block_hashes[2]]
+    assert removed[0].block_hashes == [request.block_hashes[2]] and removed[0].group_idx == 0
 
     # The batch a vLLM publisher would send decodes with vLLM's own types.
     wire = msgspec.msgpack.Encoder().encode(KVEventBatch(ts=time.time(), events=stored + removed))
@@ -453,6 +454,9 @@ class HybridInstance(Instance):
 
 
 def test_a_hybrid_models_groups_of_two_block_sizes_are_saved_and_loaded_byte_equal(node, tiny_model):
+    import time
+
+    from vllm.distributed.kv_events import BlockStored
     from vllm.distributed.kv_transfer.kv_connector.v1.base import supports_hma
     from vllm.v1.request import RequestStatus
 
@@ -468,6 +472,16 @@ def test_a_hybrid_models_groups_of_two_block_sizes_are_saved_and_loaded_byte_equ
     assert first.run_forward(output) == set()
     first.scheduler.finish_requests("first", RequestStatus.FINISHED_ABORTED)  # request_finished_all_groups
     assert "first" not in first.scheduler.connector.scheduler.tracked
+    # Events name the lookup layer's blocks: the sliding-window group's (the model's last layer).
+    stored, deadline = [], time.monotonic() + 10
+    while len(stored) < 4 * HYBRID_FULL // HYBRID_WINDOW:
+        assert time.monotonic() < deadline, stored
+        stored += [event for event in first.scheduler.connector.take_events() if isinstance(event, BlockStored)]
+        time.sleep(0.02)
+    assert {(event.group_idx, event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window) for event in stored} == {
+        (1, "sliding_window", WINDOW)
+    }
+    assert all(event.block_size == HYBRID_WINDOW and len(event.token_ids) == HYBRID_WINDOW for event in stored)
 
     second = HybridInstance(tiny_model, node.address, prefix)
     output = second.schedule("second", tokens)

@@ -121,12 +121,15 @@ class StrataConnectorMetadata(KVConnectorMetadata):
 @dataclass(frozen=True)
 class KvGroup:
     """A KV cache group the connector moves: where its block ids sit in vLLM's per-group tuples, its tokens
-    per block, how many block hashes make one of its blocks, and its layers."""
+    per block, how many block hashes make one of its blocks, its layers, and its kind of attention as
+    vLLM's events name it (``full_attention``, ``sliding_window``, ..., and the window in tokens)."""
 
     position: int
     block_size: int
     hashes_per_block: int
     layers: tuple
+    kind: str | None = None
+    sliding_window: int | None = None
 
     def block_hashes(self, hashes):
         """One hash per block of this group: the last of the block's hashes, which chains over its prefix."""
@@ -262,6 +265,7 @@ def _kv_groups(vllm_config, kv_cache_config) -> tuple:
     if vllm_config.parallel_config.decode_context_parallel_size > 1:
         raise ValueError("strata: decode-context parallelism (DCP > 1) is not supported by Strata's vLLM connector")
     from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+    from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind, get_kv_cache_spec_sliding_window
 
     scheduler_block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
     groups = []
@@ -274,8 +278,9 @@ def _kv_groups(vllm_config, kv_cache_config) -> tuple:
                 f"strata: KV cache group {position} is {type(spec).__name__}: Strata's vLLM connector moves "
                 "attention KV blocks (full, sliding-window, chunked local, MLA), not recurrent state"
             )
+        kind, window = get_kv_cache_spec_kind(spec).value, get_kv_cache_spec_sliding_window(spec)
         hashes_per_block = spec.block_size // hash_block_size
-        groups.append(KvGroup(position, spec.block_size, hashes_per_block, tuple(group.layer_names)))
+        groups.append(KvGroup(position, spec.block_size, hashes_per_block, tuple(group.layer_names), kind, window))
     return tuple(groups), scheduler_block_size, hash_block_size
 
 
@@ -458,7 +463,8 @@ class _SchedulerSide:
 
 class _BlockEvents:
     """vLLM's ``BlockStored`` / ``BlockRemoved`` events, taken from the node's event stream of head unit 0's
-    objects of the lookup's layer (a block is stored once that layer is), at that layer's block size.
+    objects of the lookup's layer (a block is stored once that layer is), at that layer's block size and
+    with its group's index and kind, as vLLM's own events carry them.
     Token ids and parents are known for blocks this scheduler asked to save (remembered up to
     ``REMEMBERED`` blocks); for blocks another instance stored, an event carries the hash alone. When the
     node reports lost events (``Lagged``), the next batch starts with ``AllBlocksCleared``: a router drops
@@ -504,7 +510,7 @@ class _BlockEvents:
                 medium = "CPU" if event["tier"] == "dram" else "STORAGE"
                 events += [self._stored(block, medium) for block in hashes]
             elif kind == "BlockRemoved":
-                events.append(BlockRemoved(block_hashes=hashes, medium=None))
+                events.append(BlockRemoved(block_hashes=hashes, medium=None, group_idx=self.marker.position))
         return events
 
     def _stored(self, block: bytes, medium: str) -> BlockStored:
@@ -517,6 +523,9 @@ class _BlockEvents:
             lora_id=None,
             medium=medium,
             lora_name=None,
+            group_idx=self.marker.position,
+            kv_cache_spec_kind=self.marker.kind,
+            kv_cache_spec_sliding_window=self.marker.sliding_window,
         )
 
     def _block_hash(self, key):
