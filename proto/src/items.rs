@@ -520,10 +520,10 @@ impl HelloRequest {
         if len > MAX_TOKEN_BYTES {
             return Err(ProtoError::Field("token length"));
         }
+        // Every flag of a HELLO request is an offer the node may take or leave: one it does not know (a newer
+        // client's) is left, and the reply says what was taken, so clients and nodes of different versions
+        // still meet.
         let flags = u16_at(body, 2);
-        if flags & !(HELLO_OFFERS_SHARED | HELLO_OFFERS_RDMA | HELLO_ACCEPTS_STREAMED) != 0 {
-            return Err(ProtoError::Field("flags of a HELLO"));
-        }
         if body.len() != 4 + len {
             return Err(ProtoError::BodyMismatch { items: (4 + len) as u64, body: body.len() as u64 });
         }
@@ -802,8 +802,9 @@ mod tests {
         assert_eq!(body.len(), request.encoded_len());
         assert_eq!(body[2], 7, "both offers and streamed replies");
         assert_eq!(HelloRequest::decode(&body), Ok(request));
-        body[2] = 8;
-        assert_eq!(HelloRequest::decode(&body), Err(ProtoError::Field("flags of a HELLO")));
+        body[2] = 0x80 | 1;
+        let offers_shared_only = HelloRequest { token: b"secret".to_vec(), offers_shared: true, ..Default::default() };
+        assert_eq!(HelloRequest::decode(&body), Ok(offers_shared_only), "an offer the node does not know is left");
         let bad = HelloReply { shard_id: 3, ..reply };
         let mut body = Vec::new();
         bad.encode_into(&mut body);
