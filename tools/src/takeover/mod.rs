@@ -29,7 +29,7 @@ use strata_proto::placement;
 use recover::{Recovered, Recovery};
 
 /// How often the thread looks at its view, and reads the tier records while one waits on something.
-const TICK: Duration = Duration::from_millis(250);
+const TICK: Duration = Duration::from_millis(100);
 /// How often the tier records are read when nothing changes.
 const RESCAN: Duration = Duration::from_secs(10);
 /// How long after a failed etcd call the records are read again.
@@ -37,7 +37,7 @@ const ETCD_RETRY: Duration = Duration::from_secs(1);
 /// How long a tier's owner must have been out of this node's view before the tier is claimed: a starting
 /// node's entry (joining) is in etcd before its claim, so this only covers the members' watch lagging
 /// etcd (its watcher syncs every 100 ms).
-const CLAIM_GRACE: Duration = Duration::from_secs(1);
+const CLAIM_GRACE: Duration = Duration::from_millis(300);
 /// How much longer each next survivor in a tier's rendezvous order waits before it claims the tier itself:
 /// the first one may be alive yet unable to claim (it cannot reach etcd, or it stopped serving).
 const FALLBACK_STEP: Duration = Duration::from_secs(10);
