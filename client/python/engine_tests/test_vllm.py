@@ -432,10 +432,12 @@ class HybridInstance(Instance):
     """A vLLM instance of a hybrid model: its real scheduler over the two groups, and a worker-side connector
     whose layers view shared KV cache tensors as vLLM lays them out."""
 
-    def __init__(self, model, address, prefix):
+    def __init__(self, model, address, prefix, chunk=None):
         from strata.vllm import StrataConnector
 
         config = vllm_config(model, address, prefix)
+        if chunk:  # tokens a step: a longer prompt is prefilled in chunks
+            config.scheduler_config.max_num_batched_tokens = chunk
         kv_config = hybrid_kv_cache_config()
         self.scheduler = Scheduler(
             config, kv_config, StructuredOutputManager(config), block_size=HYBRID_FULL, hash_block_size=HYBRID_WINDOW
@@ -453,7 +455,8 @@ class HybridInstance(Instance):
         return schedule_request(self.scheduler, request_id, tokens, hash_block_size=HYBRID_WINDOW)
 
 
-def test_a_hybrid_models_groups_of_two_block_sizes_are_saved_and_loaded_byte_equal(node, tiny_model):
+@pytest.mark.parametrize("chunk", [None, 2 * HYBRID_FULL], ids=["one-step", "chunked-prefill"])
+def test_a_hybrid_models_groups_of_two_block_sizes_are_saved_and_loaded_byte_equal(node, tiny_model, chunk):
     import time
 
     from vllm.distributed.kv_events import BlockStored
@@ -462,14 +465,21 @@ def test_a_hybrid_models_groups_of_two_block_sizes_are_saved_and_loaded_byte_equ
 
     prefix = f"{uuid.uuid4().hex}/"
     tokens = torch.randint(0, 1000, (HYBRID_PROMPT,)).tolist()
-    first = HybridInstance(tiny_model, node.address, prefix)
+    first = HybridInstance(tiny_model, node.address, prefix, chunk)
     assert supports_hma(first.scheduler.connector)
     output = first.schedule("first", tokens)
-    assert output.num_scheduled_tokens["first"] == HYBRID_PROMPT
-    full_saved, window_saved = (ids[:] for ids in output.scheduled_new_reqs[0].block_ids)
+    full_saved, window_saved = (list(ids) for ids in output.scheduled_new_reqs[0].block_ids)
     for raw in first.raw:
         raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8))
+    steps = [output.num_scheduled_tokens["first"]]
     assert first.run_forward(output) == set()
+    while sum(steps) < HYBRID_PROMPT:  # each step saves the blocks it filled, each group's as it grew
+        output = first.scheduler.schedule()
+        new_ids = output.scheduled_cached_reqs.new_block_ids[0]
+        full_saved, window_saved = full_saved + list(new_ids[0]), window_saved + list(new_ids[1])
+        steps.append(output.num_scheduled_tokens["first"])
+        assert first.run_forward(output) == set()
+    assert steps == ([HYBRID_PROMPT] if chunk is None else [chunk, chunk, HYBRID_PROMPT - 2 * chunk])
     first.scheduler.finish_requests("first", RequestStatus.FINISHED_ABORTED)  # request_finished_all_groups
     assert "first" not in first.scheduler.connector.scheduler.tracked
     # Events name the lookup layer's blocks: the sliding-window group's (the model's last layer).
