@@ -35,6 +35,15 @@ impl View {
     pub fn candidates(&self) -> Vec<Candidate<'_>> {
         self.serving().map(|member| Candidate { id: &member.id, weight: weight(member), zone: &member.zone }).collect()
     }
+
+    /// Whether placement changed since `before` only by members that stopped serving: every candidate now
+    /// was one then, with the same weight and zone. Rendezvous hashing then keeps every key where it was
+    /// on the members still serving (a key's ranking over them is unchanged, and each still comes first
+    /// in its zone), so none of their keys has to move; only replicas held by the members gone are lost.
+    pub fn only_left_since(&self, before: &View) -> bool {
+        let then = before.candidates();
+        self.candidates().iter().all(|candidate| then.contains(candidate))
+    }
 }
 
 /// The members as a node answers MEMBERS and `strata-pool cluster status --output-format=json` prints them.
@@ -127,5 +136,23 @@ mod tests {
         assert_eq!(drained.epoch, 13, "a node that stops serving moves keys");
         assert_eq!(drained.candidates().len(), 2);
         assert_eq!(drained.candidates()[0].weight, 1024);
+    }
+
+    #[test]
+    fn only_members_that_stopped_serving_is_told_apart_from_other_changes() {
+        let before = View::next(&View::default(), 10, vec![member("a", 5), member("b", 5), member("c", 5)]);
+        let left = View::next(&before, 11, vec![member("a", 5), member("c", 1)]);
+        assert!(left.only_left_since(&before), "b left; free space is not placement");
+        let mut draining = before.members.clone();
+        draining[1].state = MemberState::Draining;
+        assert!(View::next(&before, 12, draining).only_left_since(&before), "b stopped serving");
+        let joined = View::next(&left, 13, vec![member("a", 5), member("c", 5), member("d", 5)]);
+        assert!(!joined.only_left_since(&before), "d joined");
+        let mut rezoned = left.members.clone();
+        rezoned[0].zone = "z2".into();
+        assert!(!View::next(&left, 14, rezoned).only_left_since(&before), "a moved zone");
+        let mut grown = left.members.clone();
+        grown[0].dram.capacity *= 2;
+        assert!(!View::next(&left, 15, grown).only_left_since(&before), "a's weight changed");
     }
 }

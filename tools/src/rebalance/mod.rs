@@ -169,9 +169,10 @@ struct Worker {
 
 impl Worker {
     fn run(self) {
-        // (epoch, since when it holds), and the epoch of the last complete pass.
+        // (epoch, since when it holds), and the epoch and view of the last complete pass.
         let mut seen = (0i64, Instant::now());
         let mut done = 0i64;
+        let mut done_view: Option<Arc<View>> = None;
         while !self.shared.stop.load(Ordering::SeqCst) {
             std::thread::sleep(TICK);
             let view = self.subject.members.view();
@@ -192,15 +193,30 @@ impl Worker {
             if view.epoch == done || seen.1.elapsed() < self.config.settle {
                 continue;
             }
+            if self.nothing_to_move(done_view.as_deref(), &view) {
+                tracing::info!(epoch = view.epoch, "rebalance: members only left and no key has a second replica");
+                done = view.epoch;
+                done_view = Some(view);
+                continue;
+            }
             let report = self.pass(&view, false, self.config.rate);
             self.shared.add(report);
             tracing::info!(epoch = view.epoch, ?report, "rebalance pass");
             if report.left == 0 {
                 done = view.epoch;
+                done_view = Some(view);
             } else {
                 seen.1 = Instant::now() + RETRY.saturating_sub(self.config.settle);
             }
         }
+    }
+
+    /// Whether a pass would find nothing to do: since the last complete pass members only stopped serving
+    /// ([`View::only_left_since`]: every key here stays here) and no key can have a replica to repair
+    /// (`--max-replicas 1`). Such a pass would still read every key's entry, beside a takeover moving the
+    /// tier of the member that left.
+    fn nothing_to_move(&self, done_view: Option<&View>, view: &View) -> bool {
+        self.subject.cluster.max_replicas <= 1 && done_view.is_some_and(|before| view.only_left_since(before))
     }
 
     /// Drain passes until a pass leaves no key behind (or `DRAIN_PASSES` of them); then says so.
