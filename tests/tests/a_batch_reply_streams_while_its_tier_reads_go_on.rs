@@ -9,10 +9,10 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::{Scratch, client, config, key_of, say_hello, start, value_of, with_file};
+use common::{Scratch, client, config, key_of, read_header, say_hello, start, value_of, with_file};
 use strata_proto::{
-    FRAME_HEADER_BYTES, FRAME_STREAMED, FrameHeader, HelloRequest, Opcode, RESPONSE_ITEM_BYTES, RequestItemHeader,
-    ResponseItemHeader, Status,
+    FRAME_STREAMED, FrameHeader, HelloRequest, Opcode, RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader,
+    Status,
 };
 
 const VALUE_BYTES: usize = 64 << 10;
@@ -25,12 +25,6 @@ fn raw(node: &strata_engine::Node, accepts_streamed: bool) -> TcpStream {
     let (header, _) = say_hello(&mut stream, &hello);
     assert_eq!(header.status, Status::Ok, "HELLO");
     stream
-}
-
-fn read_header(stream: &mut TcpStream) -> FrameHeader {
-    let mut bytes = [0u8; FRAME_HEADER_BYTES];
-    stream.read_exact(&mut bytes).expect("reply header");
-    FrameHeader::decode(&bytes).expect("a reply header")
 }
 
 /// Sends one GET of `keys` and reads its reply item by item, each with its data: the reply's header and

@@ -10,11 +10,11 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixStream};
 use std::time::{Duration, Instant};
 
-use common::{Scratch, config, say_hello, spans_from, start, total, value_of, with_file};
+use common::{Scratch, config, read_header, say_hello, spans_from, start, total, value_of, with_file};
 use strata_client::{Client, ClientError, ClientOptions, PutOptions, SharedBuffer, Transport};
 use strata_proto::{
-    FRAME_HEADER_BYTES, FrameHeader, HelloRequest, ITEM_SHARED, Opcode, REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES,
-    RequestItemHeader, ResponseItemHeader, SharedSpan, Status,
+    FrameHeader, HelloRequest, ITEM_SHARED, Opcode, REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES, RequestItemHeader,
+    ResponseItemHeader, SharedSpan, Status,
 };
 
 const SIZES: [usize; 6] = [1, 100, 4096, 65_537, 1 << 20, 4 << 20];
@@ -102,12 +102,6 @@ fn raw_local(node: &strata_engine::Node, token: &[u8]) -> UnixStream {
     let (header, _) = say_hello(&mut stream, &hello);
     assert_eq!(header.status, Status::Ok, "HELLO over the Unix socket");
     stream
-}
-
-fn read_header(stream: &mut UnixStream) -> FrameHeader {
-    let mut bytes = [0u8; FRAME_HEADER_BYTES];
-    stream.read_exact(&mut bytes).expect("reply header");
-    FrameHeader::decode(&bytes).expect("a reply header")
 }
 
 /// Sends one GET naming `span` for `key` and returns its item's status.

@@ -117,11 +117,16 @@ pub fn say_hello(
     read_frame(stream)
 }
 
-/// Reads one reply frame whose body length its header gives: the header and the body.
-pub fn read_frame(stream: &mut impl std::io::Read) -> (strata_proto::FrameHeader, Vec<u8>) {
+/// Reads one reply frame's header.
+pub fn read_header(stream: &mut impl std::io::Read) -> strata_proto::FrameHeader {
     let mut bytes = [0u8; strata_proto::FRAME_HEADER_BYTES];
     stream.read_exact(&mut bytes).expect("reply header");
-    let header = strata_proto::FrameHeader::decode(&bytes).expect("a reply header");
+    strata_proto::FrameHeader::decode(&bytes).expect("a reply header")
+}
+
+/// Reads one reply frame whose body length its header gives: the header and the body.
+pub fn read_frame(stream: &mut impl std::io::Read) -> (strata_proto::FrameHeader, Vec<u8>) {
+    let header = read_header(stream);
     let mut body = vec![0u8; header.body_len as usize];
     stream.read_exact(&mut body).expect("reply body");
     (header, body)
