@@ -380,15 +380,17 @@ class _SchedulerSide:
         self.hash_block_size = connector.hash_block_size
         marker = connector.marker_layer
         self.marker = connector._group_of_layer[marker] if marker is not None else None
+        # What comes before and after a block hash in the keys a lookup matches (unit 0 of the lookup layer).
+        self.marker_affixes = connector.key_affixes(marker, unit=0) if marker is not None else None
         self.tracked: dict = {}
-        self.events = _BlockEvents(connector, marker, self.marker)
+        self.events = _BlockEvents(connector, self.marker, self.marker_affixes)
 
     def matched_tokens(self, request, num_computed_tokens: int) -> int:
         tracked = self.tracked.setdefault(request.request_id, _Tracked(request))
         if not request.block_hashes or self.marker is None:
             return 0
         # The keys are built in the store's native code: as Python bytes a 1,000-block chain's keys cost ~65 µs.
-        head, tail = self.connector.key_affixes(self.connector.marker_layer, unit=0)
+        head, tail = self.marker_affixes
         hashes = self.marker.block_hashes(request.block_hashes)
         blocks = self.connector.store.prefix_match_stems(head, hashes, tail)
         if blocks <= 0:
@@ -472,12 +474,12 @@ class _BlockEvents:
 
     REMEMBERED = 1 << 16
 
-    def __init__(self, connector: StrataConnector, marker_layer, marker: KvGroup | None):
+    def __init__(self, connector: StrataConnector, marker: KvGroup | None, affixes: tuple | None):
         self.marker = marker
         self.block_size = marker.block_size if marker else connector.block_size
         self.subscription = None
         if marker is not None:
-            self.head, self.tail = connector.key_affixes(marker_layer, unit=0)
+            self.head, self.tail = affixes
             self.subscription = connector.store.subscribe_events(self.head)
         self.known: dict = {}
 
