@@ -1,15 +1,18 @@
 //! Interoperability with the Linux kernel's NVMe/TCP, booted in QEMU by `tests/lab/kernel-nvmf`:
 //! the kernel initiator discovers, connects to, identifies and fio-verifies Strata's target, and takes and
 //! clears a reservation on it with nvme-cli (register, acquire, report, write, clear); Strata's host
-//! (`strata-bench --ioengine=nvmf --verify=crc32c`) runs against the kernel's nvmet target. Where QEMU cannot
+//! (`strata-bench --ioengine=nvmf --verify=crc32c`) runs against the kernel's nvmet target, and rides out the
+//! guest freezing mid-job: its commands time out, it reconnects and sends them again. Where QEMU cannot
 //! run, these tests fail and say why: they never pass without the kernel having spoken to us.
 
 use std::io::{BufRead, BufReader};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
 
 use strata_nvme::target::{self, NamespaceBackend, NamespaceConfig, SubsystemConfig, TargetConfig};
 
@@ -80,68 +83,176 @@ fn the_linux_initiator_discovers_identifies_and_verifies_our_target() {
     assert!(has("KLAB: END rc=0"), "{text}");
 }
 
-#[test]
-fn our_host_verifies_data_on_the_linux_nvmet_target() {
-    let _one = ONE_GUEST.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let port = free_port();
-    let mut child = Command::new(harness())
-        .args(["target", &port.to_string()])
-        // QEMU's serial console reads stdin; in its own process group, a terminal would stop it (SIGTTIN).
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .process_group(0)
-        .spawn()
-        .expect("running the harness");
-    let stdout = child.stdout.take().unwrap();
-    let guest = Guest(child);
-    let (lines_out, lines_in) = mpsc::channel();
+/// The kernel's nvmet target serving a 64 MiB namespace in a guest, at 127.0.0.1:`port`.
+struct Nvmet {
+    guest: Guest,
+    port: u16,
+    nqn: String,
+    /// The guest's lines after it started serving (its kernel log among them).
+    lines: mpsc::Receiver<String>,
+}
+
+impl Nvmet {
+    fn serve() -> Self {
+        let port = free_port();
+        let mut child = Command::new(harness())
+            .args(["target", &port.to_string()])
+            // QEMU's serial console reads stdin; in its own process group, a terminal would stop it (SIGTTIN).
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .process_group(0)
+            .spawn()
+            .expect("running the harness");
+        let stdout = child.stdout.take().unwrap();
+        let guest = Guest(child);
+        let (lines_out, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if lines_out.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut seen = Vec::new();
+        loop {
+            match lines.recv_timeout(Duration::from_secs(240)) {
+                Ok(line) => {
+                    eprintln!("{line}");
+                    if let Some(nqn) = line.strip_prefix("KLAB: SERVING nqn=") {
+                        return Self { guest, port, nqn: nqn.to_string(), lines };
+                    }
+                    seen.push(line);
+                }
+                Err(_) => panic!("the kernel nvmet guest never served, so interoperability is UNTESTED here: {seen:?}"),
+            }
+        }
+    }
+
+    /// strata-bench's job against the namespace: 8 random writes in flight over `size`, then every block read
+    /// back and checked.
+    fn bench(&self, bs: &str, size: &str, extra: &[&str]) -> Command {
+        self.bench_through(self.port, bs, size, extra)
+    }
+
+    /// [`Nvmet::bench`] through 127.0.0.1:`port`.
+    fn bench_through(&self, port: u16, bs: &str, size: &str, extra: &[&str]) -> Command {
+        let filename = format!("trtype=tcp,traddr=127.0.0.1,trsvcid={port},subnqn={},ns=1", self.nqn);
+        let mut command = Command::new(env!("CARGO_BIN_EXE_strata-bench"));
+        command.args([
+            "--name=kernel-nvmet",
+            &format!("--filename={filename}"),
+            "--ioengine=nvmf",
+            "--rw=randwrite",
+            &format!("--bs={bs}"),
+            "--iodepth=8",
+            &format!("--size={size}"),
+            "--verify=crc32c",
+            "--output-format=json",
+        ]);
+        command.args(extra);
+        command
+    }
+
+    /// Stops (`STOP`) or resumes (`CONT`) the guest's whole process group.
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill").args(["-s", signal, "--", &format!("-{}", self.guest.0.id())]).status();
+        assert!(status.is_ok_and(|status| status.success()), "kill -s {signal} the guest");
+    }
+
+    /// What the guest printed since it started serving.
+    fn log(&self) -> String {
+        self.lines.try_iter().collect::<Vec<_>>().join("\n")
+    }
+}
+
+/// A TCP relay on loopback in front of `target` that counts the connections it carried.
+fn counting_relay(target: SocketAddr) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&connections);
     std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if lines_out.send(line).is_err() {
-                break;
+        for host in listener.incoming().map_while(Result::ok) {
+            let Ok(controller) = TcpStream::connect(target) else { continue };
+            counted.fetch_add(1, Ordering::SeqCst);
+            for (mut from, mut to) in [(host.try_clone().unwrap(), controller.try_clone().unwrap()), (controller, host)]
+            {
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut to);
+                    let _ = to.shutdown(Shutdown::Both);
+                });
             }
         }
     });
-    let mut nqn = None;
-    let mut seen = Vec::new();
-    while nqn.is_none() {
-        match lines_in.recv_timeout(Duration::from_secs(240)) {
-            Ok(line) => {
-                eprintln!("{line}");
-                nqn = line.strip_prefix("KLAB: SERVING nqn=").map(str::to_string);
-                seen.push(line);
-            }
-            Err(_) => panic!("the kernel nvmet guest never served, so interoperability is UNTESTED here: {seen:?}"),
-        }
-    }
-    let nqn = nqn.unwrap();
-    let filename = format!("trtype=tcp,traddr=127.0.0.1,trsvcid={port},subnqn={nqn},ns=1");
+    (addr, connections)
+}
+
+/// Checks a bench's report: it succeeded, wrote `bytes` and read them all back intact.
+fn check_report(what: &str, output: &std::process::Output, bytes: u64, nvmet: &Nvmet) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{what}: strata-bench failed against nvmet:\n{stdout}\n{}\nthe guest's kernel log:\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        nvmet.log()
+    );
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let job = &report["jobs"][0];
+    assert_eq!(job["write"]["io_bytes"], bytes, "{what}: {stdout}");
+    assert_eq!(job["error"], 0, "{what}: {stdout}");
+    assert_eq!(job["verify"]["mismatches"], 0, "{what}: {stdout}");
+    report
+}
+
+#[test]
+fn our_host_verifies_data_on_the_linux_nvmet_target() {
+    let _one = ONE_GUEST.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let nvmet = Nvmet::serve();
     // 4 KiB writes travel in the capsule; 64 KiB ones follow nvmet's R2Ts. Both are read back and verified.
     for bs in ["4k", "64k"] {
-        let output = Command::new(env!("CARGO_BIN_EXE_strata-bench"))
-            .args([
-                "--name=kernel-nvmet",
-                &format!("--filename={filename}"),
-                "--ioengine=nvmf",
-                "--rw=randwrite",
-                &format!("--bs={bs}"),
-                "--iodepth=8",
-                "--size=16m",
-                "--verify=crc32c",
-                "--output-format=json",
-            ])
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(
-            output.status.success(),
-            "bs={bs}: strata-bench failed against nvmet:\n{stdout}\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-        assert_eq!(report["jobs"][0]["write"]["io_bytes"], 16 << 20, "bs={bs}: {stdout}");
-        assert_eq!(report["jobs"][0]["error"], 0, "bs={bs}: {stdout}");
+        let output = nvmet.bench(bs, "16m", &[]).output().unwrap();
+        check_report(&format!("bs={bs}"), &output, 16 << 20, &nvmet);
     }
-    drop(guest);
+}
+
+#[test]
+fn our_host_rides_out_a_frozen_nvmet_guest() {
+    let _one = ONE_GUEST.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let nvmet = Nvmet::serve();
+    let timeout = Duration::from_secs(2);
+    let (relay, connections) = counting_relay(SocketAddr::from(([127, 0, 0, 1], nvmet.port)));
+    let mut bench = nvmet
+        .bench_through(relay.port(), "4k", "64m", &[&format!("--nvmf_command_timeout={}ms", timeout.as_millis())])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Mid-job (64 MiB of 4 KiB writes take seconds in the emulated guest), the guest stops answering for
+    // longer than the command timeout: the commands in flight time out, the host reconnects once the guest
+    // runs again and sends them again.
+    std::thread::sleep(Duration::from_millis(1500));
+    nvmet.signal("STOP");
+    std::thread::sleep(timeout * 3);
+    nvmet.signal("CONT");
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while bench.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = bench.kill();
+            panic!("strata-bench never finished after the guest resumed:\n{}", nvmet.log());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let output = bench.wait_with_output().unwrap();
+    let report = check_report("a frozen guest", &output, 64 << 20, &nvmet);
+    let slowest = report["jobs"][0]["write"]["clat_ns"]["max"].as_u64().unwrap();
+    assert!(
+        slowest >= timeout.as_nanos() as u64,
+        "no write waited the command timeout ({slowest} ns at most): the guest froze after the job, so the \
+         recovery is untested"
+    );
+    // Without the command timeout the writes would simply finish once the guest ran again, on their
+    // first connections (an admin queue and an I/O queue).
+    let carried = connections.load(Ordering::SeqCst);
+    assert!(carried > 2, "the host reconnected after its commands timed out: {carried} connections");
 }

@@ -126,8 +126,11 @@ impl AdminQueue {
         io_queues: u16,
     ) -> Result<Self, NvmfError> {
         let queue = match transport {
-            NvmfTransport::Tcp => HostQueue::open(addr, options.digests, ADMIN_QUEUE_ENTRIES, false, None).await?,
-            NvmfTransport::Rdma => HostQueue::open_rdma(addr, 0, ADMIN_QUEUE_ENTRIES)?,
+            NvmfTransport::Tcp => {
+                HostQueue::open(addr, options.digests, ADMIN_QUEUE_ENTRIES, false, None, options.command_timeout)
+                    .await?
+            }
+            NvmfTransport::Rdma => HostQueue::open_rdma(addr, 0, ADMIN_QUEUE_ENTRIES, options.command_timeout)?,
         };
         let result = Self::bring_up(&queue, subnqn, options, io_queues).await;
         match result {

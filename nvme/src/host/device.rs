@@ -20,6 +20,9 @@ use crate::spec::{Command, Completion, IoOpcode, cap};
 const MAX_BLOCKS_PER_COMMAND: u64 = 1 << 16;
 /// Transfers are capped here even when the controller sets no MDTS.
 const MAX_TRANSFER_CAP: u64 = 8 << 20;
+/// How many times a block command is sent again after its queue broke under it (Linux's
+/// `nvme_max_retries`): enough to ride out a reconnect or two, few enough to end on a path that keeps breaking.
+const SENDS_AFTER_A_BREAK: u32 = 5;
 
 /// What the executors using one controller share: where it is and which queue IDs are taken.
 #[derive(Debug)]
@@ -185,28 +188,56 @@ impl NvmfDevice {
                 *self.admin.borrow_mut() = Some(admin);
             }
         }
-        open_io_queue(share, self.qid).await
+        let opened = open_io_queue(share, self.qid).await;
+        if owns_admin && matches!(opened, Err(NvmfError::Status { .. })) {
+            // The controller refused the queue: it still holds the old one (its connection's end never
+            // reached it, as across a partition). The next try starts a new association, as Linux's
+            // host resets the controller.
+            if let Some(admin) = self.admin.borrow().as_ref() {
+                admin.queue.close();
+            }
+        }
+        opened
     }
 
+    /// Sends a block command, and sends it again on a new connection when its queue broke while it was
+    /// in flight: reads, writes, flushes, Write Zeroes and deallocation leave the same blocks whether they
+    /// ran once or twice (the caller does not race its own commands to one block), so, as Linux's host
+    /// does, a break costs time rather than an error while the controller can be reached again.
     async fn submit(
         &self,
         op: BlockOp,
         offset: u64,
         command: Command,
-        write: Option<IoBuffer>,
-        read: Option<IoBuffer>,
+        mut write: Option<IoBuffer>,
+        mut read: Option<IoBuffer>,
     ) -> (BlockResult<Completion>, Option<IoBuffer>) {
-        let queue = match self.queue().await {
-            Ok(queue) => queue,
-            Err(error) => return (Err(remote_error(op, &self.name, offset, error)), write.or(read)),
-        };
-        let (result, buffer) = queue.submit(command, write, read).await;
-        let result = match result {
-            Ok(completion) if completion.status.is_success() => Ok(completion),
-            Ok(completion) => Err(BlockError::new(op, &self.name, offset, BlockErrorKind::Nvme(completion.status))),
-            Err(error) => Err(remote_error(op, &self.name, offset, error)),
-        };
-        (result, buffer)
+        let read_len = read.as_ref().map(IoBuffer::len);
+        let mut sends = 0;
+        loop {
+            let queue = match self.queue().await {
+                Ok(queue) => queue,
+                Err(error) => return (Err(remote_error(op, &self.name, offset, error)), write.or(read)),
+            };
+            let writes = write.is_some();
+            let (result, buffer) = queue.submit(command, write, read).await;
+            sends += 1;
+            let result = match result {
+                Ok(completion) if completion.status.is_success() => Ok(completion),
+                Ok(completion) => Err(BlockError::new(op, &self.name, offset, BlockErrorKind::Nvme(completion.status))),
+                Err(NvmfError::Disconnected(_)) if sends <= SENDS_AFTER_A_BREAK => {
+                    // A read whose data was arriving when the connection broke lost its buffer with it.
+                    (write, read) = match read_len {
+                        Some(len) => (None, Some(buffer.unwrap_or_else(|| IoBuffer::aligned(len, 4096)))),
+                        None if writes => (buffer, None),
+                        None => (None, None),
+                    };
+                    continue;
+                }
+                Err(error) => Err(remote_error(op, &self.name, offset, error)),
+            };
+            return (result, buffer);
+        }
     }
 
     /// The namespace this device is.
@@ -252,10 +283,13 @@ async fn open_io_queue(share: &ControllerShare, qid: u16) -> Result<Rc<HostQueue
                 options.queue_entries,
                 options.busy_poll,
                 options.tcp_congestion.as_deref(),
+                options.command_timeout,
             )
             .await?
         }
-        NvmfTransport::Rdma => HostQueue::open_rdma(share.address.addr, qid, options.queue_entries)?,
+        NvmfTransport::Rdma => {
+            HostQueue::open_rdma(share.address.addr, qid, options.queue_entries, options.command_timeout)?
+        }
     };
     queue.set_in_capsule_bytes(share.in_capsule_bytes);
     let cntlid = share.cntlid.load(Ordering::SeqCst);

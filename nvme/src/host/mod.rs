@@ -6,8 +6,10 @@
 //! served by a reader task and a writer task on that executor, or one RDMA queue pair served by a
 //! completion task (`host/rdma.rs`). Commands are pipelined up to the queue depth; over TCP reads land straight
 //! in the caller's buffer from C2HData PDUs, and writes go in the capsule when small enough and after the
-//! controller's R2T otherwise. A broken connection fails the commands in
-//! flight with a typed error; the next command reconnects, retrying until the controller-loss timeout.
+//! controller's R2T otherwise. A command that gets no completion within the command timeout breaks its
+//! queue, as a lost connection does: the queue's connection is shut down, and each block command in flight
+//! is sent again on a new one (a few times at most, as Linux's host requeues them), reconnecting until the
+//! controller-loss timeout. Other commands in flight fail with a typed error.
 
 mod controller;
 mod device;
@@ -118,6 +120,9 @@ pub struct HostOptions {
     pub queue_entries: u16,
     /// Keep-alive timeout for the controller in milliseconds (0: none); Keep Alive is sent every half.
     pub keep_alive_ms: u32,
+    /// How long a command may wait for its completion (and a connection for its ICResp) before the queue
+    /// is declared broken and reconnected (zero: for ever). Linux's `io_timeout` is the same 30 s.
+    pub command_timeout: Duration,
     /// How long to keep trying to reconnect a lost controller before failing for good.
     pub controller_loss_timeout: Duration,
     /// Pause between reconnect attempts.
@@ -143,6 +148,7 @@ impl Default for HostOptions {
             digests: Digests::default(),
             queue_entries: 128,
             keep_alive_ms: 10_000,
+            command_timeout: Duration::from_secs(30),
             controller_loss_timeout: Duration::from_secs(60),
             reconnect_delay: Duration::from_secs(1),
             disable_sq_flow_control: true,

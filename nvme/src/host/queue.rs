@@ -3,9 +3,11 @@
 //! indexed by command ID.
 
 use std::cell::{Cell, RefCell};
-use std::net::SocketAddr;
-use std::rc::Rc;
+use std::future::Future;
+use std::net::{Shutdown, SocketAddr};
+use std::rc::{Rc, Weak};
 use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
 
 use glommio::net::TcpStream;
 use glommio::sync::Semaphore;
@@ -17,7 +19,7 @@ use crate::tcp::pdu::{Decoder, Digests, PduError, PduHeader};
 use crate::tcp::{Outbox, PduReader, PduWriter, TransportError, set_congestion_control, split_polled, split_stream};
 
 /// How long a polled queue's TCP connect may take.
-const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the writer task sends.
 enum Outgoing {
@@ -26,8 +28,9 @@ enum Outgoing {
 }
 
 /// A command in flight.
-#[derive(Default)]
 struct Pending {
+    /// When it was queued: the deadline watch fails the queue once it waited the command timeout.
+    since: Instant,
     /// Where C2HData goes (reads).
     read: Option<IoBuffer>,
     /// What R2Ts ask for (writes), shared with the writer while it sends.
@@ -39,6 +42,12 @@ struct Pending {
     /// A C2HData PDU of this read failed its data digest: the command fails when it completes, and the
     /// connection stays up (the whole PDU was consumed, so the stream is in step).
     corrupt: Option<PduError>,
+}
+
+impl Pending {
+    fn new(read: Option<IoBuffer>, write: Option<Rc<IoBuffer>>) -> Self {
+        Self { since: Instant::now(), read, write, result: None, waker: None, abandoned: false, corrupt: None }
+    }
 }
 
 struct State {
@@ -55,8 +64,9 @@ pub(crate) struct QueueLimits {
 
 /// What carries a queue's commands.
 enum Link {
-    /// The outbox's writer task and a reader task, over TCP.
-    Tcp,
+    /// The outbox's writer task and a reader task, over TCP; the stream is a descriptor of their connection
+    /// for shutting it down when the queue fails, which wakes both wherever they wait.
+    Tcp(std::net::TcpStream),
     #[cfg(feature = "rdma")]
     Rdma(super::rdma::RdmaLink),
 }
@@ -73,52 +83,23 @@ pub(crate) struct HostQueue {
 }
 
 impl HostQueue {
-    /// Opens a connection and exchanges ICReq / ICResp; the tasks serving it run until it breaks.
+    /// Opens a connection and exchanges ICReq / ICResp, each within `timeout` (zero: no limit); the tasks
+    /// serving it run until it breaks, and a command that waits longer than `timeout` breaks it.
     pub(crate) async fn open(
         addr: SocketAddr,
         digests: Digests,
         entries: u16,
         polled: bool,
         congestion: Option<&str>,
+        timeout: Duration,
     ) -> Result<Rc<Self>, NvmfError> {
-        let (read_half, write_half) = if polled {
-            // A blocking connect on the setup path: polling only matters once the queue carries I/O.
-            let stream = std::net::TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
-                .map_err(|source| NvmfError::Connect { addr, source })?;
-            let _ = stream.set_nodelay(true);
-            split_polled(stream).map_err(|source| NvmfError::Connect { addr, source })?
-        } else {
-            let stream =
-                TcpStream::connect(addr).await.map_err(|error| NvmfError::Connect { addr, source: error.into() })?;
-            let _ = stream.set_nodelay(true);
-            split_stream(stream, false).map_err(|source| NvmfError::Connect { addr, source })?
-        };
-        if let Some(algorithm) = congestion {
-            set_congestion_control(read_half.raw_fd(), algorithm).map_err(|error| {
-                NvmfError::Protocol(format!("TCP congestion control {algorithm:?} refused by the kernel: {error}"))
-            })?;
-        }
-        let decoder = Decoder { controller: false, digests: Digests::default(), max_data_bytes: 0 };
-        let mut reader = PduReader::new(read_half, decoder);
-        let mut writer = PduWriter::new(write_half);
-        let request = PduHeader::InitRequest { pfv: 0, hpda: 0, digests, maxr2t: 0 };
-        writer.send(&request, &[]).await.map_err(TransportError::from)?;
-        writer.flush().await.map_err(TransportError::from)?;
-        let response = reader.read_header().await?;
-        let PduHeader::InitResponse { cpda, digests: granted, maxh2cdata, .. } = response.header else {
-            return Err(NvmfError::Protocol(format!("expected ICResp, got {:?}", response.header.pdu_type())));
-        };
-        if granted != digests {
-            return Err(NvmfError::Protocol(format!("asked for digests {digests:?}, controller enabled {granted:?}")));
-        }
-        writer.digests = digests;
-        writer.data_alignment = (usize::from(cpda) + 1) * 4;
-        reader.decoder.digests = digests;
-        reader.decoder.max_data_bytes = u32::MAX;
-        let limits = QueueLimits { in_capsule_bytes: 8192, max_h2c_data_bytes: maxh2cdata };
-        let queue = Rc::new(Self::new(Link::Tcp, entries, limits));
-        glommio::spawn_local(Self::write_loop(Rc::clone(&queue), writer)).detach();
-        glommio::spawn_local(Self::read_loop(Rc::clone(&queue), reader)).detach();
+        let opened =
+            within(timeout, "NVMe/TCP connect and ICReq", Initialized::open(addr, digests, polled, congestion)).await?;
+        let limits = QueueLimits { in_capsule_bytes: 8192, max_h2c_data_bytes: opened.max_h2c_data_bytes };
+        let queue = Rc::new(Self::new(Link::Tcp(opened.shutdown), entries, limits));
+        glommio::spawn_local(Self::write_loop(Rc::clone(&queue), opened.writer)).detach();
+        glommio::spawn_local(Self::read_loop(Rc::clone(&queue), opened.reader)).detach();
+        glommio::spawn_local(Self::watch_deadlines(Rc::downgrade(&queue), timeout)).detach();
         Ok(queue)
     }
 
@@ -138,7 +119,12 @@ impl HostQueue {
 
     /// Connects queue `qid` over NVMe/RDMA (feature `rdma`); its completion task runs until it breaks.
     #[cfg(feature = "rdma")]
-    pub(crate) fn open_rdma(addr: SocketAddr, qid: u16, entries: u16) -> Result<Rc<Self>, NvmfError> {
+    pub(crate) fn open_rdma(
+        addr: SocketAddr,
+        qid: u16,
+        entries: u16,
+        timeout: Duration,
+    ) -> Result<Rc<Self>, NvmfError> {
         let SocketAddr::V4(peer) = addr else {
             return Err(NvmfError::Rdma(format!("{addr}: NVMe/RDMA connects to IPv4 addresses")));
         };
@@ -146,12 +132,13 @@ impl HostQueue {
         let limits = QueueLimits { in_capsule_bytes: 0, max_h2c_data_bytes: u32::MAX };
         let queue = Rc::new(Self::new(Link::Rdma(link), granted, limits));
         glommio::spawn_local(super::rdma::RdmaLink::run(Rc::clone(&queue))).detach();
+        glommio::spawn_local(Self::watch_deadlines(Rc::downgrade(&queue), timeout)).detach();
         Ok(queue)
     }
 
     /// Without feature `rdma`: a clear refusal.
     #[cfg(not(feature = "rdma"))]
-    pub(crate) fn open_rdma(addr: SocketAddr, _qid: u16, _entries: u16) -> Result<Rc<Self>, NvmfError> {
+    pub(crate) fn open_rdma(addr: SocketAddr, _qid: u16, _entries: u16, _: Duration) -> Result<Rc<Self>, NvmfError> {
         Err(NvmfError::Rdma(format!("{addr}: trtype=rdma needs a build with RDMA (cargo build --features rdma)")))
     }
 
@@ -160,7 +147,7 @@ impl HostQueue {
     pub(crate) fn rdma_link(&self) -> Option<&super::rdma::RdmaLink> {
         match &self.link {
             Link::Rdma(link) => Some(link),
-            Link::Tcp => None,
+            Link::Tcp(_) => None,
         }
     }
 
@@ -235,7 +222,7 @@ impl HostQueue {
         if let Some(buffer) = &read {
             command.sgl = SglDescriptor::transport(buffer.len() as u32);
         }
-        self.state.borrow_mut().pending[usize::from(cid)] = Some(Pending { read, write, ..Pending::default() });
+        self.state.borrow_mut().pending[usize::from(cid)] = Some(Pending::new(read, write));
         self.outbox.push(Outgoing::Command { command, data: in_capsule });
         self.wait_for(cid).await
     }
@@ -253,7 +240,7 @@ impl HostQueue {
         let cid = command.cid;
         let sent = match link.stage(cid, write.as_ref(), read.as_ref().map_or(0, IoBuffer::len)) {
             Ok(sgl) => {
-                self.state.borrow_mut().pending[usize::from(cid)] = Some(Pending { read, ..Pending::default() });
+                self.state.borrow_mut().pending[usize::from(cid)] = Some(Pending::new(read, None));
                 link.send(&command, sgl).map_err(|error| {
                     let pending = self.state.borrow_mut().pending[usize::from(cid)].take();
                     (error, pending.and_then(|pending| pending.read))
@@ -337,9 +324,13 @@ impl HostQueue {
             return;
         }
         *self.broken.borrow_mut() = Some(reason.clone());
-        #[cfg(feature = "rdma")]
-        if let Link::Rdma(link) = &self.link {
-            link.close();
+        match &self.link {
+            // The reader and the writer may wait on a connection that will never move again.
+            Link::Tcp(connection) => {
+                let _ = connection.shutdown(Shutdown::Both);
+            }
+            #[cfg(feature = "rdma")]
+            Link::Rdma(link) => link.close(),
         }
         let cids: Vec<u16> = {
             let state = self.state.borrow();
@@ -350,6 +341,36 @@ impl HostQueue {
         }
         self.outbox.close();
         self.slots.close();
+    }
+
+    /// Fails the queue once a command has waited `timeout` for its completion (a zero timeout: never), so
+    /// that a controller, or a path to it, that stopped answering frees the host's commands: the device
+    /// then reconnects and sends its block commands again. Ends with the queue.
+    async fn watch_deadlines(queue: Weak<Self>, timeout: Duration) {
+        if timeout.is_zero() {
+            return;
+        }
+        // A command is caught between `timeout` and 1.25 × `timeout` after it was queued.
+        let period = (timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        loop {
+            glommio::timer::sleep(period).await;
+            let Some(queue) = queue.upgrade() else { return };
+            if queue.broken().is_some() {
+                return;
+            }
+            let overdue = {
+                let state = queue.state.borrow();
+                state
+                    .pending
+                    .iter()
+                    .flatten()
+                    .any(|pending| pending.result.is_none() && pending.since.elapsed() >= timeout)
+            };
+            if overdue {
+                queue.fail_all(format!("a command got no completion within {timeout:?}"));
+                return;
+            }
+        }
     }
 
     async fn write_loop(queue: Rc<Self>, mut writer: PduWriter) {
@@ -467,6 +488,79 @@ impl HostQueue {
         self.outbox.push(Outgoing::HostData { cid, ttag, offset, len, data });
         Ok(())
     }
+}
+
+/// A TCP connection after ICReq / ICResp, before its tasks start.
+struct Initialized {
+    reader: PduReader,
+    writer: PduWriter,
+    /// A descriptor to shut the connection down with ([`Link::Tcp`]).
+    shutdown: std::net::TcpStream,
+    /// The controller's MAXH2CDATA.
+    max_h2c_data_bytes: u32,
+}
+
+impl Initialized {
+    /// Connects and exchanges ICReq / ICResp.
+    async fn open(
+        addr: SocketAddr,
+        digests: Digests,
+        polled: bool,
+        congestion: Option<&str>,
+    ) -> Result<Self, NvmfError> {
+        let (read_half, write_half) = if polled {
+            // A blocking connect on the setup path: polling only matters once the queue carries I/O.
+            let stream = std::net::TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
+                .map_err(|source| NvmfError::Connect { addr, source })?;
+            let _ = stream.set_nodelay(true);
+            split_polled(stream).map_err(|source| NvmfError::Connect { addr, source })?
+        } else {
+            let stream =
+                TcpStream::connect(addr).await.map_err(|error| NvmfError::Connect { addr, source: error.into() })?;
+            let _ = stream.set_nodelay(true);
+            split_stream(stream, false).map_err(|source| NvmfError::Connect { addr, source })?
+        };
+        if let Some(algorithm) = congestion {
+            set_congestion_control(read_half.raw_fd(), algorithm).map_err(|error| {
+                NvmfError::Protocol(format!("TCP congestion control {algorithm:?} refused by the kernel: {error}"))
+            })?;
+        }
+        let shutdown = read_half.shutdown_handle().map_err(|source| NvmfError::Connect { addr, source })?;
+        let decoder = Decoder { controller: false, digests: Digests::default(), max_data_bytes: 0 };
+        let mut reader = PduReader::new(read_half, decoder);
+        let mut writer = PduWriter::new(write_half);
+        let request = PduHeader::InitRequest { pfv: 0, hpda: 0, digests, maxr2t: 0 };
+        writer.send(&request, &[]).await.map_err(TransportError::from)?;
+        writer.flush().await.map_err(TransportError::from)?;
+        let response = reader.read_header().await?;
+        let PduHeader::InitResponse { cpda, digests: granted, maxh2cdata, .. } = response.header else {
+            return Err(NvmfError::Protocol(format!("expected ICResp, got {:?}", response.header.pdu_type())));
+        };
+        if granted != digests {
+            return Err(NvmfError::Protocol(format!("asked for digests {digests:?}, controller enabled {granted:?}")));
+        }
+        writer.digests = digests;
+        writer.data_alignment = (usize::from(cpda) + 1) * 4;
+        reader.decoder.digests = digests;
+        reader.decoder.max_data_bytes = u32::MAX;
+        Ok(Self { reader, writer, shutdown, max_h2c_data_bytes: maxh2cdata })
+    }
+}
+
+/// `future`'s outcome, or [`NvmfError::Timeout`] for `what` once `limit` passed (a zero limit: no limit).
+async fn within<T>(
+    limit: Duration,
+    what: &'static str,
+    future: impl Future<Output = Result<T, NvmfError>>,
+) -> Result<T, NvmfError> {
+    if limit.is_zero() {
+        return future.await;
+    }
+    let expiry = async {
+        glommio::timer::sleep(limit).await;
+        Err(NvmfError::Timeout(what))
+    };
+    futures_lite::future::or(future, expiry).await
 }
 
 /// Marks a command abandoned when its submitter's future is dropped before the completion.

@@ -120,6 +120,16 @@ impl Socket {
         }
     }
 
+    /// Another descriptor of the same connection, for shutting it down from outside the tasks that read
+    /// and write it: a shutdown wakes both, where dropping a descriptor would not end the connection.
+    pub fn shutdown_handle(&self) -> io::Result<std::net::TcpStream> {
+        let descriptor = duplicate(self.raw_fd())?;
+        // SAFETY: `descriptor` is a fresh descriptor of a connected TCP socket that nothing else owns.
+        #[allow(unsafe_code)]
+        let stream = unsafe { std::net::TcpStream::from_raw_fd(descriptor) };
+        Ok(stream)
+    }
+
     /// Shuts the connection down both ways.
     pub async fn shutdown(&mut self) -> io::Result<()> {
         match self {

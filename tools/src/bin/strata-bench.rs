@@ -20,6 +20,8 @@ Block mode (no subcommand): fio's options and job files, run on Strata's block l
                [--spin_before_park=50us]   (Strata's own: busy-poll before parking; trades CPU for latency;
                                             with --ioengine=nvmf the host also busy-polls its sockets)
                [--tcp_congestion=reno]     (Strata's own, nvmf: congestion control of the host's sockets)
+               [--nvmf_command_timeout=30s] (Strata's own, nvmf: a command unanswered this long is sent
+                                            again on a new connection)
   --ioengine=uring (the default) runs on glommio's DmaFile, as the storage node does; ring (alias io_uring,
   fio's name) on a ring of the job's own that it blocks in while waiting, as fio's engine does, with
   registered buffers.

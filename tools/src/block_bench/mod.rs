@@ -259,6 +259,9 @@ pub fn run(plan: &BenchPlan, show_status: bool) -> anyhow::Result<BenchOutcome> 
                                 // spin_before_park asks for polling: the host then busy-polls its socket.
                                 busy_poll: !job.spin_before_park.is_zero(),
                                 tcp_congestion: job.tcp_congestion.clone(),
+                                command_timeout: job
+                                    .nvmf_command_timeout
+                                    .unwrap_or(HostOptions::default().command_timeout),
                                 ..HostOptions::default()
                             };
                             let device =

@@ -151,6 +151,9 @@ pub struct JobOptions {
     pub spin_before_park: Duration,
     /// Strata's own: TCP congestion control of the nvmf engine's sockets (`None`: the system's default).
     pub tcp_congestion: Option<String>,
+    /// Strata's own: how long an nvmf command may wait for its completion before the host reconnects and
+    /// sends it again (`None`: the host's default, 30 s).
+    pub nvmf_command_timeout: Option<Duration>,
     /// `cpus_allowed`: the CPUs the job's executors may run on, ascending (`None`: not pinned, as in fio).
     pub cpus_allowed: Option<Vec<usize>>,
     /// `cpus_allowed_policy`.
@@ -215,6 +218,7 @@ impl Default for JobOptions {
             randseed: 0x5eed,
             spin_before_park: Duration::ZERO,
             tcp_congestion: None,
+            nvmf_command_timeout: None,
             cpus_allowed: None,
             cpus_allowed_policy: CpusAllowedPolicy::Shared,
         }
@@ -246,7 +250,7 @@ pub struct BenchPlan {
 pub enum OptionError {
     /// An option strata-bench does not know.
     #[error(
-        "unknown option '{0}' (strata-bench takes fio's names: name filename rw rwmixread bs iodepth numjobs size offset runtime time_based lat_percentiles ramp_time direct ioengine random_distribution verify randseed cpus_allowed cpus_allowed_policy group_reporting output-format; Strata's own: spin_before_park tcp_congestion)"
+        "unknown option '{0}' (strata-bench takes fio's names: name filename rw rwmixread bs iodepth numjobs size offset runtime time_based lat_percentiles ramp_time direct ioengine random_distribution verify randseed cpus_allowed cpus_allowed_policy group_reporting output-format; Strata's own: spin_before_park tcp_congestion nvmf_command_timeout)"
     )]
     Unknown(String),
     /// A value that does not fit the option.
@@ -450,6 +454,9 @@ impl JobOptions {
             "randseed" => self.randseed = required(option, value)?.parse().map_err(|_| bad(option, "not a number"))?,
             "spin_before_park" => self.spin_before_park = parse_duration(option, required(option, value)?)?,
             "tcp_congestion" => self.tcp_congestion = Some(required(option, value)?.to_string()),
+            "nvmf_command_timeout" => {
+                self.nvmf_command_timeout = Some(parse_duration(option, required(option, value)?)?);
+            }
             "cpus_allowed" => self.cpus_allowed = Some(parse_cpu_list(option, required(option, value)?)?),
             "cpus_allowed_policy" => {
                 self.cpus_allowed_policy = match required(option, value)? {
@@ -611,7 +618,8 @@ mod tests {
         let plan = parse_command_line(&args(
             "--name=rr --filename=/tmp/x --rw=randread --bs=4k --iodepth=32 --direct=1 --size=4g --runtime=15 \
              --time_based --ioengine=io_uring --random_distribution=zipf:1.1 --verify=crc32c --output-format=json \
-             --group_reporting --ramp_time=2 --numjobs=2 --offset=1m --spin_before_park=50us --lat_percentiles=1",
+             --group_reporting --ramp_time=2 --numjobs=2 --offset=1m --spin_before_park=50us --lat_percentiles=1 \
+             --nvmf_command_timeout=2s",
         ))
         .unwrap();
         assert_eq!(plan.output_format, OutputFormat::Json);
@@ -627,6 +635,7 @@ mod tests {
         assert_eq!(job.random_distribution, RandomDistribution::Zipf(1.1));
         assert_eq!(job.verify, Verify::Crc32c);
         assert_eq!(job.spin_before_park, Duration::from_micros(50));
+        assert_eq!(job.nvmf_command_timeout, Some(Duration::from_secs(2)));
     }
 
     #[test]
