@@ -1,6 +1,7 @@
 //! The target's rules, from the wire: allow-lists, discovery per host, malformed PDUs answered with a
-//! C2HTermReq without disturbing other connections, unknown opcodes, keep-alive expiry, honest SMART
-//! counters, queues on several cores, and the host reconnecting after the target comes back.
+//! C2HTermReq without disturbing other connections, connections that connect no queue in time closed,
+//! unknown opcodes, keep-alive expiry, honest SMART counters, queues on several cores, and the host
+//! reconnecting after the target comes back.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -236,6 +237,34 @@ fn a_bad_data_digest_fails_its_command_with_a_transient_transport_error_and_keep
         "the same connection connects once the data is intact: {}",
         completion.status
     );
+    target.stop();
+}
+
+#[test]
+fn a_connection_that_connects_no_queue_in_time_is_closed_and_one_that_did_stays() {
+    let subsystems =
+        vec![SubsystemConfig { nqn: OPEN.into(), namespaces: vec![memory(1 << 20)], allowed_hosts: Vec::new() }];
+    let timeout = Duration::from_millis(300);
+    let config =
+        TargetConfig { handshake_timeout: timeout, ..TargetConfig::new("127.0.0.1:0".parse().unwrap(), subsystems) };
+    let target = target::start(config).unwrap();
+    let addr = target.local_addr();
+    let accepted = Instant::now();
+    let mut silent = TcpStream::connect(addr).unwrap();
+    silent.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut initialized = RawHost::connect(addr);
+    let mut connected = RawHost::connect(addr);
+    assert_eq!(connected.connect_admin(OPEN, ALLOWED_HOST, 0).status, NvmeStatus::SUCCESS);
+    // Not even ICReq: closed once the timeout passed, not before and not much after.
+    assert_eq!(silent.read(&mut [0u8; 1]).unwrap(), 0, "the target closed a silent connection");
+    let took = accepted.elapsed();
+    assert!(took >= timeout && took < timeout * 10, "closed after {took:?}");
+    // ICReq answered, then no Connect: closed too.
+    assert!(initialized.receive().is_none(), "a connection with no queue connected is closed");
+    // A queue connected in time keeps serving after the timeout.
+    let mut keep_alive = Command::new(AdminOpcode::KeepAlive as u8, 2);
+    keep_alive.nsid = 0;
+    assert_eq!(connected.command(keep_alive, &[]).0.status, NvmeStatus::SUCCESS);
     target.stop();
 }
 

@@ -102,6 +102,10 @@ pub struct TargetConfig {
     pub in_capsule_data_bytes: u32,
     /// Largest transfer of one command (reported as MDTS, a power of two ≥ 4 KiB).
     pub max_transfer_bytes: u32,
+    /// How long a TCP connection may take from its accept to a queue connected (ICReq and a Connect that
+    /// succeeds); one that takes longer is closed, so that a peer that opens connections and says nothing
+    /// holds none for ever. Zero: no limit.
+    pub handshake_timeout: Duration,
 }
 
 impl TargetConfig {
@@ -119,6 +123,7 @@ impl TargetConfig {
             max_h2c_data_bytes: 1 << 20,
             in_capsule_data_bytes: 16 << 10,
             max_transfer_bytes: 1 << 20,
+            handshake_timeout: Duration::from_secs(10),
         }
     }
 }

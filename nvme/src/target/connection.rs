@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -348,6 +348,11 @@ pub(crate) async fn serve(stream: TcpStream, ctx: Rc<ExecutorContext>) {
         let _ = set_congestion_control(fd, algorithm);
     }
     let queue = Rc::new(Queue::new(Rc::clone(&ctx), fd, Transport::Tcp));
+    let timeout = ctx.config.handshake_timeout;
+    if !timeout.is_zero() {
+        let Ok(connection) = read_half.shutdown_handle() else { return };
+        glommio::spawn_local(close_unless_connected(Rc::downgrade(&queue), connection, timeout)).detach();
+    }
     let decoder = Decoder { controller: true, digests: Default::default(), max_data_bytes: 0 };
     let mut reader = PduReader::new(read_half, decoder);
     let mut writer = PduWriter::new(write_half);
@@ -360,6 +365,15 @@ pub(crate) async fn serve(stream: TcpStream, ctx: Rc<ExecutorContext>) {
     queue.abandon_transfers();
     // Before the socket closes (when the streams drop).
     queue.leave();
+}
+
+/// Shuts `connection` down unless its queue connected within `timeout` of the accept. The watch keeps a
+/// descriptor of its own, so a connection that ended before cannot have its number reused under it.
+async fn close_unless_connected(queue: Weak<Queue>, connection: std::net::TcpStream, timeout: Duration) {
+    glommio::timer::sleep(timeout).await;
+    if queue.upgrade().is_some_and(|queue| queue.connected().is_none()) {
+        let _ = connection.shutdown(std::net::Shutdown::Both);
+    }
 }
 
 /// ICReq → ICResp: digests as the host asks (both supported), no padding needed for our data (CPDA 0).
