@@ -41,12 +41,7 @@ pub(crate) async fn next(
     limit: usize,
 ) -> Result<usize, TransferError> {
     loop {
-        let taken = queue.poll(into, limit)?;
-        if taken > 0 {
-            return Ok(taken);
-        }
-        queue.arm()?;
-        let taken = queue.poll(into, limit)?;
+        let taken = queue.poll_or_arm(into, limit)?;
         if taken > 0 {
             return Ok(taken);
         }

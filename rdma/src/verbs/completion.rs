@@ -190,6 +190,18 @@ impl CompletionQueue {
         Ok(())
     }
 
+    /// Polls up to `limit` completions into `into`; when there are none, arms the queue and polls once more,
+    /// so that a completion that landed before the arm is not left waiting for an event that will not come.
+    /// `Ok(0)`: armed, nothing there; wait for the channel ([`event_fd`](Self::event_fd)), then take its event.
+    pub fn poll_or_arm(&self, into: &mut Vec<Completion>, limit: usize) -> Result<usize, TransferError> {
+        let taken = self.poll(into, limit)?;
+        if taken > 0 {
+            return Ok(taken);
+        }
+        self.arm()?;
+        self.poll(into, limit)
+    }
+
     /// The channel's descriptor: readable when an armed queue has had a completion.
     pub fn event_fd(&self) -> RawFd {
         // SAFETY: the channel lives as long as the queue.
@@ -233,12 +245,7 @@ impl CompletionQueue {
     pub fn wait(&self, into: &mut Vec<Completion>, limit: usize, timeout: Duration) -> Result<usize, TransferError> {
         let deadline = Instant::now() + timeout;
         loop {
-            let taken = self.poll(into, limit)?;
-            if taken > 0 {
-                return Ok(taken);
-            }
-            self.arm()?;
-            let taken = self.poll(into, limit)?;
+            let taken = self.poll_or_arm(into, limit)?;
             if taken > 0 {
                 return Ok(taken);
             }
