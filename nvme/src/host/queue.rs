@@ -350,7 +350,7 @@ impl HostQueue {
         if timeout.is_zero() {
             return;
         }
-        // A command is caught between `timeout` and 1.25 × `timeout` after it was queued.
+        // A command is caught at most one period (a quarter of the timeout, 1 s at most) past its deadline.
         let period = (timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
         loop {
             glommio::timer::sleep(period).await;
