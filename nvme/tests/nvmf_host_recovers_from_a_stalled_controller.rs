@@ -65,6 +65,8 @@ fn start_relay(target: SocketAddr) -> (SocketAddr, Freeze) {
             let Ok(host) = host else { return };
             let number = relay.accepted.fetch_add(1, Ordering::SeqCst);
             let Ok(controller) = TcpStream::connect(target) else { continue };
+            // Small PDUs go on at once, as the host and the target send them.
+            let _ = (host.set_nodelay(true), controller.set_nodelay(true));
             // The host's bytes always go on; the controller's stop while frozen.
             relay_one_way(host.try_clone().unwrap(), controller.try_clone().unwrap(), || false);
             let relay = relay.clone();
