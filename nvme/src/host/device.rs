@@ -212,25 +212,25 @@ impl NvmfDevice {
         mut write: Option<IoBuffer>,
         mut read: Option<IoBuffer>,
     ) -> (BlockResult<Completion>, Option<IoBuffer>) {
-        let read_len = read.as_ref().map(IoBuffer::len);
+        let (read_len, writes) = (read.as_ref().map(IoBuffer::len), write.is_some());
         let mut sends = 0;
         loop {
             let queue = match self.queue().await {
                 Ok(queue) => queue,
                 Err(error) => return (Err(remote_error(op, &self.name, offset, error)), write.or(read)),
             };
-            let writes = write.is_some();
             let (result, buffer) = queue.submit(command, write, read).await;
             sends += 1;
             let result = match result {
                 Ok(completion) if completion.status.is_success() => Ok(completion),
                 Ok(completion) => Err(BlockError::new(op, &self.name, offset, BlockErrorKind::Nvme(completion.status))),
-                Err(NvmfError::Disconnected(_)) if sends <= SENDS_AFTER_A_BREAK => {
-                    // A read whose data was arriving when the connection broke lost its buffer with it.
+                // A write goes again only with its data.
+                Err(NvmfError::Disconnected(_)) if sends <= SENDS_AFTER_A_BREAK && (!writes || buffer.is_some()) => {
                     (write, read) = match read_len {
+                        // A read whose data was arriving when the connection broke lost its buffer with it.
                         Some(len) => (None, Some(buffer.unwrap_or_else(|| IoBuffer::aligned(len, 4096)))),
-                        None if writes => (buffer, None),
-                        None => (None, None),
+                        // A write's data, or nothing (a flush).
+                        None => (buffer, None),
                     };
                     continue;
                 }
