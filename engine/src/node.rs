@@ -159,6 +159,9 @@ impl std::fmt::Display for NodeSummary {
             self.dram_bytes_per_shard >> 20,
             match self.pages {
                 PageKind::Huge => "2 MiB hugepages",
+                PageKind::Transparent => {
+                    "transparent hugepages where the kernel finds them (none reserved: echo N > /proc/sys/vm/nr_hugepages)"
+                }
                 PageKind::Normal => "normal pages (no hugepages reserved: echo N > /proc/sys/vm/nr_hugepages)",
             }
         )?;
