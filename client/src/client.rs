@@ -123,6 +123,8 @@ pub(crate) struct ShardConnection {
     pub(crate) local_socket: Option<Vec<u8>>,
     /// The shard offered to connect an RDMA queue pair (its HELLO's `rdma`).
     pub(crate) rdma_offered: bool,
+    /// The shard checks its shared gets' copies in this client's memory (its HELLO's `checked_copies`).
+    pub(crate) checked_copies: bool,
 }
 
 impl ShardConnection {
@@ -141,12 +143,14 @@ impl ShardConnection {
             output: Vec::new(),
             local_socket: None,
             rdma_offered: false,
+            checked_copies: false,
         };
         let hello = HelloRequest {
             token: options.token.clone().unwrap_or_default(),
             offers_shared: options.shared_memory,
             offers_rdma: options.rdma_device.is_some() && strata_transfer::RDMA_BUILT,
             accepts_streamed: options.streamed_replies,
+            takes_checked_copies: options.shared_memory,
         };
         FrameHeader::request(Opcode::Hello, 0, 1, hello.encoded_len() as u64).encode_into(&mut connection.output);
         hello.encode_into(&mut connection.output);
@@ -164,6 +168,7 @@ impl ShardConnection {
         let protocol = |error: strata_proto::ProtoError| ClientError::Protocol(error.to_string());
         let reply = HelloReply::decode(&body[..HELLO_REPLY_BYTES]).map_err(protocol)?;
         connection.rdma_offered = reply.rdma;
+        connection.checked_copies = reply.checked_copies;
         let trailer = &body[HELLO_REPLY_BYTES..];
         match (reply.shared_socket, trailer.is_empty()) {
             (true, _) => {
@@ -249,7 +254,7 @@ impl ShardConnection {
         }
         let mut data = vec![0u8; reply.data_len as usize];
         self.reader.read_exact(&mut data).map_err(io)?;
-        if crc32c::crc32c(&data) != reply.data_crc {
+        if strata_proto::crc32c(&data) != reply.data_crc {
             return Err(ClientError::Checksum);
         }
         Ok((reply, data))
@@ -380,7 +385,7 @@ impl ProgressivePut {
             )));
         }
         let io = |error: std::io::Error| ClientError::from_io(&error);
-        encode_part_header(expected, crc32c::crc32c(part), &mut self.connection.output);
+        encode_part_header(expected, strata_proto::crc32c(part), &mut self.connection.output);
         self.connection.send(part).map_err(io)?;
         self.connection.flush().map_err(io)?;
         self.sent += 1;
@@ -1236,7 +1241,7 @@ impl Client {
                 Sink::Vectors(vectors) => {
                     let mut data = vec![0u8; data_len];
                     connection.reader.read_exact(&mut data).map_err(io)?;
-                    let crc = crc32c::crc32c(&data);
+                    let crc = strata_proto::crc32c(&data);
                     vectors[index] = Some(data);
                     Some(crc)
                 }
@@ -1249,7 +1254,7 @@ impl Client {
                         continue;
                     }
                     connection.reader.read_exact(&mut buffer[..data_len]).map_err(io)?;
-                    Some(if verify { crc32c::crc32c(&buffer[..data_len]) } else { item.data_crc })
+                    Some(if verify { strata_proto::crc32c(&buffer[..data_len]) } else { item.data_crc })
                 }
                 Sink::Parts(per_key) => {
                     let parts = &mut per_key[index];
@@ -1266,7 +1271,7 @@ impl Client {
                         let take = left.min(part.len());
                         connection.reader.read_exact(&mut part[..take]).map_err(io)?;
                         if verify {
-                            crc = crc32c::crc32c_append(crc, &part[..take]);
+                            crc = strata_proto::crc32c_append(crc, &part[..take]);
                         }
                         left -= take;
                         if left == 0 {
@@ -1336,7 +1341,7 @@ fn send_frame(
                 key_len: item.key.len() as u16,
                 flags: if item.links.is_none() { flags } else { flags | ITEM_LINKS },
                 value_len: item.value_len() as u32,
-                value_crc: item.value.iter().fold(0, |crc, part| crc32c::crc32c_append(crc, part)),
+                value_crc: item.value.iter().fold(0, |crc, part| strata_proto::crc32c_append(crc, part)),
                 offset: put_offset,
             },
             // A waiting read carries its wait where a put carries its crc.

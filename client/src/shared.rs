@@ -185,11 +185,13 @@ pub(crate) struct LocalConnection {
     /// (buffer id, region id) of each buffer registered here.
     regions: Vec<(u64, u32)>,
     next_request_id: u64,
+    /// The shard checks its gets' copies in this client's memory (its TCP HELLO said so).
+    checked_copies: bool,
 }
 
 impl LocalConnection {
     /// Connects to the abstract socket `name` and says HELLO.
-    fn open(name: &[u8], options: &ClientOptions) -> Result<Self, ClientError> {
+    fn open(name: &[u8], options: &ClientOptions, checked_copies: bool) -> Result<Self, ClientError> {
         use std::os::linux::net::SocketAddrExt;
         let io = |error: std::io::Error| ClientError::Connection(format!("the shard's Unix socket: {error}"));
         let addr = std::os::unix::net::SocketAddr::from_abstract_name(name).map_err(io)?;
@@ -198,13 +200,14 @@ impl LocalConnection {
         writer.set_write_timeout(Some(options.timeout)).map_err(io)?;
         let stream = writer.try_clone().map_err(io)?;
         let reader = BufReader::with_capacity(64 << 10, SpinningReader { stream, spin: options.spin_before_block });
-        let mut connection = Self { writer, reader, regions: Vec::new(), next_request_id: 1 };
+        let mut connection = Self { writer, reader, regions: Vec::new(), next_request_id: 1, checked_copies };
         let hello = HelloRequest {
             token: options.token.clone().unwrap_or_default(),
             offers_shared: false,
             offers_rdma: false,
             // Its replies carry no values (they are in the client's memory): nothing worth streaming.
             accepts_streamed: false,
+            takes_checked_copies: false,
         };
         let mut frame = Vec::new();
         FrameHeader::request(Opcode::Hello, 0, 1, hello.encoded_len() as u64).encode_into(&mut frame);
@@ -389,8 +392,10 @@ impl Client {
             return true;
         }
         let Ok(connection) = self.connection(peer) else { return false };
-        let Some(name) = connection.local_socket.clone() else { return false };
-        match LocalConnection::open(&name, &self.options) {
+        let (Some(name), checked_copies) = (connection.local_socket.clone(), connection.checked_copies) else {
+            return false;
+        };
+        match LocalConnection::open(&name, &self.options, checked_copies) {
             Ok(local) => {
                 self.peers[peer].local = Some(local);
                 true
@@ -446,7 +451,9 @@ impl Client {
         let replies = self.shared_exchange(keys, spans, |client, peer, chunk| {
             client.local_frame(peer, Opcode::Get, (keys, spans, chunk), buffer, None)
         });
-        received_in_place(replies, slices, self.options.verify_checksums)
+        // A node that checks its copies in this memory has done this client's pass (`HELLO_CHECKED_COPIES`).
+        let checked = self.peers.iter().all(|peer| peer.local.as_ref().is_some_and(|local| local.checked_copies));
+        received_in_place(replies, slices, self.options.verify_checksums && !checked)
     }
 
     /// Stores the values at `spans` (offset, length) of `buffer` under `keys`.
@@ -590,7 +597,7 @@ pub(crate) fn shared_frame(
                 key_len: key.len() as u16,
                 flags: put_flags | ITEM_SHARED,
                 value_len: len as u32,
-                value_crc: crc32c::crc32c(&values[offset..offset + len]),
+                value_crc: strata_proto::crc32c(&values[offset..offset + len]),
                 offset: put_offset,
             },
             None => RequestItemHeader { key_len: key.len() as u16, flags: ITEM_SHARED, ..Default::default() },
@@ -620,7 +627,7 @@ pub(crate) fn received_in_place(
             match item.status {
                 Status::Ok if item.object_len as usize <= slice.len() => {
                     let bytes = &slice[..item.object_len as usize];
-                    if verify && crc32c::crc32c(bytes) != item.data_crc {
+                    if verify && strata_proto::crc32c(bytes) != item.data_crc {
                         return Err(ClientError::Checksum);
                     }
                     Ok(item.object_len as usize)

@@ -348,7 +348,7 @@ impl Staged {
 
     /// The crc32c of `[offset, offset + len)`, over the pieces in order.
     pub fn crc(&self, offset: usize, len: usize) -> u32 {
-        self.slices(offset, len).iter().fold(0, |crc, part| crc32c::crc32c_append(crc, part))
+        self.slices(offset, len).iter().fold(0, |crc, part| strata_proto::crc32c_append(crc, part))
     }
 
     /// Copies `[offset, offset + len)` out.

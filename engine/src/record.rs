@@ -156,7 +156,7 @@ impl RecordHeader {
         bytes[32..34].copy_from_slice(&self.key_len.to_le_bytes());
         bytes[34..36].copy_from_slice(&self.flags.to_le_bytes());
         bytes[36..40].copy_from_slice(&self.version.to_le_bytes());
-        bytes[40..44].copy_from_slice(&crc32c::crc32c(covered).to_le_bytes());
+        bytes[40..44].copy_from_slice(&strata_proto::crc32c(covered).to_le_bytes());
         let crc = header_crc(&bytes, format_id);
         bytes[4..8].copy_from_slice(&crc.to_le_bytes());
         bytes
@@ -204,7 +204,7 @@ impl RecordHeader {
     pub fn decode(bytes: &[u8], format_id: u64) -> Result<Self, FormatError> {
         let (header, body_crc) = Self::decode_fixed(bytes, format_id)?;
         let body = bytes.get(RECORD_HEADER_BYTES..header.value_offset()).ok_or(FormatError::Truncated)?;
-        if crc32c::crc32c(body) != body_crc {
+        if strata_proto::crc32c(body) != body_crc {
             return Err(FormatError::Checksum);
         }
         Ok(header)
@@ -213,7 +213,7 @@ impl RecordHeader {
 
 /// The crc of a record header's bytes 8..48, seeded with the tier's format id.
 fn header_crc(fixed: &[u8], format_id: u64) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(&format_id.to_le_bytes()), &fixed[8..RECORD_HEADER_BYTES])
+    strata_proto::crc32c_append(strata_proto::crc32c(&format_id.to_le_bytes()), &fixed[8..RECORD_HEADER_BYTES])
 }
 
 /// A region header.
@@ -247,7 +247,7 @@ impl RegionHeader {
         bytes[20..24].copy_from_slice(&self.region_id.to_le_bytes());
         bytes[24..32].copy_from_slice(&self.format_id.to_le_bytes());
         bytes[32..40].copy_from_slice(&self.epoch.to_le_bytes());
-        let crc = crc32c::crc32c(&bytes[8..]);
+        let crc = strata_proto::crc32c(&bytes[8..]);
         bytes[4..8].copy_from_slice(&crc.to_le_bytes());
         bytes
     }
@@ -260,7 +260,7 @@ impl RegionHeader {
         if get_u32(bytes, 0) != REGION_MAGIC {
             return Err(FormatError::NoMagic);
         }
-        if crc32c::crc32c(&bytes[8..REGION_HEADER_BYTES]) != get_u32(bytes, 4) {
+        if strata_proto::crc32c(&bytes[8..REGION_HEADER_BYTES]) != get_u32(bytes, 4) {
             return Err(FormatError::Checksum);
         }
         Ok(Self {
@@ -313,7 +313,7 @@ impl TierHeader {
         bytes[40..48].copy_from_slice(&self.region_count.to_le_bytes());
         bytes[48..56].copy_from_slice(&self.format_id.to_le_bytes());
         bytes[56..64].copy_from_slice(&self.epoch.to_le_bytes());
-        let crc = crc32c::crc32c(&bytes);
+        let crc = strata_proto::crc32c(&bytes);
         bytes[12..16].copy_from_slice(&crc.to_le_bytes());
         bytes
     }
@@ -329,7 +329,7 @@ impl TierHeader {
         let mut copy = [0u8; TIER_HEADER_BYTES];
         copy.copy_from_slice(&bytes[..TIER_HEADER_BYTES]);
         copy[12..16].fill(0);
-        if crc32c::crc32c(&copy) != get_u32(bytes, 12) {
+        if strata_proto::crc32c(&copy) != get_u32(bytes, 12) {
             return Err(FormatError::Checksum);
         }
         if get_u32(bytes, 8) != TIER_VERSION {

@@ -140,7 +140,7 @@ mod tests {
                 region_seq: SEQ,
                 key_hash: key.len() as u64 * 1000 + u64::from(key[0]),
                 value_len: value.len() as u32,
-                value_crc: crc32c::crc32c(value),
+                value_crc: strata_proto::crc32c(value),
                 key_len: key.len() as u16,
                 flags: 0,
                 version: 1,

@@ -358,7 +358,7 @@ async fn members(
     let item = ResponseItemHeader {
         status: Status::Ok,
         data_len: json.len() as u32,
-        data_crc: crc32c::crc32c(json),
+        data_crc: strata_proto::crc32c(json),
         object_len: json.len() as u32,
     };
     reply_one(connection, header, item, json).await.map(|()| (0, 0))
@@ -454,6 +454,8 @@ async fn handle_hello(
             && server.rdma.is_some()
             && matches!(connection.stream, ClientStream::Tcp(_))
             && connection.rdma.is_none(),
+        // Every shared copy is checked (`shared_regions::copy_into`); a client that knows the flag is told.
+        checked_copies: offered.is_some() && hello.takes_checked_copies,
     };
     let mut body = Vec::with_capacity(strata_proto::HELLO_REPLY_BYTES + 2 + strata_proto::MAX_SOCKET_NAME_BYTES);
     reply.encode_into(&mut body);

@@ -74,7 +74,7 @@ impl FrameHeader {
         out.extend_from_slice(&(self.status as u16).to_le_bytes());
         out.extend_from_slice(&((self.epoch >> 32) as u16).to_le_bytes());
         out.extend_from_slice(&self.body_len.to_le_bytes());
-        let crc = crc32c::crc32c(&out[start..start + 32]);
+        let crc = crate::crc32c(&out[start..start + 32]);
         out.extend_from_slice(&crc.to_le_bytes());
         out.extend_from_slice(&(self.epoch as u32).to_le_bytes());
     }
@@ -98,7 +98,7 @@ impl FrameHeader {
         if magic != MAGIC {
             return Err(ProtoError::Magic(magic));
         }
-        if crc32c::crc32c(&bytes[..32]) != u32_at(bytes, 32) {
+        if crate::crc32c(&bytes[..32]) != u32_at(bytes, 32) {
             return Err(ProtoError::HeaderChecksum);
         }
         if bytes[4] != PROTOCOL_VERSION {
@@ -176,7 +176,7 @@ mod tests {
         assert_eq!(u32_at(&bytes, 16), 32);
         assert_eq!(u16_at(&bytes, 20), 4);
         assert_eq!(u64_at(&bytes, 24), 1 << 33);
-        assert_eq!(u32_at(&bytes, 32), crc32c::crc32c(&bytes[..32]));
+        assert_eq!(u32_at(&bytes, 32), crate::crc32c(&bytes[..32]));
         assert_eq!(FrameHeader::decode(&bytes), Ok(header));
     }
 
@@ -203,7 +203,7 @@ mod tests {
         for at in [22, 23] {
             let mut bytes = good.encode();
             bytes[at] = 1;
-            let crc = crc32c::crc32c(&bytes[..32]);
+            let crc = crate::crc32c(&bytes[..32]);
             bytes[32..36].copy_from_slice(&crc.to_le_bytes());
             assert!(matches!(FrameHeader::decode(&bytes), Err(ProtoError::Field(_))), "byte {at}");
         }

@@ -37,7 +37,10 @@ use crate::codes::{Opcode, ProtoError, Status, u16_at, u32_at, u64_at};
 use crate::frame::HELLO_ACCEPTS_STREAMED;
 use crate::limits::{HELLO_REPLY_BYTES, Limits, MAX_TOKEN_BYTES, REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES};
 use crate::rdma::{HELLO_OFFERS_RDMA, HELLO_RDMA, REGISTER_REMOTE};
-use crate::shared::{HELLO_OFFERS_SHARED, HELLO_SHARED_SOCKET, ITEM_SHARED, REGISTER_RELEASE};
+use crate::shared::{
+    HELLO_CHECKED_COPIES, HELLO_OFFERS_SHARED, HELLO_SHARED_SOCKET, HELLO_TAKES_CHECKED_COPIES, ITEM_SHARED,
+    REGISTER_RELEASE,
+};
 use crate::version::Version;
 
 /// When a put is acknowledged and where it goes.
@@ -493,6 +496,8 @@ pub struct HelloRequest {
     pub offers_rdma: bool,
     /// The client reads streamed replies ([`HELLO_ACCEPTS_STREAMED`]).
     pub accepts_streamed: bool,
+    /// The client takes the node's check of its shared gets' copies ([`HELLO_TAKES_CHECKED_COPIES`]).
+    pub takes_checked_copies: bool,
 }
 
 impl HelloRequest {
@@ -501,7 +506,8 @@ impl HelloRequest {
         out.extend_from_slice(&(self.token.len() as u16).to_le_bytes());
         let flags = if self.offers_shared { HELLO_OFFERS_SHARED } else { 0 }
             | if self.offers_rdma { HELLO_OFFERS_RDMA } else { 0 }
-            | if self.accepts_streamed { HELLO_ACCEPTS_STREAMED } else { 0 };
+            | if self.accepts_streamed { HELLO_ACCEPTS_STREAMED } else { 0 }
+            | if self.takes_checked_copies { HELLO_TAKES_CHECKED_COPIES } else { 0 };
         out.extend_from_slice(&flags.to_le_bytes());
         out.extend_from_slice(&self.token);
     }
@@ -532,6 +538,7 @@ impl HelloRequest {
             offers_shared: flags & HELLO_OFFERS_SHARED != 0,
             offers_rdma: flags & HELLO_OFFERS_RDMA != 0,
             accepts_streamed: flags & HELLO_ACCEPTS_STREAMED != 0,
+            takes_checked_copies: flags & HELLO_TAKES_CHECKED_COPIES != 0,
         })
     }
 }
@@ -557,6 +564,8 @@ pub struct HelloReply {
     pub shared_socket: bool,
     /// The shard will connect an RDMA queue pair for this connection ([`HELLO_RDMA`]).
     pub rdma: bool,
+    /// The node checks shared gets' copies in the client's memory ([`HELLO_CHECKED_COPIES`]).
+    pub checked_copies: bool,
 }
 
 impl HelloReply {
@@ -565,7 +574,9 @@ impl HelloReply {
         out.extend_from_slice(&self.shard_count.to_le_bytes());
         out.extend_from_slice(&self.shard_id.to_le_bytes());
         out.extend_from_slice(&self.base_port.to_le_bytes());
-        let flags = if self.shared_socket { HELLO_SHARED_SOCKET } else { 0 } | if self.rdma { HELLO_RDMA } else { 0 };
+        let flags = if self.shared_socket { HELLO_SHARED_SOCKET } else { 0 }
+            | if self.rdma { HELLO_RDMA } else { 0 }
+            | if self.checked_copies { HELLO_CHECKED_COPIES } else { 0 };
         out.extend_from_slice(&flags.to_le_bytes());
         out.extend_from_slice(&self.limits.max_key_bytes.to_le_bytes());
         out.extend_from_slice(&self.limits.max_batch_items.to_le_bytes());
@@ -581,7 +592,7 @@ impl HelloReply {
             return Err(ProtoError::Truncated { needed: HELLO_REPLY_BYTES, available: body.len() });
         }
         let flags = u16_at(body, 10);
-        if flags & !(HELLO_SHARED_SOCKET | HELLO_RDMA) != 0 {
+        if flags & !(HELLO_SHARED_SOCKET | HELLO_RDMA | HELLO_CHECKED_COPIES) != 0 {
             return Err(ProtoError::Field("flags of a HELLO reply"));
         }
         let reply = Self {
@@ -596,6 +607,7 @@ impl HelloReply {
             },
             shared_socket: flags & HELLO_SHARED_SOCKET != 0,
             rdma: flags & HELLO_RDMA != 0,
+            checked_copies: flags & HELLO_CHECKED_COPIES != 0,
         };
         if reply.shard_count == 0 || reply.shard_id >= reply.shard_count {
             return Err(ProtoError::Field("shard map"));
@@ -620,7 +632,7 @@ mod tests {
                 key_len: key.len() as u16,
                 flags: WritePolicy::to_flags(Some(WritePolicy::Durable)),
                 value_len: value.len() as u32,
-                value_crc: crc32c::crc32c(value),
+                value_crc: crate::crc32c(value),
                 offset: 0,
             }
             .encode_into(&mut body);
@@ -642,7 +654,7 @@ mod tests {
         assert_eq!(header.count, 2);
         assert_eq!(items[0].key, b"k1");
         assert_eq!(items[0].value, b"value one");
-        assert_eq!(items[0].header.value_crc, crc32c::crc32c(b"value one"));
+        assert_eq!(items[0].header.value_crc, crate::crc32c(b"value one"));
         assert_eq!(WritePolicy::from_flags(items[0].header.flags), Some(WritePolicy::Durable));
         assert_eq!(items[1].key, b"key-2");
         assert!(items[1].value.is_empty());
@@ -654,7 +666,7 @@ mod tests {
             key_len: key.len() as u16,
             flags: ITEM_LINKS,
             value_len: value.len() as u32,
-            value_crc: crc32c::crc32c(value),
+            value_crc: crate::crc32c(value),
             offset: 0,
         }
         .encode_into(&mut body);
@@ -709,7 +721,7 @@ mod tests {
                 .encode_into(&mut body);
             body.push(b'k');
             for part in parts {
-                encode_part_header(part.len() as u32, crc32c::crc32c(part), &mut body);
+                encode_part_header(part.len() as u32, crate::crc32c(part), &mut body);
                 body.extend_from_slice(part);
             }
             let mut frame = Vec::new();
@@ -722,7 +734,7 @@ mod tests {
             panic!("not decoded");
         };
         assert_eq!(items[0].value.len(), 2 * PART_HEADER_BYTES + 13);
-        assert_eq!(decode_part_header(items[0].value, 13), Ok((6, crc32c::crc32c(b"layer0"))));
+        assert_eq!(decode_part_header(items[0].value, 13), Ok((6, crate::crc32c(b"layer0"))));
         assert!(decode_part_header(items[0].value, 5).is_err(), "a part longer than what is left");
         // Parts longer or shorter than the value, an empty part, a whole-value crc: refused.
         assert!(decode_request_frame(&frame(&[b"layer0", b"layer-1"], 12, 0), &Limits::default()).is_err());
@@ -783,6 +795,7 @@ mod tests {
             limits: Limits::default(),
             shared_socket: true,
             rdma: false,
+            checked_copies: false,
         };
         let mut body = Vec::new();
         reply.encode_into(&mut body);
@@ -793,14 +806,24 @@ mod tests {
         with_rdma.encode_into(&mut rdma_body);
         assert_eq!(rdma_body[10], 3, "both flags");
         assert_eq!(HelloReply::decode(&rdma_body), Ok(with_rdma));
-        body[10] = 4;
+        let checked = HelloReply { checked_copies: true, ..reply };
+        let mut checked_body = Vec::new();
+        checked.encode_into(&mut checked_body);
+        assert_eq!(checked_body[10], 5, "the socket and checked copies");
+        assert_eq!(HelloReply::decode(&checked_body), Ok(checked));
+        body[10] = 8;
         assert_eq!(HelloReply::decode(&body), Err(ProtoError::Field("flags of a HELLO reply")));
-        let request =
-            HelloRequest { token: b"secret".to_vec(), offers_shared: true, offers_rdma: true, accepts_streamed: true };
+        let request = HelloRequest {
+            token: b"secret".to_vec(),
+            offers_shared: true,
+            offers_rdma: true,
+            accepts_streamed: true,
+            takes_checked_copies: true,
+        };
         let mut body = Vec::new();
         request.encode_into(&mut body);
         assert_eq!(body.len(), request.encoded_len());
-        assert_eq!(body[2], 7, "both offers and streamed replies");
+        assert_eq!(body[2], 15, "both offers, streamed replies and checked copies");
         assert_eq!(HelloRequest::decode(&body), Ok(request));
         body[2] = 0x80 | 1;
         let offers_shared_only = HelloRequest { token: b"secret".to_vec(), offers_shared: true, ..Default::default() };

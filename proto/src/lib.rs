@@ -17,6 +17,7 @@
 #![deny(missing_docs, unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+mod checksum;
 mod codes;
 mod events;
 mod frame;
@@ -30,6 +31,7 @@ pub mod scan;
 pub mod shared;
 mod version;
 
+pub use checksum::{crc32c, crc32c_append, crc32c_combine};
 pub use codes::{LOCATED_IN_DRAM, LOCATED_ON_NVME, Opcode, PROTOCOL_VERSION, ProtoError, Status};
 pub use events::{Event, EventRef, Keys, KeysIter, MAX_EVENT_KEYS, MIN_EVENT_BYTES, OpenEvent, RemovalReason, Tier};
 pub use frame::{
@@ -50,7 +52,7 @@ pub use request::{
 };
 pub use scan::{MAX_SCAN_KEYS, SCAN_DONE, SCAN_VERSIONED};
 pub use shared::{
-    HELLO_OFFERS_SHARED, HELLO_SHARED_SOCKET, ITEM_SHARED, MAX_SOCKET_NAME_BYTES, REGISTER_RELEASE, SHARED_SPAN_BYTES,
-    SharedSpan, decode_socket_name, encode_socket_name,
+    HELLO_CHECKED_COPIES, HELLO_OFFERS_SHARED, HELLO_SHARED_SOCKET, HELLO_TAKES_CHECKED_COPIES, ITEM_SHARED,
+    MAX_SOCKET_NAME_BYTES, REGISTER_RELEASE, SHARED_SPAN_BYTES, SharedSpan, decode_socket_name, encode_socket_name,
 };
 pub use version::{VERSION_BYTES, Version, VersionClock, WRITER_BITS};

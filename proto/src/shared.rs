@@ -3,9 +3,12 @@
 //! ```text
 //! HELLO request: the reserved u16 after the token length is flags; bit 0 (HELLO_OFFERS_SHARED): the
 //!   client can move values through shared memory.
+//!   Bit 3 (HELLO_TAKES_CHECKED_COPIES): the client takes the node's check of a shared get's copy.
 //! HELLO reply (to an offer, from a peer on the node's host): the reserved u16 at byte 10 is flags; bit 0
 //!   (HELLO_SHARED_SOCKET): after the 40 bytes, [name len u16][name], the abstract Unix socket of the
-//!   shard that answered. The client opens it and speaks the same protocol there.
+//!   shard that answered. The client opens it and speaks the same protocol there. Bit 2
+//!   (HELLO_CHECKED_COPIES, to a client that takes them): every shared get answered OK was checked by the
+//!   node in the client's memory, so the client need not check it again.
 //! REGISTER (opcode 13, only on that socket): one item, its key one byte nobody reads; the memfd comes as
 //!   SCM_RIGHTS with the frame's bytes; the reply's object len is the region's id. Flag bit 0
 //!   (REGISTER_RELEASE): release region `offset` instead (no memfd).
@@ -15,7 +18,8 @@
 //!  | region | len   | offset |
 //!   get: the node copies the value to `offset` of the region if it fits in `len` bytes (else TOO_LARGE,
 //!     the value's length in `object len`); the reply item carries no data, `data len` 0, `object len`
-//!     the bytes copied and `data crc` their crc32c, which the client checks in its own memory;
+//!     the bytes copied and `data crc` their crc32c, checked in the client's memory (by the node, which
+//!     answers TRANSFER_CHECKSUM when the copy differs; by a client not told HELLO_CHECKED_COPIES);
 //!   put: `len` equals `value len`; the value is at `offset` and not in the body; `value crc` is checked
 //!     by the node on its own copy.
 //! ```
@@ -34,6 +38,12 @@ pub const SHARED_SPAN_BYTES: usize = 16;
 pub const HELLO_OFFERS_SHARED: u16 = 1;
 /// HELLO reply flag: the name of the shard's Unix socket follows the reply's 40 bytes.
 pub const HELLO_SHARED_SOCKET: u16 = 1;
+/// HELLO request flag: the client takes the node's check of a shared get's copy in its memory
+/// ([`HELLO_CHECKED_COPIES`]) in place of its own.
+pub const HELLO_TAKES_CHECKED_COPIES: u16 = 1 << 3;
+/// HELLO reply flag, to a client that offered [`HELLO_TAKES_CHECKED_COPIES`]: the node checks every shared
+/// get's copy against the value's crc32c in the client's memory.
+pub const HELLO_CHECKED_COPIES: u16 = 1 << 2;
 /// The longest name of an abstract Unix socket (`sun_path` less its leading NUL).
 pub const MAX_SOCKET_NAME_BYTES: usize = 107;
 /// REGISTER item flag: release the region named by the item's `offset`.

@@ -21,7 +21,7 @@ const VALUE_BYTES: usize = 64 << 10;
 fn raw(node: &strata_engine::Node, accepts_streamed: bool) -> TcpStream {
     let mut stream = TcpStream::connect(node.local_addr()).expect("connect");
     stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    let hello = HelloRequest { token: Vec::new(), offers_shared: false, offers_rdma: false, accepts_streamed };
+    let hello = HelloRequest { accepts_streamed, ..HelloRequest::default() };
     let (header, _) = say_hello(&mut stream, &hello);
     assert_eq!(header.status, Status::Ok, "HELLO");
     stream
@@ -48,7 +48,7 @@ fn get_batch(stream: &mut TcpStream, keys: &[Vec<u8>]) -> (FrameHeader, Vec<(Res
             let item = ResponseItemHeader::decode(&bytes).expect("an item");
             let mut data = vec![0u8; item.data_len as usize];
             stream.read_exact(&mut data).expect("its data");
-            assert_eq!(crc32c::crc32c(&data), item.data_crc, "the item's crc");
+            assert_eq!(strata_proto::crc32c(&data), item.data_crc, "the item's crc");
             (item, data)
         })
         .collect();

@@ -82,7 +82,7 @@ fn an_oversized_value_fails_alone_and_the_connection_goes_on() {
             key_len: key.len() as u16,
             flags: 0,
             value_len: value.len() as u32,
-            value_crc: crc32c::crc32c(value),
+            value_crc: strata_proto::crc32c(value),
             offset: 0,
         }
         .encode_into(&mut body);
@@ -120,7 +120,7 @@ fn a_put_damaged_in_transit_is_refused() {
     let node = start(config(&[0], 32 << 20));
     let mut stream = raw(&node);
     let mut body = Vec::new();
-    RequestItemHeader { key_len: 1, flags: 0, value_len: 4, value_crc: crc32c::crc32c(b"good"), offset: 0 }
+    RequestItemHeader { key_len: 1, flags: 0, value_len: 4, value_crc: strata_proto::crc32c(b"good"), offset: 0 }
         .encode_into(&mut body);
     body.extend_from_slice(b"k");
     body.extend_from_slice(b"evil");
@@ -328,7 +328,7 @@ fn frame_flags_statuses_and_reserved_bytes_in_requests_are_refused() {
     damaged.push(("reserved after the crc", trailing.to_vec()));
     let mut inner = good.encode();
     inner[22] = 1;
-    let crc = crc32c::crc32c(&inner[..32]);
+    let crc = strata_proto::crc32c(&inner[..32]);
     inner[32..36].copy_from_slice(&crc.to_le_bytes());
     damaged.push(("reserved under the crc", inner.to_vec()));
     for (what, mut frame) in damaged {

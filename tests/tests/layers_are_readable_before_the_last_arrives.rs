@@ -120,7 +120,7 @@ fn raw_progressive_put(stream: &mut TcpStream, key: &[u8], parts: &[&[u8]], bad:
     .encode_into(&mut body);
     body.extend_from_slice(key);
     for (index, part) in parts.iter().enumerate() {
-        let crc = crc32c::crc32c(part) ^ u32::from(bad == Some(index));
+        let crc = strata_proto::crc32c(part) ^ u32::from(bad == Some(index));
         encode_part_header(part.len() as u32, crc, &mut body);
         body.extend_from_slice(part);
     }

@@ -137,7 +137,7 @@ fn the_callers_own_memory_is_read_and_written_in_place() {
 fn raw_connection(node: &Node) -> (TcpStream, HelloReply) {
     let mut stream = TcpStream::connect(node.local_addr()).expect("connect");
     stream.set_read_timeout(Some(Duration::from_secs(60))).expect("timeout");
-    let hello = HelloRequest { token: Vec::new(), offers_shared: false, offers_rdma: true, accepts_streamed: false };
+    let hello = HelloRequest { offers_rdma: true, ..HelloRequest::default() };
     let (_, body) = say_hello(&mut stream, &hello);
     (stream, HelloReply::decode(&body).expect("hello reply"))
 }

@@ -44,7 +44,7 @@ fn call(stream: &mut TcpStream, opcode: Opcode, items: &[(&[u8], &[u8])]) -> Vec
             key_len: key.len() as u16,
             flags: 0,
             value_len,
-            value_crc: crc32c::crc32c(value),
+            value_crc: strata_proto::crc32c(value),
             offset: 0,
         }
         .encode_into(&mut body);
@@ -67,7 +67,7 @@ fn call(stream: &mut TcpStream, opcode: Opcode, items: &[(&[u8], &[u8])]) -> Vec
             let item = ResponseItemHeader::decode(&item).expect("item");
             let mut data = vec![0u8; item.data_len as usize];
             stream.read_exact(&mut data).expect("data");
-            assert_eq!(crc32c::crc32c(&data), item.data_crc);
+            assert_eq!(strata_proto::crc32c(&data), item.data_crc);
             (item.status, data)
         })
         .collect()

@@ -1,6 +1,7 @@
 //! A client on the node's host moves values through shared memory: round trips from 1 byte to 4 MiB either
 //! way and mixed with TCP, a span too small for its value, spans no connection registered, memory that is
-//! not a sealed memfd, tenants kept apart, and a client that goes away mid-transfer.
+//! not a sealed memfd, tenants kept apart, a client that goes away mid-transfer, and who is told that the
+//! node checks its copies.
 
 mod common;
 
@@ -13,8 +14,8 @@ use std::time::{Duration, Instant};
 use common::{Scratch, config, read_header, say_hello, spans_from, start, total, value_of, with_file};
 use strata_client::{Client, ClientError, ClientOptions, PutOptions, SharedBuffer, Transport};
 use strata_proto::{
-    FrameHeader, HelloRequest, ITEM_SHARED, Opcode, REQUEST_ITEM_BYTES, RESPONSE_ITEM_BYTES, RequestItemHeader,
-    ResponseItemHeader, SharedSpan, Status,
+    FrameHeader, HELLO_REPLY_BYTES, HelloReply, HelloRequest, ITEM_SHARED, Opcode, REQUEST_ITEM_BYTES,
+    RESPONSE_ITEM_BYTES, RequestItemHeader, ResponseItemHeader, SharedSpan, Status,
 };
 
 const SIZES: [usize; 6] = [1, 100, 4096, 65_537, 1 << 20, 4 << 20];
@@ -87,6 +88,29 @@ fn a_span_smaller_than_its_value_is_refused_and_left_untouched() {
     node.shutdown().expect("shutdown");
 }
 
+/// The node checks every shared get's copy in the client's memory (TRANSFER_CHECKSUM when it differs,
+/// `shared_regions`' own test); a client that takes that check skips its own pass, and only such a
+/// client is told, so an older one never meets the flag (it refuses flags it does not know).
+#[test]
+fn the_node_tells_only_a_client_that_takes_them_that_it_checks_its_copies() {
+    let node = start(config(&[0], 16 << 20));
+    let hello = |offers_shared: bool, takes_checked_copies: bool| {
+        let mut stream = std::net::TcpStream::connect(node.local_addr()).expect("connect");
+        stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        let request = HelloRequest { offers_shared, takes_checked_copies, ..HelloRequest::default() };
+        let (header, body) = say_hello(&mut stream, &request);
+        assert_eq!(header.status, Status::Ok, "HELLO");
+        HelloReply::decode(&body[..HELLO_REPLY_BYTES]).expect("a HELLO reply")
+    };
+    let taken = hello(true, true);
+    assert!(taken.shared_socket && taken.checked_copies, "{taken:?}");
+    let older = hello(true, false);
+    assert!(older.shared_socket && !older.checked_copies, "{older:?}");
+    let over_tcp = hello(false, true);
+    assert!(!over_tcp.shared_socket && !over_tcp.checked_copies, "{over_tcp:?}");
+    node.shutdown().expect("shutdown");
+}
+
 /// The abstract Unix socket shard 0 of `node` listens on (the name its HELLO gives).
 fn shard_socket(node: &strata_engine::Node) -> SocketAddr {
     let name = format!("strata-{}-0", node.local_addr());
@@ -97,8 +121,7 @@ fn shard_socket(node: &strata_engine::Node) -> SocketAddr {
 fn raw_local(node: &strata_engine::Node, token: &[u8]) -> UnixStream {
     let mut stream = UnixStream::connect_addr(&shard_socket(node)).expect("the shard's Unix socket");
     stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    let hello =
-        HelloRequest { token: token.to_vec(), offers_shared: false, offers_rdma: false, accepts_streamed: false };
+    let hello = HelloRequest { token: token.to_vec(), ..HelloRequest::default() };
     let (header, _) = say_hello(&mut stream, &hello);
     assert_eq!(header.status, Status::Ok, "HELLO over the Unix socket");
     stream

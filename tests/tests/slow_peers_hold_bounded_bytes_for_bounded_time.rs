@@ -31,7 +31,7 @@ fn put_frame_head(key: &[u8], value: &[u8]) -> Vec<u8> {
         key_len: key.len() as u16,
         flags: 0,
         value_len: value.len() as u32,
-        value_crc: crc32c::crc32c(value),
+        value_crc: strata_proto::crc32c(value),
         offset: 0,
     }
     .encode_into(&mut frame);
@@ -205,7 +205,7 @@ fn connect(node: &strata_engine::Node, name: &str) -> Result<Client, ClientError
 fn raw_tenant(node: &strata_engine::Node, name: &str) -> TcpStream {
     let mut stream = raw(node);
     let token = format!("token-of-{name}").into_bytes();
-    let hello = strata_proto::HelloRequest { token, offers_shared: false, offers_rdma: false, accepts_streamed: false };
+    let hello = strata_proto::HelloRequest { token, ..Default::default() };
     let (header, _) = say_hello(&mut stream, &hello);
     assert_eq!(header.status, Status::Ok);
     stream

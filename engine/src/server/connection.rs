@@ -131,13 +131,13 @@ impl Connection {
         // usually not, and reading it right after writing it waits for its lines to arrive, where the
         // copy's stores alone drain in the background.
         let received = &self.input[self.start..self.start + from_buffer];
-        let mut crc = crc32c::crc32c(received);
+        let mut crc = strata_proto::crc32c(received);
         destination[..from_buffer].copy_from_slice(received);
         self.start += from_buffer;
         let mut at = from_buffer;
         if destination.len() - at < INPUT_BUFFER_BYTES / 2 {
             self.read_exact(&mut destination[at..]).await?;
-            return Ok(crc32c::crc32c_append(crc, &destination[at..]));
+            return Ok(strata_proto::crc32c_append(crc, &destination[at..]));
         }
         while at < destination.len() {
             let end = destination.len().min(at + CRC_PIECE_BYTES);
@@ -145,7 +145,7 @@ impl Connection {
             if read == 0 {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }
-            crc = crc32c::crc32c_append(crc, &destination[at..at + read]);
+            crc = strata_proto::crc32c_append(crc, &destination[at..at + read]);
             at += read;
         }
         Ok(crc)

@@ -10,6 +10,7 @@ use strata_proto::{
 };
 
 use super::connection::Connection;
+use super::shared_regions::CopyFault;
 use super::watch::on_socket;
 use super::{ConnectionError, ShardServer, count};
 use crate::forward::ForwardOp;
@@ -195,7 +196,7 @@ async fn write_replies(
                 ResponseItemHeader {
                     status: Status::Ok,
                     data_len: (VERSION_BYTES + hit.len()) as u32,
-                    data_crc: crc32c::crc32c_combine(crc32c::crc32c(&version), hit.data_crc, hit.len()),
+                    data_crc: strata_proto::crc32c_combine(strata_proto::crc32c(&version), hit.data_crc, hit.len()),
                     object_len: hit.object_len,
                 }
                 .encode_into(&mut connection.output);
@@ -296,18 +297,19 @@ async fn answer_shared(
         .collect()
 }
 
-/// Copies a hit into the span of the client's memory its item named: the answer says how many bytes and
-/// their crc32c (the client checks them in its memory), or why not: the span is not the connection's
-/// (`Invalid`), or the value does not fit in it (`TooLarge`, with the value's length).
+/// Copies a hit into the span of the client's memory its item named, checked there: the answer says how
+/// many bytes and their crc32c, or why not: the span is not the connection's (`Invalid`), the value does
+/// not fit in it (`TooLarge`, with the value's length), or the copy is not the value (`TransferChecksum`).
 fn copy_to_client(connection: &Connection, span: &strata_proto::SharedSpan, hit: &ReadHit) -> ResponseItemHeader {
     if hit.len() > span.len as usize {
         return too_large(hit);
     }
-    let copied = connection.shared.as_ref().is_some_and(|regions| regions.copy_into(span, &hit.slices()));
-    if !copied {
-        return ResponseItemHeader::status(Status::Invalid);
+    let Some(regions) = connection.shared.as_ref() else { return ResponseItemHeader::status(Status::Invalid) };
+    match regions.copy_into(span, &hit.slices(), hit.data_crc) {
+        Ok(()) => shared_answer(hit),
+        Err(CopyFault::NotTheConnections) => ResponseItemHeader::status(Status::Invalid),
+        Err(CopyFault::Differs) => ResponseItemHeader::status(Status::TransferChecksum),
     }
-    shared_answer(hit)
 }
 
 /// A value that does not fit its span: `TooLarge`, with the value's length.
@@ -315,7 +317,8 @@ fn too_large(hit: &ReadHit) -> ResponseItemHeader {
     ResponseItemHeader { object_len: hit.len() as u32, ..ResponseItemHeader::status(Status::TooLarge) }
 }
 
-/// A value moved into the client's memory: its length and crc32c, which the client checks there.
+/// A value moved into the client's memory: its length and crc32c (checked there by the node for a copy,
+/// by the client for an RDMA write).
 fn shared_answer(hit: &ReadHit) -> ResponseItemHeader {
     ResponseItemHeader { status: Status::Ok, data_len: 0, data_crc: hit.data_crc, object_len: hit.len() as u32 }
 }

@@ -163,7 +163,7 @@ async fn receive_whole(
                 return Ok(Err(status));
             }
             // Checked on the node's own copy, as for shared memory.
-            crc32c::crc32c(destination)
+            strata_proto::crc32c(destination)
         }
         Some(span) => {
             let copied = connection.shared.as_ref().is_some_and(|regions| regions.copy_out(span, destination));
@@ -171,7 +171,7 @@ async fn receive_whole(
                 return Ok(Err(Status::Invalid));
             }
             // Checked on the node's own copy: the client may write its memory meanwhile.
-            crc32c::crc32c(destination)
+            strata_proto::crc32c(destination)
         }
     };
     Ok(if crc == item.value_crc { Ok(crc) } else { Err(Status::TransferChecksum) })
@@ -369,7 +369,7 @@ async fn receive_parts(
         at += len as usize;
         intact &= received == part_crc;
         if intact {
-            crc = crc32c::crc32c_combine(crc, received, len as usize);
+            crc = strata_proto::crc32c_combine(crc, received, len as usize);
             if let Some(fill) = fill {
                 fill.advance(at as u32);
             }

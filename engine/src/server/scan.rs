@@ -36,7 +36,7 @@ pub(super) async fn handle_scan(
     let item = ResponseItemHeader {
         status: Status::Ok,
         data_len: data.len() as u32,
-        data_crc: crc32c::crc32c(&data),
+        data_crc: strata_proto::crc32c(&data),
         object_len: page.next,
     };
     reply_one(connection, header, item, &data).await.map(|()| (0, 0))

@@ -3,8 +3,9 @@
 //!
 //! Safety of the mapping rests on the seal: a region is accepted only if the client sealed it against
 //! shrinking (`F_SEAL_SHRINK`), so no page the node mapped can vanish under a copy (which would raise
-//! SIGBUS in the node). The client may still write its memory while the node copies: the node never makes
-//! a Rust reference to a region, only raw copies, and checks a put's crc on its own copy of the bytes.
+//! SIGBUS in the node). The client may still write its memory while the node copies: the node keeps no Rust
+//! reference to a region, only raw copies and a get's read-back for its crc, and checks a put's crc on its
+//! own copy of the bytes.
 //!
 //! A region stays mapped until the connection releases it or closes, so a client that dies mid-transfer
 //! leaves the node a valid mapping, unmapped when its connection is closed.
@@ -47,6 +48,19 @@ impl RegisterError {
             _ => strata_proto::Status::Invalid,
         }
     }
+}
+
+/// Bytes copied before they are read back for the check: with their source, within a core's L1 cache.
+const CHECKED_CHUNK_BYTES: usize = 16 << 10;
+
+/// Why a shared get's value is not in the client's memory as stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CopyFault {
+    /// The span is not in a region of the connection, or the value does not fit in it.
+    NotTheConnections,
+    /// The copy's crc32c is not the value's: the client wrote its memory during the copy, or the copy
+    /// failed.
+    Differs,
 }
 
 /// A memfd mapped shared, read-write, for the life of the region.
@@ -129,21 +143,36 @@ impl SharedRegions {
         Some(unsafe { region.base.as_ptr().add(span.offset as usize) })
     }
 
-    /// Copies `pieces`, in order, to the start of `span` (a get); false if the span is not the
-    /// connection's or the pieces do not fit in it.
-    pub(crate) fn copy_into(&self, span: &SharedSpan, pieces: &[&[u8]]) -> bool {
+    /// Copies `pieces`, in order, to the start of `span` (a get) and checks the copy against `crc`, the
+    /// value's crc32c, in the client's memory.
+    ///
+    /// The check reads each chunk of the copy back while it is still in this core's cache: it costs the
+    /// crc's arithmetic, where the client's own pass would pull every line back across cores (the larger
+    /// part of a small batch's call, docs/BENCHMARKS.md). It covers what the client's pass covered, the
+    /// bytes in its memory against the crc stored with the value, so a client told so in HELLO skips its
+    /// pass ([`strata_proto::HELLO_CHECKED_COPIES`]).
+    pub(crate) fn copy_into(&self, span: &SharedSpan, pieces: &[&[u8]], crc: u32) -> Result<(), CopyFault> {
         let total: usize = pieces.iter().map(|piece| piece.len()).sum();
-        let Some(mut at) = self.place(span).filter(|_| total <= span.len as usize) else { return false };
-        for piece in pieces {
+        let Some(mut at) = self.place(span).filter(|_| total <= span.len as usize) else {
+            return Err(CopyFault::NotTheConnections);
+        };
+        let mut copied = 0u32;
+        for chunk in pieces.iter().flat_map(|piece| piece.chunks(CHECKED_CHUNK_BYTES)) {
             // SAFETY: the destination lies within the mapping (`place` checked the span, `total` fits in
-            // it); the source is the node's own memory, which no mapping of a client overlaps.
+            // it); the source is the node's own memory, which no mapping of a client overlaps. The slice
+            // read back lives for the crc alone, which reads each byte once: a client writing its memory
+            // meanwhile can change only the crc, and fails its own get.
             #[allow(unsafe_code)]
             unsafe {
-                std::ptr::copy_nonoverlapping(piece.as_ptr(), at, piece.len());
-                at = at.add(piece.len());
+                std::ptr::copy_nonoverlapping(chunk.as_ptr(), at, chunk.len());
+                copied = strata_proto::crc32c_append(copied, std::slice::from_raw_parts(at, chunk.len()));
+                at = at.add(chunk.len());
             }
         }
-        true
+        if copied != crc {
+            return Err(CopyFault::Differs);
+        }
+        Ok(())
     }
 
     /// Copies `span` into `destination` (a put; as long as the span); false if the span is not the
@@ -157,5 +186,58 @@ impl SharedRegions {
             std::ptr::copy_nonoverlapping(from, destination.as_mut_ptr(), destination.len());
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::FromRawFd;
+
+    /// A memfd of `len` bytes sealed against shrinking, as a client registers.
+    #[allow(unsafe_code)]
+    fn sealed_memfd(len: i64) -> OwnedFd {
+        // SAFETY: memfd_create with a NUL-terminated name; ftruncate and fcntl on the descriptor it made,
+        // which the OwnedFd then owns alone.
+        unsafe {
+            let fd = libc::memfd_create(c"checked-copy".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
+            assert!(fd >= 0);
+            assert_eq!(libc::ftruncate(fd, len), 0);
+            assert_eq!(libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK), 0);
+            OwnedFd::from_raw_fd(fd)
+        }
+    }
+
+    /// Reads `len` bytes at `offset` of the memfd, through the file rather than the node's mapping.
+    fn file_bytes(memory: &OwnedFd, offset: u64, len: usize) -> Vec<u8> {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::File::from(memory.try_clone().expect("dup"));
+        let mut bytes = vec![0u8; len];
+        file.read_exact_at(&mut bytes, offset).expect("read");
+        bytes
+    }
+
+    #[test]
+    fn a_copy_is_answered_only_when_it_matches_the_values_crc_in_the_clients_memory() {
+        let memory = sealed_memfd(1 << 20);
+        let mut regions = SharedRegions::default();
+        let region = regions.register(memory.try_clone().expect("dup")).expect("register");
+        // Pieces across the check's chunks, at an odd offset: a value the tier returns in two buffers.
+        let value: Vec<u8> = (0..100_000u32).map(|at| (at.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+        let (head, tail) = value.split_at(CHECKED_CHUNK_BYTES + 77);
+        let span = SharedSpan { region, len: 200_000, offset: 4_097 };
+        let crc = strata_proto::crc32c(&value);
+
+        assert_eq!(regions.copy_into(&span, &[head, tail], crc), Ok(()));
+        assert_eq!(file_bytes(&memory, 4_097, value.len()), value, "the value is in the client's memory");
+
+        // The same bytes under another value's crc (as if the copy had come out otherwise): refused.
+        assert_eq!(regions.copy_into(&span, &[head, tail], crc ^ 1), Err(CopyFault::Differs));
+        let outside = SharedSpan { offset: (1 << 20) - 10, ..span };
+        assert_eq!(regions.copy_into(&outside, &[head, tail], crc), Err(CopyFault::NotTheConnections));
+        let elsewhere = SharedSpan { region: region + 1, ..span };
+        assert_eq!(regions.copy_into(&elsewhere, &[head, tail], crc), Err(CopyFault::NotTheConnections));
+        let short = SharedSpan { len: value.len() as u32 - 1, ..span };
+        assert_eq!(regions.copy_into(&short, &[head, tail], crc), Err(CopyFault::NotTheConnections));
     }
 }

@@ -161,7 +161,7 @@ impl<E: Backend> Shard<E> {
             return Ok(None);
         }
         let pin = DramPin::new(&self.dram, fill.slot, fill.value.sub(offset as usize, len as usize));
-        let data_crc = crc32c::crc32c(pin.bytes());
+        let data_crc = strata_proto::crc32c(pin.bytes());
         add(&self.metrics.dram_hits, 1);
         add(&self.metrics.bytes_out, u64::from(len));
         // A put still arriving is not stored yet, so it has no version a reader could copy.

@@ -211,7 +211,7 @@ impl<E: Backend> Shard<E> {
         entry_mut.flags |= FLAG_REFERENCED;
         entry_mut.last_hit = now;
         add(&self.metrics.dram_hits, 1);
-        let data_crc = if range.is_none() { entry.value_crc } else { crc32c::crc32c(pin.bytes()) };
+        let data_crc = if range.is_none() { entry.value_crc } else { strata_proto::crc32c(pin.bytes()) };
         add(&self.metrics.bytes_out, u64::from(len));
         let version = self.version_of(&entry);
         Ok(Lookup::InDram(ReadHit { data: ReadData::Dram(pin), data_crc, object_len: entry.value_len, version }))
@@ -517,7 +517,7 @@ mod tests {
                 let hit = shard.get(b"k", Some((1000, 5000)), Duration::ZERO).await.expect("range");
                 let read: Vec<u8> = hit.slices().concat();
                 assert_eq!(read, bytes[1000..6000], "on the tier: {on_tier}");
-                assert_eq!(hit.data_crc, crc32c::crc32c(&read));
+                assert_eq!(hit.data_crc, strata_proto::crc32c(&read));
                 assert_eq!(hit.object_len, 20_000);
                 // A reader's pin holds the bytes in place: let go before making DRAM evict.
                 drop(hit);

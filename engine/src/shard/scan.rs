@@ -162,13 +162,16 @@ mod tests {
             for (key, replicas) in [(&b"three"[..], 3u8), (b"unsaid", 0), (b"upserted", 2)] {
                 let options = PutOptions { policy: Some(WritePolicy::Durable), replicas, ..PutOptions::default() };
                 let bytes = value(1, 100);
-                shard.put_value(key, &bytes, crc32c::crc32c(&bytes), options, Links::NONE).await.expect("put");
+                shard.put_value(key, &bytes, strata_proto::crc32c(&bytes), options, Links::NONE).await.expect("put");
             }
             // An upsert says its own count: the count belongs to the version.
             let options =
                 PutOptions { upsert: true, policy: Some(WritePolicy::Durable), replicas: 4, ..PutOptions::default() };
             let bytes = value(2, 100);
-            shard.put_value(b"upserted", &bytes, crc32c::crc32c(&bytes), options, Links::NONE).await.expect("upsert");
+            shard
+                .put_value(b"upserted", &bytes, strata_proto::crc32c(&bytes), options, Links::NONE)
+                .await
+                .expect("upsert");
             let expected = vec![(b"three".to_vec(), 3), (b"unsaid".to_vec(), 0), (b"upserted".to_vec(), 4)];
             assert_eq!(replicas_listed(&shard).await, expected);
         });

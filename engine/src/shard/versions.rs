@@ -155,12 +155,12 @@ mod tests {
             version: Some(version),
             ..PutOptions::default()
         };
-        shard.put_value(key, bytes, crc32c::crc32c(bytes), options, links).await.map_err(|error| error.status())
+        shard.put_value(key, bytes, strata_proto::crc32c(bytes), options, links).await.map_err(|error| error.status())
     }
 
     async fn plain_put(shard: &Rc<Shard<Simulated>>, key: &[u8], bytes: &[u8]) {
         let options = PutOptions { policy: Some(WritePolicy::Durable), ..PutOptions::default() };
-        shard.put_value(key, bytes, crc32c::crc32c(bytes), options, Links::NONE).await.expect("put");
+        shard.put_value(key, bytes, strata_proto::crc32c(bytes), options, Links::NONE).await.expect("put");
     }
 
     async fn read_version(shard: &Rc<Shard<Simulated>>, key: &[u8]) -> Option<Version> {

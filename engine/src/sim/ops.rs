@@ -103,7 +103,7 @@ pub async fn execute(shards: Rc<Vec<Rc<Shard<Simulated>>>>, op: Op) -> Outcome {
             let options = PutOptions { upsert, policy, pin, ..PutOptions::default() };
             let parent = parent.map(key_name);
             let links = Links { parent: parent.as_deref(), group: None };
-            let crc = crc32c::crc32c(&value);
+            let crc = strata_proto::crc32c(&value);
             Outcome::Put(shard.put_value(&key_name(key), &value, crc, options, links).await.map_err(status))
         }
         Op::Remove { key } => Outcome::Remove(shard.remove(&key_name(key)).await.map_err(status)),
@@ -170,7 +170,7 @@ fn check_get(
         Ok(hit) => hit,
         Err(status) => return check_status(key, *status, state, leniency),
     };
-    if crc32c::crc32c(bytes) != *crc {
+    if strata_proto::crc32c(bytes) != *crc {
         return Err(format!("key {key}: the bytes read do not match the crc the shard gave them"));
     }
     match range {

@@ -101,14 +101,14 @@ pub async fn put(
     pin: Pin,
 ) -> Result<(), Status> {
     let options = PutOptions { upsert: true, policy: Some(policy), pin, ..PutOptions::default() };
-    shard.put_value(key, value, crc32c::crc32c(value), options, Links::NONE).await.map_err(|error| error.status())
+    shard.put_value(key, value, strata_proto::crc32c(value), options, Links::NONE).await.map_err(|error| error.status())
 }
 
 /// Upserts `key` = `value`, a child of `parent`, durably.
 pub async fn put_child(shard: &Rc<Shard<Simulated>>, key: &[u8], value: &[u8], parent: &[u8]) -> Result<(), Status> {
     let options = PutOptions { upsert: true, policy: Some(WritePolicy::Durable), ..PutOptions::default() };
     shard
-        .put_value(key, value, crc32c::crc32c(value), options, Links::parent(parent))
+        .put_value(key, value, strata_proto::crc32c(value), options, Links::parent(parent))
         .await
         .map_err(|error| error.status())
 }

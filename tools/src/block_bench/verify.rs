@@ -72,7 +72,7 @@ pub fn fill_block(block: &mut [u8], offset: u64, generation: u64, job: u32) {
         let word = state.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes();
         chunk.copy_from_slice(&word[..chunk.len()]);
     }
-    let crc = crc32c::crc32c(&block[8..]);
+    let crc = strata_proto::crc32c(&block[8..]);
     block[4..8].copy_from_slice(&crc.to_le_bytes());
 }
 
@@ -94,7 +94,7 @@ pub fn check_block(block: &[u8], offset: u64, expected_generation: Option<u64>) 
     }
     let mut crc_bytes = [0u8; 4];
     crc_bytes.copy_from_slice(&block[4..8]);
-    if crc32c::crc32c(&block[8..]) != u32::from_le_bytes(crc_bytes) {
+    if strata_proto::crc32c(&block[8..]) != u32::from_le_bytes(crc_bytes) {
         return Err(MismatchKind::Checksum);
     }
     let found_offset = read_u64(8..16);

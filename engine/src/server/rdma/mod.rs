@@ -64,7 +64,7 @@ pub(super) async fn handle_connect(
             let item = ResponseItemHeader {
                 status: Status::Ok,
                 data_len: endpoint.len() as u32,
-                data_crc: crc32c::crc32c(&endpoint),
+                data_crc: strata_proto::crc32c(&endpoint),
                 object_len: endpoint.len() as u32,
             };
             reply_one(connection, header, item, &endpoint).await.map(|()| (0, 0))
