@@ -142,7 +142,8 @@ pub enum Status {
     TooLarge = 5,
     /// A request the node cannot parse or does not support (unknown opcode, bad range, bad flags).
     Invalid = 6,
-    /// A put's value did not match the checksum the client sent with it: damaged in transit, not stored.
+    /// A put's value did not match the checksum the client sent with it: damaged in transit, not stored. Or
+    /// a shared get's copy in the client's memory did not match the value's (the client wrote it meanwhile).
     TransferChecksum = 7,
     /// The connection has not authenticated (HELLO with the node's token) and may not do this.
     Unauthenticated = 8,
