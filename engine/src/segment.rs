@@ -56,20 +56,27 @@ impl Segment {
         // which leaves 4 KiB pages): gets land on values scattered over the segment, and on 4 KiB pages each
         // one walks the page table, for its prefetch and again for its copy.
         let transparent = advise(base, len, libc::MADV_HUGEPAGE).is_ok() && transparent_hugepages_allowed();
-        // Every page faulted in now, so that puts never pay a page fault (a quarter of a 4 MiB put's time on
-        // normal pages) and the memory is committed before the node says it is ready.
-        if advise(base, len, libc::MADV_POPULATE_WRITE).is_err() {
-            // Kernels before 5.14: touch a byte of each page (zero, as the page already reads).
-            for offset in (0..len).step_by(4096) {
-                // SAFETY: within the fresh mapping, which nothing else has seen yet.
-                #[allow(unsafe_code)]
-                unsafe {
-                    base.as_ptr().add(offset).write_volatile(0)
-                };
-            }
-        }
         let pages = if transparent { PageKind::Transparent } else { PageKind::Normal };
-        Ok(Self { base, len, pages, _not_send: std::marker::PhantomData })
+        // Dropped (unmapped) if it cannot be populated.
+        let segment = Self { base, len, pages, _not_send: std::marker::PhantomData };
+        // Every page faulted in now, so that puts never pay a page fault (a quarter of a 4 MiB put's time on
+        // normal pages) and the memory is committed before the node says it is ready: a machine without it
+        // is an error here, not a node killed for memory later.
+        match advise(base, len, libc::MADV_POPULATE_WRITE) {
+            Ok(()) => {}
+            Err(error) if error.raw_os_error() == Some(libc::EINVAL) => {
+                // Kernels before 5.14: touch a byte of each page (zero, as the page already reads).
+                for offset in (0..len).step_by(4096) {
+                    // SAFETY: within the fresh mapping, which nothing else has seen yet.
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        base.as_ptr().add(offset).write_volatile(0)
+                    };
+                }
+            }
+            Err(error) => return Err(error),
+        }
+        Ok(segment)
     }
 
     /// The first byte of the mapping, for a registration with a device (RDMA) that must know where the
