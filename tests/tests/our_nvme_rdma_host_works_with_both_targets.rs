@@ -2,8 +2,10 @@
 //! (configured through configfs over a memory-backed null_blk) and against Strata's own target, both over
 //! soft-RoCE: it connects the admin and I/O queues, identifies the controller and namespace, and what it
 //! writes (4 KiB to 1 MiB, several queues' worth in flight) reads back byte for byte, including what another
-//! connection wrote; a target that is gone fails the connect with a typed error, not a hang. And a storage
-//! node whose NVMe tier is a namespace reached by RDMA serves from it what no longer fits its DRAM.
+//! connection wrote; a target that is gone fails the connect with a typed error, not a hang. A host that
+//! connects a queue pair to our target and sends no Connect is disconnected once the handshake timeout
+//! passed. And a storage node whose NVMe tier is a namespace reached by RDMA serves from it what no longer
+//! fits its DRAM.
 //!
 //! Needs an RDMA device and the kernel's nvmet-rdma: tests/lab/rdma-tests runs it in the soft-RoCE guest.
 
@@ -13,8 +15,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use glommio::{LocalExecutorBuilder, Placement};
+use strata_nvme::rdma::cm::ConnectRequest;
 use strata_nvme::target::{self, NamespaceBackend, NamespaceConfig, SubsystemConfig, TargetConfig};
 use strata_nvme::{BlockDevice, HostOptions, NvmfAddress, NvmfDevice, NvmfTransport};
+use strata_transfer::verbs::{CmConnection, CompletionQueue, Device, ProtectionDomain, QueuePair, QueuePairOptions};
 
 const KERNEL_NQN: &str = "nqn.2026-12.io.strata:kernel-rdma";
 const OUR_NQN: &str = "nqn.2026-12.io.strata:our-rdma";
@@ -47,13 +51,13 @@ ln -s {config}/subsystems/{KERNEL_NQN} {config}/ports/7/subsystems/{KERNEL_NQN}"
 
 /// Strata's target: subsystem `nqn` with one memory namespace of `bytes`, listening on RDMA at `listen`.
 fn start_our_target(nqn: &str, bytes: u64, listen: std::net::SocketAddrV4) -> target::TargetHandle {
+    target::start(our_target_config(nqn, bytes, listen)).expect("our target starts with an RDMA listener")
+}
+
+fn our_target_config(nqn: &str, bytes: u64, listen: std::net::SocketAddrV4) -> TargetConfig {
     let namespace = NamespaceConfig { backend: NamespaceBackend::Memory { bytes }, block_bytes: 4096 };
     let subsystem = SubsystemConfig { nqn: nqn.into(), namespaces: vec![namespace], allowed_hosts: Vec::new() };
-    let config = TargetConfig {
-        rdma_listen: Some(listen),
-        ..TargetConfig::new("127.0.0.1:0".parse().unwrap(), vec![subsystem])
-    };
-    target::start(config).expect("our target starts with an RDMA listener")
+    TargetConfig { rdma_listen: Some(listen), ..TargetConfig::new("127.0.0.1:0".parse().unwrap(), vec![subsystem]) }
 }
 
 /// The byte a write at `offset` puts at `index` of its span.
@@ -144,6 +148,56 @@ fn our_host_reads_back_what_it_wrote_on_the_kernels_target_and_ours() {
         .expect("executor")
         .join()
         .expect("the refusal's checks");
+}
+
+/// A queue pair connected through RDMA_CM to `peer` as the admin queue, with nothing sent on it.
+fn connect_silent_queue(peer: std::net::SocketAddrV4) -> (CmConnection, QueuePair) {
+    let wait = Duration::from_secs(10);
+    let mut connection = CmConnection::resolve(peer, wait).expect("the route to our target");
+    let device = Device::open(&connection.device_name().expect("a device routes there")).expect("the device");
+    let domain = ProtectionDomain::new(&device).expect("a protection domain");
+    let completions = CompletionQueue::new(&device, 64).expect("a completion queue");
+    let options = QueuePairOptions { send_queue_depth: 32, receive_queue_depth: 32, ..QueuePairOptions::default() };
+    let pair = QueuePair::new(&domain, &completions, options).expect("a queue pair");
+    let request =
+        ConnectRequest { queue_id: 0, host_receive_queue_size: 32, host_send_queue_size: 31, controller_id: 0xffff };
+    connection.connect(&pair, &request.encode(), 4, wait).expect("our target accepts the queue pair");
+    (connection, pair)
+}
+
+#[test]
+#[ignore = "needs an RDMA device: tests/lab/rdma-tests runs it in a soft-RoCE guest"]
+fn a_queue_pair_that_sends_no_connect_in_time_is_disconnected_and_a_connected_one_is_not() {
+    const NQN: &str = "nqn.2026-12.io.strata:silent-rdma";
+    let address = address_of_device();
+    let listen = std::net::SocketAddrV4::new(address, 4434);
+    let timeout = Duration::from_millis(500);
+    let config = TargetConfig { handshake_timeout: timeout, ..our_target_config(NQN, 16 << 20, listen) };
+    let target = target::start(config).expect("our target starts with an RDMA listener");
+    let strata = NvmfAddress::parse(&format!("trtype=rdma,traddr={address},trsvcid=4434,subnqn={NQN},ns=1")).unwrap();
+    LocalExecutorBuilder::new(Placement::Unbound)
+        .spawn(move || async move {
+            let accepted = std::time::Instant::now();
+            let (mut silent, _pair) = connect_silent_queue(listen);
+            let device = NvmfDevice::connect(&strata, &HostOptions::default(), 1).await.expect("a host connects");
+            // Not before the timeout, and not much after it.
+            assert!(!silent.wait_disconnected(timeout / 2).expect("the event channel"), "disconnected early");
+            assert!(silent.wait_disconnected(timeout * 20).expect("the event channel"), "never disconnected");
+            let took = accepted.elapsed();
+            assert!(took >= timeout && took < timeout * 20, "disconnected after {took:?}");
+            // The host that connected in time still reads and writes.
+            let mut buffer = device.alloc_buffer(4096);
+            buffer.as_mut_slice().fill(0x3c);
+            let (_, written) = device.write(buffer, 8192).await;
+            written.expect("a write after the timeout");
+            let (read, result) = device.read(device.alloc_buffer(4096), 8192).await;
+            result.expect("a read after the timeout");
+            assert!(read.as_slice().iter().all(|&byte| byte == 0x3c), "the write reads back");
+        })
+        .expect("executor")
+        .join()
+        .expect("the timeout's checks");
+    target.stop();
 }
 
 #[test]

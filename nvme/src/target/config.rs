@@ -102,9 +102,10 @@ pub struct TargetConfig {
     pub in_capsule_data_bytes: u32,
     /// Largest transfer of one command (reported as MDTS, a power of two ≥ 4 KiB).
     pub max_transfer_bytes: u32,
-    /// How long a TCP connection may take from its accept to a queue connected (ICReq and a Connect that
-    /// succeeds); one that takes longer is closed, so that a peer that opens connections and says nothing
-    /// holds none for ever. Zero: no limit.
+    /// How long a connection may take from its accept to a queue connected (over TCP, ICReq and a Connect
+    /// that succeeds; over RDMA, a Connect that succeeds); one that takes longer is closed, so that a peer
+    /// that opens connections and says nothing holds none (nor an RDMA queue's pinned receives) for ever.
+    /// Zero: no limit.
     pub handshake_timeout: Duration,
 }
 

@@ -95,6 +95,18 @@ impl CmConnection {
         Ok(response.private_data)
     }
 
+    /// Waits up to `timeout` for the peer to end this connection; returns whether it did (its DISCONNECTED
+    /// event arrived).
+    pub fn wait_disconnected(&mut self, timeout: Duration) -> Result<bool, TransferError> {
+        let deadline = Instant::now() + timeout;
+        while let Some(got) = next_event(self.channel, deadline)? {
+            if got.kind == sys::rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     /// Waits for an event of `kind` on this connection; a reject, an error event or the timeout fails.
     fn expect(&mut self, kind: sys::rdma_cm_event_type::Type, timeout: Duration) -> Result<Event, TransferError> {
         use sys::rdma_cm_event_type as event;

@@ -16,6 +16,7 @@ use std::collections::{HashMap, VecDeque};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::rc::{Rc, Weak};
+use std::time::Duration;
 
 use strata_transfer::verbs::{Access, CmRequest, Completion, CompletionQueue, QueuePair, RegisteredBuffer};
 use strata_transfer::{RemoteSpan, TransferError};
@@ -105,6 +106,10 @@ pub(super) async fn serve(accepted: Accepted, ctx: Rc<ExecutorContext>) {
         Err(_) => return queue.leave(),
     };
     glommio::spawn_local(watch_teardown(watched, Rc::downgrade(&link))).detach();
+    let timeout = queue.ctx.config.handshake_timeout;
+    if !timeout.is_zero() {
+        glommio::spawn_local(end_unless_connected(Rc::downgrade(&queue), Rc::downgrade(&link), timeout)).detach();
+    }
     let sender = glommio::spawn_local(send_loop(Rc::clone(&link)));
     complete_loop(&link).await;
     queue.outbox.close();
@@ -121,6 +126,16 @@ async fn watch_teardown(watched: UnixStream, link: Weak<Link>) {
     let mut byte = [0u8; 1];
     let _ = futures_lite::AsyncReadExt::read(&mut watched, &mut byte).await;
     if let Some(link) = link.upgrade() {
+        link.end();
+    }
+}
+
+/// Ends `link` unless its queue connected (a Fabrics Connect that succeeded) within `timeout` of the
+/// accept: a host that connects queue pairs and sends nothing holds no receives for ever.
+async fn end_unless_connected(queue: Weak<Queue>, link: Weak<Link>, timeout: Duration) {
+    glommio::timer::sleep(timeout).await;
+    let silent = queue.upgrade().is_some_and(|queue| queue.connected().is_none());
+    if let Some(link) = link.upgrade().filter(|_| silent) {
         link.end();
     }
 }

@@ -8,7 +8,8 @@
 //! executors in turn, waking each through a socket pair its task awaits. The connection is then served on
 //! that executor like a TCP one ([`connection`]), through the same command sets. The listener also hears
 //! of connections that ended (the host disconnected): their queue pairs are moved to the error state, which
-//! flushes their receives and ends their tasks.
+//! flushes their receives and ends their tasks. A connection whose queue has not connected (a Fabrics
+//! Connect that succeeded) within the target's `handshake_timeout` is ended the same way.
 
 mod connection;
 mod staging;
