@@ -4,7 +4,8 @@
 # the node reads it (and where this VM delivers the disk's interrupts), while the node idles between rows.
 # Installs iperf3 and fio if missing.
 #   RUNTIME=5 REPS=3 DIR=target/bench-kv SECTIONS="stalls dram nvme qd1 depth" NODE_POLL=1 SPIN=200us scripts/bench-kv.sh
-# The depth section (NVMe-tier gets of 4 KiB and 64 KiB at 1, 8 and 32 in flight, fio at the same depth on
+# The depth section (NVMe-tier gets of 4 KiB and 64 KiB at 1, 8 and 32 in flight, as connections x batch
+# 1x1 8x1 32x1 4x8 1x32 or the DEPTH_SHAPES given, of the DEPTH_SIZES given (4k 64k); fio at the same depth on
 # the same file beside each) runs the node on its reactor and the client without spinning (DEPTH_POLL=1 to
 # poll), so that the node's CPU per get is its own work, comparable with fio's CPU per I/O; each row also
 # prints the disk's busy share and average queue, from the kernel's counts, during Strata's runs and fio's,
@@ -194,7 +195,7 @@ depth_rows() { # value size, keys, record span in MiB, keys that fit in DRAM
   taskset -c 0 "$BENCH" kv --server "127.0.0.1:$PORT" --metrics off --op put --value-size "$size" \
     --keys "$dram_keys" --seed 7 --batch 32 --connections 2 --no-preload --once --runtime 600 >/dev/null
   local shape
-  for shape in 1x1 8x1 32x1 1x32; do
+  for shape in ${DEPTH_SHAPES:-1x1 8x1 32x1 4x8 1x32}; do
     local connections=${shape%x*} batch=${shape#*x} fio_iops=() fio_ns=() kv_rate=() kv_ns=() fio_pattern=()
     local depth=$((connections * batch)) fio_disk=() kv_disk=() mark dram_rate=() dram_ns=()
     for _ in $(seq "$REPS"); do
@@ -253,5 +254,10 @@ depth_rows() { # value size, keys, record span in MiB, keys that fit in DRAM
   done
   curl -s "http://$METRICS/metrics" | grep -E '^strata_(tier_hits_total|nvme_reads_in_flight_peak)' || true
 }
-depth_rows 4k 204800 900 4096
-depth_rows 64k 16384 1100 256
+for size in ${DEPTH_SIZES:-4k 64k}; do
+  case $size in
+    4k) depth_rows 4k 204800 900 4096 ;;
+    64k) depth_rows 64k 16384 1100 256 ;;
+    *) echo "DEPTH_SIZES: 4k or 64k, not $size" >&2; exit 1 ;;
+  esac
+done
