@@ -56,8 +56,9 @@ pub(super) async fn handle_subscribe(
     let sender =
         server.event_senders.start(connection.stream.raw_fd(), shard.config.stall_timeout, Arc::clone(&shard.metrics));
     // The frame's header and its events in one buffer, sent with one write: through the reactor a header
-    // sent apart from a body of 16 KiB or more is a send of its own (`Socket::write_all_vectored`), and each
-    // send on loopback costs the sending core the receiving side's TCP work and a wake-up of the subscriber.
+    // apart from a body of 16 KiB or more is a send of its own whenever the socket lacks room for both
+    // (`Socket::write_all_vectored`), and each send on loopback costs the sending core the receiving side's
+    // TCP work and a wake-up of the subscriber.
     let mut frame = Vec::with_capacity(EVENT_FRAME_CAPACITY);
     loop {
         frame.clear();
