@@ -144,8 +144,6 @@ impl Socket {
     }
 }
 
-/// Writes all of `bufs` on a non-blocking socket, `writev` at most `IOV_MAX` pieces a call, polling while
-/// the socket's buffer is full.
 /// Most pieces one `writev` or `sendmsg` takes (Linux's `UIO_MAXIOV`).
 const IOV_MAX: usize = 1024;
 
@@ -174,6 +172,8 @@ fn send_without_waiting(fd: RawFd, bufs: &[io::IoSlice<'_>]) -> io::Result<usize
     }
 }
 
+/// Writes all of `bufs` on a non-blocking socket, `writev` at most `IOV_MAX` pieces a call, polling while
+/// the socket's buffer is full.
 async fn write_all_polled(stream: &std::net::TcpStream, mut bufs: &mut [io::IoSlice<'_>]) -> io::Result<()> {
     let mut misses = 0u32;
     while !bufs.is_empty() {
