@@ -179,13 +179,15 @@ fn a_queue_pair_that_sends_no_connect_in_time_is_disconnected_and_a_connected_on
         .spawn(move || async move {
             let accepted = std::time::Instant::now();
             let (mut silent, _pair) = connect_silent_queue(listen);
-            let device = NvmfDevice::connect(&strata, &HostOptions::default(), 1).await.expect("a host connects");
             // Not before the timeout, and not much after it.
             assert!(!silent.wait_disconnected(timeout / 2).expect("the event channel"), "disconnected early");
+            let device = NvmfDevice::connect(&strata, &HostOptions::default(), 1).await.expect("a host connects");
+            let connected = std::time::Instant::now();
             assert!(silent.wait_disconnected(timeout * 20).expect("the event channel"), "never disconnected");
             let took = accepted.elapsed();
             assert!(took >= timeout && took < timeout * 20, "disconnected after {took:?}");
-            // The host that connected in time still reads and writes.
+            // The host that connected in time still reads and writes once its own queues' timeout passed.
+            glommio::timer::sleep((timeout * 2).saturating_sub(connected.elapsed())).await;
             let mut buffer = device.alloc_buffer(4096);
             buffer.as_mut_slice().fill(0x3c);
             let (_, written) = device.write(buffer, 8192).await;
