@@ -77,30 +77,10 @@ impl LocalSocket {
     }
 
     pub(crate) async fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        let mut sent = 0;
-        while sent < buf.len() {
-            let rest = &buf[sent..];
-            // SAFETY: send(2) reads `rest`, which is valid for its length, and writes no memory.
-            #[allow(unsafe_code)]
-            let result = unsafe {
-                libc::send(
-                    self.socket.as_raw_fd(),
-                    rest.as_ptr().cast(),
-                    rest.len(),
-                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                )
-            };
-            if result >= 0 {
-                sent += result as usize;
-                continue;
-            }
-            let error = io::Error::last_os_error();
-            match error.kind() {
-                io::ErrorKind::Interrupted => {}
-                // The socket's buffer is full: the rest waits on the reactor.
-                io::ErrorKind::WouldBlock => return self.stream.write_all(rest).await,
-                _ => return Err(error),
-            }
+        let sent = strata_nvme::tcp::send_without_waiting(self.socket.as_raw_fd(), &[io::IoSlice::new(buf)])?;
+        if sent < buf.len() {
+            // The socket's buffer is full: the rest waits on the reactor.
+            self.stream.write_all(&buf[sent..]).await?;
         }
         Ok(())
     }

@@ -6,5 +6,6 @@ pub mod stream;
 
 pub use pdu::{Decoder, Digests, FatalError, PduError, PduHeader, PduType, ReceivedHeader};
 pub use stream::{
-    Outbox, PduReader, PduWriter, Socket, TransportError, set_congestion_control, split_polled, split_stream,
+    Outbox, PduReader, PduWriter, Socket, TransportError, send_without_waiting, set_congestion_control, split_polled,
+    split_stream,
 };

@@ -147,9 +147,9 @@ impl Socket {
 /// Most pieces one `writev` or `sendmsg` takes (Linux's `UIO_MAXIOV`).
 const IOV_MAX: usize = 1024;
 
-/// Sends what the socket `fd` takes of `bufs` now, without waiting for room; returns the bytes sent (0
-/// when it has none).
-fn send_without_waiting(fd: RawFd, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+/// Sends what the socket `fd` takes of `bufs` now, without waiting for room (whatever the descriptor's
+/// flags) and without SIGPIPE; returns the bytes sent (0 when it has no room).
+pub fn send_without_waiting(fd: RawFd, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
     if bufs.is_empty() {
         return Ok(0);
     }
