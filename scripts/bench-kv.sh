@@ -10,6 +10,8 @@
 # poll), so that the node's CPU per get is its own work, comparable with fio's CPU per I/O; each row also
 # prints the disk's busy share and average queue, from the kernel's counts, during Strata's runs and fio's,
 # and the row's ceiling without the disk: the same shape's gets from DRAM on the same node.
+# DEPTH_TRANSPORT=shm moves the depth rows' values over the shared-memory path (a co-located client, the
+# default of a serving engine's ranks on the node's host) instead of loopback TCP.
 # NODE_EXTRA="--spin-before-park 1s" adds flags to the node's command line (here: glommio spins for
 # completions before it parks, instead of the node polling its sockets; pair it with NODE_POLL=0).
 # NODE_POLL=0 runs the node without --busy-poll (and SPIN=0 stops the client spinning): on a VM whose host
@@ -185,8 +187,8 @@ disk_use() { # mark-before mark-after
 print(f'{(b[10] - a[10]) / wall:.2f} {(b[11] - a[11]) / wall:.1f}')" "$1" "$2"
 }
 depth_rows() { # value size, keys, record span in MiB, keys that fit in DRAM
-  local size=$1 keys=$2 span=$3 dram_keys=$4
-  echo "== NVMe-tier gets of $size by depth: $keys keys (~$span MiB, >= 10x the 64 MiB of DRAM), no promotion"
+  local size=$1 keys=$2 span=$3 dram_keys=$4 transport=(--transport "${DEPTH_TRANSPORT:-tcp}")
+  echo "== NVMe-tier gets of $size by depth over ${DEPTH_TRANSPORT:-tcp}: $keys keys (~$span MiB, >= 10x the 64 MiB of DRAM), no promotion"
   NODE_POLL=${DEPTH_POLL:-0} start_node --dram 64MiB --write-policy write-through --promote-window 0s
   taskset -c 0 "$BENCH" kv --server "127.0.0.1:$PORT" --metrics off --op put --value-size "$size" --keys "$keys" \
     --batch 32 --connections 2 --no-preload --once --runtime 600 >/dev/null
@@ -216,12 +218,12 @@ depth_rows() { # value size, keys, record span in MiB, keys that fit in DRAM
       fi
       mark=$(disk_mark)
       local json; json=$(SPIN=0 kv --op get --value-size "$size" --keys "$keys" --connections "$connections" \
-        --batch "$batch" --no-preload)
+        --batch "$batch" --no-preload "${transport[@]}")
       kv_disk+=("$(disk_use "$mark" "$(disk_mark)")")
       [ "$(echo "$json" | field "['errors'] + r['mismatches']")" = 0 ] || { echo "errors: $json" >&2; exit 1; }
       kv_rate+=("$(echo "$json" | field "['ops_per_sec']")"); kv_ns+=("$(echo "$json" | field "['server_cpu_ns_per_op']")")
       json=$(SPIN=0 kv --op get --value-size "$size" --keys "$dram_keys" --seed 7 --connections "$connections" \
-        --batch "$batch" --no-preload)
+        --batch "$batch" --no-preload "${transport[@]}")
       [ "$(echo "$json" | field "['errors'] + r['mismatches'] + r['not_found']")" = 0 ] || { echo "errors: $json" >&2; exit 1; }
       dram_rate+=("$(echo "$json" | field "['ops_per_sec']")"); dram_ns+=("$(echo "$json" | field "['server_cpu_ns_per_op']")")
     done
