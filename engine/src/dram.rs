@@ -90,6 +90,12 @@ impl DramTier {
         self.segment.bytes(self.offset(slot) + at as u64, len)
     }
 
+    /// Flips `bits` in byte `at` of slot `slot`'s object (tests of damage to DRAM).
+    #[cfg(test)]
+    pub fn corrupt(&mut self, slot: u32, at: usize, bits: u8) {
+        self.segment.bytes_mut(self.offset(slot) + at as u64, 1)[0] ^= bits;
+    }
+
     /// A handle on `len` bytes from `at` of slot `slot`'s object, for a guard that outlives this borrow
     /// (a reader's pin).
     pub fn range(&self, slot: u32, at: usize, len: usize) -> SegmentRange {

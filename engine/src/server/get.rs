@@ -95,7 +95,7 @@ pub(super) async fn handle_get<'a>(
     };
     // Shared items are copied (a local client's) or written by RDMA into the client's memory now; their
     // replies carry no data. MOVED carries the node's epoch.
-    let replies: Vec<Reply> = (answer_shared(connection, items, results).await.into_iter().zip(moved))
+    let replies: Vec<Reply> = (answer_shared(server, scope, connection, items, results).await.into_iter().zip(moved))
         .map(|(reply, moved)| moved.map_or(reply, Reply::Answered))
         .collect();
     let body_len: u64 = replies
@@ -257,6 +257,8 @@ impl Reply {
 /// local client's shared memory, or RDMA-written into memory the connection registered (every write of
 /// the batch posted before any is waited for; the hits' pins keep their bytes in place until then).
 async fn answer_shared(
+    server: &ShardServer,
+    scope: &Scope,
     connection: &mut Connection,
     items: &[RequestItem<'_>],
     results: Vec<Result<ReadHit, Status>>,
@@ -266,7 +268,10 @@ async fn answer_shared(
             .into_iter()
             .zip(items)
             .map(|(result, item)| match (result, item.shared) {
-                (Ok(hit), Some(span)) => Reply::Answered(copy_to_client(connection, &span, &hit)),
+                (Ok(hit), Some(span)) => Reply::Answered(match copy_to_client(connection, &span, &hit) {
+                    Err(CopyFault::Differs) if !hit.bytes_match_crc() => damaged(server, scope, item.key, &hit),
+                    answer => answer.unwrap_or_else(|fault| ResponseItemHeader::status(fault.status())),
+                }),
                 (result, _) => Reply::Sent(result),
             })
             .collect();
@@ -298,18 +303,30 @@ async fn answer_shared(
 }
 
 /// Copies a hit into the span of the client's memory its item named, checked there: the answer says how
-/// many bytes and their crc32c, or why not: the span is not the connection's (`Invalid`), the value does
-/// not fit in it (`TooLarge`, with the value's length), or the copy is not the value (`TransferChecksum`).
-fn copy_to_client(connection: &Connection, span: &strata_proto::SharedSpan, hit: &ReadHit) -> ResponseItemHeader {
+/// many bytes and their crc32c, or why not: the value does not fit in the span (`TooLarge`, with the
+/// value's length), or the copy's fault.
+fn copy_to_client(
+    connection: &Connection,
+    span: &strata_proto::SharedSpan,
+    hit: &ReadHit,
+) -> Result<ResponseItemHeader, CopyFault> {
     if hit.len() > span.len as usize {
-        return too_large(hit);
+        return Ok(too_large(hit));
     }
-    let Some(regions) = connection.shared.as_ref() else { return ResponseItemHeader::status(Status::Invalid) };
-    match regions.copy_into(span, &hit.slices(), hit.data_crc) {
-        Ok(()) => shared_answer(hit),
-        Err(CopyFault::NotTheConnections) => ResponseItemHeader::status(Status::Invalid),
-        Err(CopyFault::Differs) => ResponseItemHeader::status(Status::TransferChecksum),
+    let regions = connection.shared.as_ref().ok_or(CopyFault::NotTheConnections)?;
+    regions.copy_into(span, &hit.slices(), hit.data_crc)?;
+    Ok(shared_answer(hit))
+}
+
+/// The answer to a shared get whose copy differed because the node's own bytes are damaged (they no
+/// longer hash to their stored crc): a damaged DRAM copy is dropped (`Shard::drop_damaged_dram`), and the
+/// item answered `Checksum`, as a damaged record is. The client's next get reads the tier's record, or
+/// misses.
+fn damaged(server: &ShardServer, scope: &Scope, user_key: &[u8], hit: &ReadHit) -> ResponseItemHeader {
+    if let Some(slot) = hit.dram_slot() {
+        server.shard.drop_damaged_dram(&scope.scoped(user_key), slot);
     }
+    ResponseItemHeader::status(Status::Checksum)
 }
 
 /// A value that does not fit its span: `TooLarge`, with the value's length.

@@ -65,6 +65,17 @@ pub(crate) enum CopyFault {
     Differs,
 }
 
+impl CopyFault {
+    /// The item's answer: `Invalid` for a span that is not the connection's, `TransferChecksum` for a copy
+    /// that differs (the node's own bytes intact: see `get::damaged` for the other case).
+    pub(crate) fn status(self) -> strata_proto::Status {
+        match self {
+            CopyFault::NotTheConnections => strata_proto::Status::Invalid,
+            CopyFault::Differs => strata_proto::Status::TransferChecksum,
+        }
+    }
+}
+
 /// A memfd mapped shared, read-write, for the life of the region.
 struct Region {
     id: u32,

@@ -12,7 +12,9 @@ use super::{Shard, object_bytes};
 use crate::backend::Backend;
 use crate::dram::DramTier;
 use crate::error::EngineError;
-use crate::index::{Entry, FLAG_RECORD_LINKED, FLAG_RECORD_VERSIONED, FLAG_REFERENCED, NONE_U32, NONE_U64, index_hash};
+use crate::index::{
+    Entry, FLAG_DIRTY, FLAG_RECORD_LINKED, FLAG_RECORD_VERSIONED, FLAG_REFERENCED, NONE_U32, NONE_U64, index_hash,
+};
 use crate::log::{RegionState, Staged, read_range, split_location};
 use crate::metrics::add;
 use crate::record::{RECORD_HEADER_BYTES, RECORD_LINKS_BYTES, RecordHeader};
@@ -48,6 +50,21 @@ impl ReadHit {
             ReadData::Dram(pin) => vec![pin.bytes()],
             ReadData::Staged(staged, offset, len) => staged.slices(*offset, *len),
             ReadData::Owned(bytes) => vec![&bytes[..]],
+        }
+    }
+
+    /// Whether the bytes still hash to `data_crc`, the crc they were stored (or read and checked) with. A
+    /// shared get whose checked copy differed asks, to tell the client's memory changing under the copy
+    /// (these bytes intact) from damage to the node's own.
+    pub fn bytes_match_crc(&self) -> bool {
+        self.slices().iter().fold(0, |crc, part| strata_proto::crc32c_append(crc, part)) == self.data_crc
+    }
+
+    /// The DRAM slot the bytes are pinned in, for a hit from DRAM.
+    pub fn dram_slot(&self) -> Option<u32> {
+        match &self.data {
+            ReadData::Dram(pin) => Some(pin.slot),
+            ReadData::Staged(..) | ReadData::Owned(_) => None,
         }
     }
 
@@ -345,6 +362,45 @@ impl<E: Backend> Shard<E> {
         Err(EngineError::Checksum { region, offset })
     }
 
+    /// Drops `key`'s DRAM copy in `slot`, found damaged (its bytes no longer hash to the crc stored with
+    /// them, as a shared get's checked copy showed), as a damaged record is: the object is served from its
+    /// tier record from now on, or, with none current (not on the tier, or newer in DRAM than there),
+    /// forgotten. A miss, never the damaged bytes again. Nothing happens if `slot` no longer holds `key`.
+    pub fn drop_damaged_dram(&self, key: &[u8], slot: u32) {
+        let mut index = self.index.borrow_mut();
+        let mut dram = self.dram.borrow_mut();
+        let id = dram.entry_of(slot);
+        if id == NONE_U32 {
+            return;
+        }
+        let entry = *index.get(id);
+        if entry.dram != slot || entry.hash != index_hash(key) {
+            return;
+        }
+        add(&self.metrics.checksum_failures, 1);
+        tracing::error!(shard = self.id, "a DRAM object failed its checksum; dropped");
+        dram.retire(slot);
+        drop(dram);
+        self.account(key, Use::Dram, object_bytes(&entry), false);
+        index.get_mut(id).dram = NONE_U32;
+        if entry.nvme == NONE_U64 || entry.flags & FLAG_DIRTY != 0 {
+            self.forget(&mut index, id, Some(key));
+            self.events.borrow_mut().removed(key, RemovalReason::Checksum);
+        } else {
+            self.events.borrow_mut().tier_changed(key, Tier::Dram, Tier::Nvme);
+        }
+        drop(index);
+        self.update_gauges();
+    }
+
+    /// Flips bits of byte `at` of `key`'s value in DRAM (tests of what damage there does).
+    #[cfg(test)]
+    pub(crate) fn corrupt_dram(&self, key: &[u8], at: usize, bits: u8) {
+        let index = self.index.borrow();
+        let entry = *index.get(index.find(index_hash(key)).expect("stored"));
+        self.dram.borrow_mut().corrupt(entry.dram, key.len() + at, bits);
+    }
+
     /// Copies an NVMe hit into DRAM (L2 → L1 promotion) if there is room after a few clock steps, with no
     /// I/O and no wait: the reply is served from the read buffer either way, and never waits behind a
     /// sweep of DRAM (a small DRAM tier full of leased objects made every tier hit sweep it whole). After a
@@ -503,6 +559,36 @@ mod tests {
             tier.world.disks[0].corrupt(at + 4000, 0x10);
             assert_eq!(read(&shard, b"k").await, Err(Status::Checksum));
             assert_eq!(read(&shard, b"k").await, Err(Status::NotFound), "dropped from the index");
+        });
+    }
+
+    #[test]
+    fn a_damaged_dram_copy_is_dropped_the_tier_record_served_and_an_only_copy_forgotten() {
+        let tier = TestTier::new(|_| {});
+        tier.life(async |shard, _| {
+            let (on_tier, only_in_dram) = (value(3, 9000), value(4, 9000));
+            put(&shard, b"both", &on_tier, WritePolicy::WriteThrough, Pin::None).await.expect("put");
+            put(&shard, b"dram", &only_in_dram, WritePolicy::WriteBack, Pin::None).await.expect("put");
+            for key in [&b"both"[..], b"dram"] {
+                let hit = shard.get(key, None, Duration::ZERO).await.expect("a hit");
+                assert!(hit.bytes_match_crc(), "intact before the damage");
+                drop(hit);
+                shard.corrupt_dram(key, 5000, 0x04);
+                let hit = shard.get(key, None, Duration::ZERO).await.expect("a hit");
+                assert!(!hit.bytes_match_crc(), "the damage shows");
+                let slot = hit.dram_slot().expect("from DRAM");
+                // Another key's name does not drop it.
+                shard.drop_damaged_dram(b"other", slot);
+                assert!(shard.in_dram(key));
+                shard.drop_damaged_dram(key, slot);
+                assert!(!shard.in_dram(key), "its DRAM copy is gone");
+                // The pinned bytes stay valid for the reader holding them, freed when it lets go.
+                assert_eq!(hit.len(), 9000);
+                drop(hit);
+            }
+            assert_eq!(read(&shard, b"both").await, Ok(on_tier), "served from its tier record");
+            assert_eq!(read(&shard, b"dram").await, Err(Status::NotFound), "its only copy was damaged");
+            assert_eq!(shard.metrics.checksum_failures.load(std::sync::atomic::Ordering::Relaxed), 2);
         });
     }
 
