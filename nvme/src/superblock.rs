@@ -113,7 +113,7 @@ pub async fn write_block0(device: &impl crate::device::BlockDevice, bytes: &[u8]
 fn checksum(bytes: &[u8]) -> u32 {
     let mut copy = bytes[..SUPERBLOCK_BYTES].to_vec();
     copy[12..16].fill(0);
-    crc32c::crc32c(&copy)
+    crate::tcp::pdu::data_digest(&copy)
 }
 
 impl PoolSuperblock {

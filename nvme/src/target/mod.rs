@@ -123,7 +123,7 @@ fn identifier(nqn: &str, nsid: u32, kind: u8) -> [u8; 16] {
     let mut id = [0u8; 16];
     for (index, chunk) in id.chunks_exact_mut(4).enumerate() {
         let seed = format!("{nqn}/{nsid}/{kind}/{index}");
-        chunk.copy_from_slice(&crc32c::crc32c(seed.as_bytes()).to_le_bytes());
+        chunk.copy_from_slice(&crate::tcp::pdu::data_digest(seed.as_bytes()).to_le_bytes());
     }
     if kind == 1 {
         id[6] = (id[6] & 0x0f) | 0x40; // UUID version 4 layout, variant 1
@@ -183,7 +183,8 @@ fn subsystem_infos(config: &TargetConfig) -> Result<Vec<SubsystemInfo>, TargetEr
                 reservations: Default::default(),
             });
         }
-        let serial = format!("{:08x}{:08x}", crc32c::crc32c(subsystem.nqn.as_bytes()), subsystem.namespaces.len());
+        let serial =
+            format!("{:08x}{:08x}", crate::tcp::pdu::data_digest(subsystem.nqn.as_bytes()), subsystem.namespaces.len());
         infos.push(SubsystemInfo {
             nqn: subsystem.nqn.clone(),
             discovery: false,
