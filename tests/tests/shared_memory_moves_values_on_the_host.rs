@@ -1,7 +1,7 @@
 //! A client on the node's host moves values through shared memory: round trips from 1 byte to 4 MiB either
 //! way and mixed with TCP, a span too small for its value, spans no connection registered, memory that is
-//! not a sealed memfd, tenants kept apart, a client that goes away mid-transfer, and who is told that the
-//! node checks its copies.
+//! not a sealed memfd, tenants kept apart, a client that goes away mid-transfer, who is told that the node
+//! checks its copies, and a value damaged in the node's DRAM.
 
 mod common;
 
@@ -297,6 +297,73 @@ fn a_client_that_goes_away_mid_transfer_leaves_the_node_serving_and_unmapped() {
     let open = total(&node, |metrics| &metrics.connections);
     assert!(open <= 3, "{open} connections open: the gone client's was closed");
     node.shutdown().expect("shutdown");
+}
+
+/// A value whose bytes go bad in the node's DRAM (a bit flipped in place, as memory damage would) fails
+/// its shared get with CHECKSUM, and is then dropped: the next get misses rather than failing again, and
+/// never returns the damaged bytes. Over TCP the client's own check fails each get.
+#[test]
+fn a_value_damaged_in_dram_is_dropped_at_its_shared_get_and_never_served() {
+    let node = start(config(&[0], 16 << 20));
+    let tcp_options = ClientOptions { shared_memory: false, ..ClientOptions::default() };
+    let mut tcp = Client::connect(node.local_addr(), tcp_options).expect("client connects");
+    let (shared_key, tcp_key) = (&b"damaged-shared"[..], &b"damaged-tcp"[..]);
+    tcp.put(shared_key, &value_of(7001, 65_536)).expect("put");
+    tcp.put(tcp_key, &value_of(7002, 65_536)).expect("put");
+    // Node and test share this process: the node's copy is the one outside the needle itself (stale copies
+    // a put left in freed memory are damaged too, to no effect).
+    for index in [7001, 7002] {
+        assert!(damage_every_copy(&value_of(index, 65_536)) >= 1, "the node's copy of value {index} was found");
+    }
+    let mut shared = shared_client(&node, None);
+    assert_eq!(shared.shared_transport(), Transport::SharedMemory);
+    let mut buffer = SharedBuffer::new(65_536).expect("buffer");
+    let first = shared.batch_get_into_shared(&[shared_key], &mut buffer, &[(0, 65_536)]);
+    assert!(matches!(first[0], Err(ClientError::Checksum)), "{:?}", first[0]);
+    let again = shared.batch_get_into_shared(&[shared_key], &mut buffer, &[(0, 65_536)]);
+    assert!(matches!(again[0], Err(ClientError::NotFound)), "the damaged copy was dropped: {:?}", again[0]);
+    for _ in 0..2 {
+        assert!(matches!(tcp.get(tcp_key), Err(ClientError::Checksum)), "the client's check fails it");
+    }
+    node.shutdown().expect("shutdown");
+}
+
+/// Flips a bit in every copy of `needle` in this process's writable memory except `needle` itself (through
+/// `/proc/self/mem`, as a fault outside the program would); how many copies there were.
+fn damage_every_copy(needle: &[u8]) -> usize {
+    use std::os::unix::fs::FileExt;
+    let memory = std::fs::OpenOptions::new().read(true).write(true).open("/proc/self/mem").expect("/proc/self/mem");
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("/proc/self/maps");
+    let own = needle.as_ptr() as u64..needle.as_ptr() as u64 + needle.len() as u64;
+    let mut found = Vec::new();
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else { continue };
+        let Some((start, end)) = range.split_once('-') else { continue };
+        let (Ok(start), Ok(end)) = (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16)) else { continue };
+        if !perms.starts_with("rw") || end - start > 1 << 30 {
+            continue;
+        }
+        let mut bytes = vec![0u8; (end - start) as usize];
+        if memory.read_exact_at(&mut bytes, start).is_err() {
+            continue;
+        }
+        let mut at = 0;
+        while let Some(offset) = bytes[at..].windows(64).position(|window| window == &needle[..64]) {
+            let address = start + (at + offset) as u64;
+            let whole = bytes.get(at + offset..at + offset + needle.len()) == Some(needle);
+            if whole && !own.contains(&address) {
+                found.push(address);
+            }
+            at += offset + 1;
+        }
+    }
+    for &address in &found {
+        let mut byte = [0u8];
+        memory.read_exact_at(&mut byte, address + 1000).expect("read back");
+        memory.write_all_at(&[byte[0] ^ 0x10], address + 1000).expect("damage");
+    }
+    found.len()
 }
 
 #[test]
