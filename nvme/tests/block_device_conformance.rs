@@ -11,8 +11,8 @@ use strata_nvme::target::{self, NamespaceBackend, NamespaceConfig, SubsystemConf
 use strata_nvme::tcp::Digests;
 use strata_nvme::{
     AnyDevice, BlockDevice, BlockErrorKind, BlockOp, DeviceSpec, FaultConfig, FaultDevice, FileIo, HostOptions,
-    IoBuffer, MemoryDevice, NvmfAddress, NvmfDevice, NvmfTransport, QueueDepthLimit, RingDevice, StatsDevice,
-    UringDevice, UringOptions, VolatileDisk,
+    IoBuffer, MemoryDevice, NvmfAddress, NvmfDevice, QueueDepthLimit, RingDevice, StatsDevice, UringDevice,
+    UringOptions, VolatileDisk,
 };
 
 const CAPACITY: u64 = 4 << 20;
@@ -553,7 +553,7 @@ fn nvmf_conforms(namespace: NamespaceConfig, digests: Digests, target_busy_poll:
         ..TargetConfig::new("127.0.0.1:0".parse().unwrap(), vec![subsystem])
     };
     let target = target::start(config).unwrap();
-    let address = NvmfAddress { transport: NvmfTransport::Tcp, addr: target.local_addr(), subnqn: nqn.into(), nsid: 1 };
+    let address = NvmfAddress::tcp(target.local_addr(), nqn, 1);
     run(move || async move {
         let options = HostOptions { digests, ..HostOptions::default() };
         let device = NvmfDevice::connect(&address, &options, 1).await.unwrap();

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use glommio::{LocalExecutorBuilder, Placement};
 use strata_nvme::target::{self, NamespaceBackend, NamespaceConfig, SubsystemConfig, TargetConfig, TargetHandle};
-use strata_nvme::{BlockDevice, BlockErrorKind, HostOptions, NvmfAddress, NvmfDevice, NvmfTransport};
+use strata_nvme::{BlockDevice, BlockErrorKind, HostOptions, NvmfAddress, NvmfDevice};
 
 const NQN: &str = "nqn.2026-12.io.strata:stalls";
 /// What a test may take before it counts as a host that waits for ever.
@@ -120,7 +120,7 @@ fn bounded<T: Send + 'static, F: Future<Output = T> + 'static>(make: impl FnOnce
 fn a_command_the_controller_never_answers_is_sent_again_on_a_new_connection() {
     let target = start_target();
     let (relay, freeze) = start_relay(target.local_addr());
-    let address = NvmfAddress { transport: NvmfTransport::Tcp, addr: relay, subnqn: NQN.into(), nsid: 1 };
+    let address = NvmfAddress::tcp(relay, NQN, 1);
     let timeout = Duration::from_millis(400);
     let options = host_options(timeout, Duration::from_secs(10));
     let freezer = freeze.clone();
@@ -144,13 +144,9 @@ fn a_command_the_controller_never_answers_is_sent_again_on_a_new_connection() {
     target.stop();
 }
 
-#[test]
-fn a_controller_that_never_answers_again_ends_in_an_error_within_the_timeouts() {
-    let target = start_target();
-    let (relay, freeze) = start_relay(target.local_addr());
-    let address = NvmfAddress { transport: NvmfTransport::Tcp, addr: relay, subnqn: NQN.into(), nsid: 1 };
-    let (timeout, loss) = (Duration::from_millis(300), Duration::from_secs(1));
-    let options = host_options(timeout, loss);
+/// Connects to the relay's controller through `address` with `options`, writes a block, freezes every
+/// connection and reads: how long the read took to fail, and its error (a remote one, or the test fails).
+fn read_until_the_controller_is_lost(address: NvmfAddress, options: HostOptions, freeze: Freeze) -> (Duration, String) {
     let (took, error) = bounded(move || async move {
         let device = NvmfDevice::connect(&address, &options, 1).await.unwrap();
         device.write(device.alloc_buffer(4096), 0).await.1.unwrap();
@@ -159,10 +155,38 @@ fn a_controller_that_never_answers_again_ends_in_an_error_within_the_timeouts() 
         let (_, read) = device.read(device.alloc_buffer(4096), 0).await;
         (started.elapsed(), read.expect_err("a read no controller answers"))
     });
-    let BlockErrorKind::Remote(reason) = &error.kind else { panic!("not a remote error: {error}") };
-    assert!(reason.contains("controller lost"), "the controller-loss timeout ended it: {error}");
+    let BlockErrorKind::Remote(reason) = error.kind else { panic!("not a remote error: {error}") };
+    (took, reason)
+}
+
+#[test]
+fn a_controller_that_never_answers_again_ends_in_an_error_within_the_timeouts() {
+    let target = start_target();
+    let (relay, freeze) = start_relay(target.local_addr());
+    let (timeout, loss) = (Duration::from_millis(300), Duration::from_secs(1));
+    let (took, reason) =
+        read_until_the_controller_is_lost(NvmfAddress::tcp(relay, NQN, 1), host_options(timeout, loss), freeze);
+    assert!(reason.contains("controller lost"), "the controller-loss timeout ended it: {reason}");
     // The command's timeout, then reconnects (each ICReq waits at most a command timeout) for the loss
     // timeout.
     assert!(took <= timeout * 3 + loss + Duration::from_secs(2), "bounded by the timeouts, took {took:?}");
+    target.stop();
+}
+
+#[test]
+fn timeouts_written_in_the_address_govern_its_controller() {
+    let target = start_target();
+    let (relay, freeze) = start_relay(target.local_addr());
+    // The host's own options are the defaults (a 30 s command timeout, 60 s of reconnecting); the
+    // address's io_timeout, ctrl_loss_tmo and reconnect_delay replace them for this controller.
+    let text = format!(
+        "traddr=127.0.0.1,trsvcid={},subnqn={NQN},io_timeout=0.3,ctrl_loss_tmo=1,reconnect_delay=0.05",
+        relay.port()
+    );
+    let address = NvmfAddress::parse(&text).unwrap();
+    let (took, reason) = read_until_the_controller_is_lost(address, HostOptions::default(), freeze);
+    assert!(reason.contains("controller lost"), "the address's controller-loss timeout ended it: {reason}");
+    let (timeout, loss) = (Duration::from_millis(300), Duration::from_secs(1));
+    assert!(took <= timeout * 3 + loss + Duration::from_secs(2), "the address's timeouts, took {took:?}");
     target.stop();
 }

@@ -10,7 +10,7 @@ use strata_nvme::spec::{
     AcquireAction, ControllerIdentity, NvmeStatus, RegisterAction, ReleaseAction, ReservationType,
 };
 use strata_nvme::target::{self, NamespaceBackend, NamespaceConfig, SubsystemConfig, TargetConfig};
-use strata_nvme::{BlockDevice, BlockErrorKind, HostOptions, NvmfAddress, NvmfDevice, NvmfError, NvmfTransport};
+use strata_nvme::{BlockDevice, BlockErrorKind, HostOptions, NvmfAddress, NvmfDevice, NvmfError};
 
 const NQN: &str = "nqn.2026-12.io.strata:pool";
 const EA_RO: ReservationType = ReservationType::ExclusiveAccessRegistrantsOnly;
@@ -35,7 +35,7 @@ fn a_preempted_owner_is_fenced_and_the_survivor_serves_its_data() {
     let namespace = NamespaceConfig { backend: NamespaceBackend::Memory { bytes: 16 << 20 }, block_bytes: 4096 };
     let subsystem = SubsystemConfig { nqn: NQN.into(), namespaces: vec![namespace], allowed_hosts: Vec::new() };
     let target = target::start(TargetConfig::new("127.0.0.1:0".parse().unwrap(), vec![subsystem])).unwrap();
-    let address = NvmfAddress { transport: NvmfTransport::Tcp, addr: target.local_addr(), subnqn: NQN.into(), nsid: 1 };
+    let address = NvmfAddress::tcp(target.local_addr(), NQN, 1);
     LocalExecutorBuilder::new(Placement::Unbound)
         .spawn(move || async move {
             let owner = NvmfDevice::connect(&address, &host(OWNER, "owner"), 1).await.unwrap();

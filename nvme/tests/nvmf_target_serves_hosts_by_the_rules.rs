@@ -15,7 +15,7 @@ use strata_nvme::target::{self, NamespaceBackend, NamespaceConfig, SubsystemConf
 use strata_nvme::tcp::pdu::{
     Decoder, Digests, PduHeader, ReceivedHeader, decode_pdu, encode_data_digest, encode_header,
 };
-use strata_nvme::{BlockDevice, BlockErrorKind, HostOptions, NvmfAddress, NvmfDevice, NvmfError, NvmfTransport};
+use strata_nvme::{BlockDevice, BlockErrorKind, HostOptions, NvmfAddress, NvmfDevice, NvmfError};
 
 const OPEN: &str = "nqn.2026-12.io.strata:open";
 const GUARDED: &str = "nqn.2026-12.io.strata:guarded";
@@ -130,7 +130,7 @@ fn allow_lists_and_discovery_follow_the_host_nqn() {
     let addr = target.local_addr();
     on_executor(move || async move {
         let stranger = HostOptions { hostnqn: "nqn.2026-12.io.strata:stranger".into(), ..HostOptions::default() };
-        let guarded = NvmfAddress { transport: NvmfTransport::Tcp, addr, subnqn: GUARDED.into(), nsid: 1 };
+        let guarded = NvmfAddress::tcp(addr, GUARDED, 1);
         match NvmfDevice::connect(&guarded, &stranger, 1).await {
             Err(NvmfError::Status { status, .. }) => assert_eq!(status, NvmeStatus::CONNECT_INVALID_HOST.with_dnr()),
             other => panic!("a host off the allow-list connected: {:?}", other.map(|device| device.name().to_string())),
@@ -147,8 +147,7 @@ fn allow_lists_and_discovery_follow_the_host_nqn() {
         let seen_by_friend = listed(strata_nvme::host::discover(addr, &friend).await.unwrap());
         assert_eq!(seen_by_friend, vec![OPEN.to_string(), GUARDED.to_string(), DISCOVERY_NQN.to_string()]);
 
-        let missing =
-            NvmfAddress { transport: NvmfTransport::Tcp, addr, subnqn: "nqn.2026-12.io.strata:nobody".into(), nsid: 1 };
+        let missing = NvmfAddress::tcp(addr, "nqn.2026-12.io.strata:nobody", 1);
         let error = NvmfDevice::connect(&missing, &friend, 1).await.err().unwrap();
         assert!(
             matches!(error, NvmfError::Status { status, .. } if status == NvmeStatus::CONNECT_INVALID_PARAMETERS.with_dnr())
@@ -165,7 +164,7 @@ fn a_malformed_pdu_ends_only_its_own_connection() {
     let (done, finished) = std::sync::mpsc::channel::<()>();
     let healthy = std::thread::spawn(move || {
         on_executor(move || async move {
-            let address = NvmfAddress { transport: NvmfTransport::Tcp, addr, subnqn: OPEN.into(), nsid: 1 };
+            let address = NvmfAddress::tcp(addr, OPEN, 1);
             let device = NvmfDevice::connect(&address, &HostOptions::default(), 1).await.unwrap();
             let mut buffer = device.alloc_buffer(4096);
             buffer.as_mut_slice().fill(0x3c);
@@ -299,7 +298,7 @@ fn smart_counts_what_the_hosts_did() {
     let addr = target.local_addr();
     let writes = 37u64;
     on_executor(move || async move {
-        let address = NvmfAddress { transport: NvmfTransport::Tcp, addr, subnqn: OPEN.into(), nsid: 1 };
+        let address = NvmfAddress::tcp(addr, OPEN, 1);
         let device = NvmfDevice::connect(&address, &HostOptions::default(), 1).await.unwrap();
         for index in 0..writes {
             device.write(device.alloc_buffer(8192), index * 8192).await.1.unwrap();
@@ -327,7 +326,7 @@ fn queues_on_two_cores_share_one_controller_and_the_host_reconnects() {
     let target = start("127.0.0.1:0", vec![0, 1]);
     let addr = target.local_addr();
     let options = HostOptions { reconnect_delay: Duration::from_millis(50), ..HostOptions::default() };
-    let address = NvmfAddress { transport: NvmfTransport::Tcp, addr, subnqn: OPEN.into(), nsid: 1 };
+    let address = NvmfAddress::tcp(addr, OPEN, 1);
     let (handle_out, handle_in) = std::sync::mpsc::channel();
     let (restarted_out, restarted_in) = std::sync::mpsc::channel::<()>();
     let (stopped_out, stopped_in) = std::sync::mpsc::channel::<()>();

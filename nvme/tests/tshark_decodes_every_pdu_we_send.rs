@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use glommio::{LocalExecutorBuilder, Placement};
 use strata_nvme::target::{self, NamespaceBackend, NamespaceConfig, SubsystemConfig, TargetConfig};
 use strata_nvme::tcp::Digests;
-use strata_nvme::{BlockDevice, HostOptions, NvmfAddress, NvmfDevice, NvmfTransport};
+use strata_nvme::{BlockDevice, HostOptions, NvmfAddress, NvmfDevice};
 
 const H2C_CHUNK: u32 = 256 << 10;
 
@@ -41,7 +41,7 @@ fn tshark_recognises_every_pdu_and_every_digest_of_a_session() {
     }
     std::thread::sleep(Duration::from_millis(500));
 
-    let address = NvmfAddress { transport: NvmfTransport::Tcp, addr: target.local_addr(), subnqn: nqn.into(), nsid: 1 };
+    let address = NvmfAddress::tcp(target.local_addr(), nqn, 1);
     LocalExecutorBuilder::new(Placement::Unbound)
         .spawn(move || async move {
             let options = HostOptions {

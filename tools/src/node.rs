@@ -57,8 +57,10 @@ pub struct NodeSettings {
     /// DRAM tier, split evenly between shards. [default: 1GiB]
     #[arg(long)]
     pub dram: Option<String>,
-    /// NVMe tier namespace (repeatable): file:PATH[,size=SIZE], nvmf:trtype=tcp,traddr=..,trsvcid=..,subnqn=..,ns=N,
-    /// or memory:SIZE. [default: file:./strata-data/ns0.img,size=4GiB]
+    /// NVMe tier namespace (repeatable): file:PATH[,size=SIZE], nvmf:trtype=tcp,traddr=..,trsvcid=..,subnqn=..,ns=N
+    /// (with, for that controller, any of nvme connect's hdr_digest, data_digest, queue_size=N, and in
+    /// seconds keep_alive_tmo, io_timeout, ctrl_loss_tmo, reconnect_delay), or memory:SIZE.
+    /// [default: file:./strata-data/ns0.img,size=4GiB]
     #[arg(long)]
     pub nvme: Option<Vec<String>>,
     /// Pool description written by strata-pool create: its namespaces become the NVMe tier.
@@ -114,8 +116,9 @@ pub struct NodeSettings {
     /// reads its items from the tier together, up to this many at once. [default: 32]
     #[arg(long)]
     pub nvme_queue_depth: Option<usize>,
-    /// Busy-poll client sockets (non-blocking system calls) instead of the reactor: lower latency per
-    /// frame; a shard's core never sleeps while a client is connected.
+    /// Busy-poll client sockets (non-blocking system calls) and read file tiers on a ring the shard polls,
+    /// instead of the reactor: lower latency per frame, and the setting for a node whose gets hit its NVMe
+    /// tier at depth (docs/BENCHMARKS.md); a shard's core never sleeps while a client is connected.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub busy_poll: Option<bool>,
     /// Offer clients on this host the shared-memory path (values copied between the node's DRAM and memory

@@ -63,7 +63,9 @@ fn remote_error(op: BlockOp, name: &str, offset: u64, error: NvmfError) -> Block
 impl NvmfDevice {
     /// Connects to the controller of `address`, asks for `io_queues` I/O queues (one per executor that
     /// will use it), identifies the namespace and opens I/O queue 1 on this executor.
+    /// The address's own settings ([`NvmfAddress::settings`]) override `options`.
     pub async fn connect(address: &NvmfAddress, options: &HostOptions, io_queues: u16) -> Result<Self, NvmfError> {
+        let options = &address.settings.apply(options);
         let admin =
             AdminQueue::connect((address.transport, address.addr), &address.subnqn, options, io_queues.max(1)).await?;
         let namespace = admin.namespace(address.nsid).await?;

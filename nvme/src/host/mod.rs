@@ -18,6 +18,7 @@ mod queue;
 #[cfg(feature = "rdma")]
 mod rdma;
 mod reservations;
+mod settings;
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
@@ -25,6 +26,7 @@ use std::time::Duration;
 pub use self::controller::{ControllerInfo, discover};
 pub use self::device::{IoQueueHandle, NvmfDevice};
 pub use self::identity::{machine_identity, node_host_id};
+pub use self::settings::ConnectSettings;
 use crate::spec::NvmeStatus;
 use crate::tcp::{Digests, TransportError};
 
@@ -37,7 +39,9 @@ pub enum NvmfTransport {
     Rdma,
 }
 
-/// Where a namespace is: `trtype=tcp|rdma,traddr=ADDR,trsvcid=PORT,subnqn=NQN,ns=N` (nvme-cli's names).
+/// Where a namespace is: `trtype=tcp|rdma,traddr=ADDR,trsvcid=PORT,subnqn=NQN,ns=N` (nvme-cli's names),
+/// and how to connect to it where that differs from the host's options (`,hdr_digest,io_timeout=5`...:
+/// [`ConnectSettings`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NvmfAddress {
     /// The transport (`trtype`; TCP when not given).
@@ -48,16 +52,31 @@ pub struct NvmfAddress {
     pub subnqn: String,
     /// Namespace ID.
     pub nsid: u32,
+    /// Connection settings given with the address (none by default).
+    pub settings: ConnectSettings,
 }
 
 impl NvmfAddress {
+    /// Namespace `nsid` of subsystem `subnqn` at `addr` over NVMe/TCP, with the host's own settings.
+    pub fn tcp(addr: SocketAddr, subnqn: impl Into<String>, nsid: u32) -> Self {
+        Self { transport: NvmfTransport::Tcp, addr, subnqn: subnqn.into(), nsid, settings: ConnectSettings::default() }
+    }
+
     /// Parses the fio-style `--filename` of `--ioengine=nvmf` (`ns` defaults to 1, `trsvcid` to 4420).
     pub fn parse(text: &str) -> Result<Self, NvmfError> {
         let invalid = |what: String| NvmfError::InvalidAddress(format!("{text:?}: {what}"));
         let (mut traddr, mut trsvcid, mut subnqn, mut nsid) = (None, 4420u16, None, 1u32);
         let mut transport = NvmfTransport::Tcp;
+        let mut settings = ConnectSettings::default();
         for part in text.split(',') {
-            let (key, value) = part.split_once('=').ok_or_else(|| invalid(format!("{part:?} is not key=value")))?;
+            let (key, value) = match part.split_once('=') {
+                Some((key, value)) => (key, Some(value)),
+                None => (part, None),
+            };
+            if settings.set(key, value).map_err(invalid)? {
+                continue;
+            }
+            let value = value.ok_or_else(|| invalid(format!("{part:?} is not key=value")))?;
             match key {
                 "trtype" if value.eq_ignore_ascii_case("tcp") => transport = NvmfTransport::Tcp,
                 "trtype" if value.eq_ignore_ascii_case("rdma") => transport = NvmfTransport::Rdma,
@@ -68,7 +87,10 @@ impl NvmfAddress {
                 }
                 "subnqn" => subnqn = Some(value.to_string()),
                 "ns" | "nsid" => nsid = value.parse().map_err(|_| invalid(format!("ns {value:?} is not a number")))?,
-                _ => return Err(invalid(format!("unknown key {key:?} (trtype, traddr, trsvcid, subnqn, ns)"))),
+                _ => {
+                    let keys = settings::KEYS;
+                    return Err(invalid(format!("unknown key {key:?} (trtype, traddr, trsvcid, subnqn, ns; {keys})")));
+                }
             }
         }
         let traddr = traddr.ok_or_else(|| invalid("traddr is missing".into()))?;
@@ -80,7 +102,10 @@ impl NvmfAddress {
         if transport == NvmfTransport::Rdma && !addr.is_ipv4() {
             return Err(invalid("trtype=rdma takes an IPv4 traddr".into()));
         }
-        Ok(Self { transport, addr, subnqn, nsid })
+        if transport == NvmfTransport::Rdma && settings.wants_digests() {
+            return Err(invalid("digests (hdr_digest, data_digest) are NVMe/TCP's, not NVMe/RDMA's".into()));
+        }
+        Ok(Self { transport, addr, subnqn, nsid, settings })
     }
 }
 
@@ -92,7 +117,8 @@ impl std::fmt::Display for NvmfAddress {
             NvmfTransport::Tcp => "tcp",
             NvmfTransport::Rdma => "rdma",
         };
-        write!(f, "trtype={transport},traddr={ip},trsvcid={port},subnqn={},ns={}", self.subnqn, self.nsid)
+        write!(f, "trtype={transport},traddr={ip},trsvcid={port},subnqn={},ns={}", self.subnqn, self.nsid)?;
+        write!(f, "{}", self.settings)
     }
 }
 
@@ -230,6 +256,31 @@ mod tests {
             "x",
         ] {
             assert!(matches!(NvmfAddress::parse(bad), Err(NvmfError::InvalidAddress(_))), "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_address_carries_its_connection_settings_and_prints_them_back() {
+        let text = "traddr=127.0.0.1,subnqn=n,hdr_digest,data_digest=0,queue_size=32,io_timeout=2.5,ctrl_loss_tmo=600";
+        let address = NvmfAddress::parse(text).unwrap();
+        let settings = &address.settings;
+        assert_eq!(
+            (settings.header_digest, settings.data_digest, settings.queue_size),
+            (Some(true), Some(false), Some(32))
+        );
+        assert_eq!(settings.io_timeout, Some(Duration::from_millis(2500)));
+        assert_eq!(settings.ctrl_loss, Some(Duration::from_secs(600)));
+        assert_eq!((settings.keep_alive, settings.reconnect_delay), (None, None));
+        assert_eq!(NvmfAddress::parse(&address.to_string()).unwrap(), address, "{address}");
+        assert_eq!(NvmfAddress::parse("traddr=127.0.0.1,subnqn=n").unwrap().settings, ConnectSettings::default());
+        for (bad, says) in [
+            ("trtype=rdma,traddr=10.0.0.1,subnqn=n,data_digest=1", "NVMe/TCP's"),
+            ("traddr=127.0.0.1,subnqn=n,io_timeout=soon", "io_timeout"),
+            ("traddr=127.0.0.1,subnqn=n,hdgst=1", "unknown key"),
+            ("traddr=127.0.0.1,subnqn", "not key=value"),
+        ] {
+            let error = NvmfAddress::parse(bad).unwrap_err().to_string();
+            assert!(error.contains(says), "{bad}: {error}");
         }
     }
 }

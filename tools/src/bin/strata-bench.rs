@@ -27,7 +27,9 @@ Block mode (no subcommand): fio's options and job files, run on Strata's block l
   registered buffers.
   --ioengine=nvmf --filename='trtype=tcp,traddr=127.0.0.1,trsvcid=4420,subnqn=NQN,ns=1' runs on Strata's
   NVMe-oF host against any NVMe/TCP target (strata-pool target, Linux nvmet, SPDK); trtype=rdma (a build
-  with --features rdma) against any NVMe/RDMA target, at an IPv4 address an RDMA device routes to.
+  with --features rdma) against any NVMe/RDMA target, at an IPv4 address an RDMA device routes to. The
+  address may add nvme connect's options for its controller: hdr_digest, data_digest (NVMe/TCP digests),
+  queue_size=N, and in seconds keep_alive_tmo, io_timeout, ctrl_loss_tmo, reconnect_delay.
   strata-bench JOBFILE.fio [--output-format=json]
 Options before the first --name apply to every job. The exit status is 1 when a job failed or a block
 failed verification.";

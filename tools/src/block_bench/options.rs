@@ -70,7 +70,8 @@ pub enum IoEngine {
     /// buffers as registered (fixed) buffers, as fio does with `fixedbufs=1`. fio's `io_uring` maps here.
     Ring,
     /// Strata's NVMe-oF/TCP host (`NvmfDevice`); the filename is
-    /// `trtype=tcp,traddr=ADDR,trsvcid=PORT,subnqn=NQN,ns=N`.
+    /// `trtype=tcp,traddr=ADDR,trsvcid=PORT,subnqn=NQN,ns=N`, with any connection settings
+    /// (`strata_nvme::ConnectSettings`).
     Nvmf,
 }
 
