@@ -98,7 +98,8 @@ impl fmt::Display for ConnectSettings {
         ];
         for (key, time) in times {
             if let Some(time) = time {
-                write!(f, ",{key}={}", time.as_secs_f64())?;
+                write!(f, ",{key}=")?;
+                write_seconds(f, time)?;
             }
         }
         Ok(())
@@ -117,12 +118,29 @@ fn switch(key: &str, value: Option<&str>) -> Result<bool, String> {
     }
 }
 
+/// Reads seconds written as `S` or `S.FFF` (up to nanoseconds), exactly: no float rounding, so an address
+/// printed back reads as the same.
 fn seconds(key: &str, value: Option<&str>) -> Result<Duration, String> {
     let text = required(key, value)?;
-    let parsed = text.parse::<f64>().ok().and_then(|seconds| Duration::try_from_secs_f64(seconds).ok());
-    parsed
-        .filter(|time| *time <= LONGEST)
-        .ok_or_else(|| format!("{key}={text:?}: expected seconds from 0 to {}", LONGEST.as_secs()))
+    let bad = || format!("{key}={text:?}: expected seconds from 0 to {}, e.g. 5 or 0.25", LONGEST.as_secs());
+    let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
+    let digits = |part: &str| part.bytes().all(|byte| byte.is_ascii_digit());
+    if whole.is_empty() || !digits(whole) || !digits(fraction) || fraction.len() > 9 {
+        return Err(bad());
+    }
+    let secs = whole.parse::<u64>().map_err(|_| bad())?;
+    let nanos = format!("{fraction:0<9}").parse::<u32>().map_err(|_| bad())?;
+    Some(Duration::new(secs, nanos)).filter(|time| *time <= LONGEST).ok_or_else(bad)
+}
+
+/// Writes `time` as [`seconds`] reads it, with no trailing zeros.
+fn write_seconds(f: &mut fmt::Formatter<'_>, time: Duration) -> fmt::Result {
+    write!(f, "{}", time.as_secs())?;
+    if time.subsec_nanos() > 0 {
+        let fraction = format!("{:09}", time.subsec_nanos());
+        write!(f, ".{}", fraction.trim_end_matches('0'))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -176,11 +194,31 @@ mod tests {
             ("queue_size", None),
             ("io_timeout", Some("-1")),
             ("io_timeout", Some("NaN")),
+            ("io_timeout", Some("1e3")),
+            ("io_timeout", Some(".5")),
+            ("io_timeout", Some("0.1234567891")),
             ("ctrl_loss_tmo", Some("86401")),
             ("reconnect_delay", None),
         ] {
             assert!(settings.set(key, value).is_err(), "{key}={value:?}");
         }
         assert_eq!(settings, ConnectSettings::default(), "a refused value changes nothing");
+    }
+
+    #[test]
+    fn seconds_are_read_and_written_exactly() {
+        for (text, time) in [
+            ("0", Duration::ZERO),
+            ("30", Duration::from_secs(30)),
+            ("0.3", Duration::from_millis(300)),
+            ("0.05", Duration::from_millis(50)),
+            ("2.000000001", Duration::new(2, 1)),
+            ("86400", LONGEST),
+        ] {
+            let mut settings = ConnectSettings::default();
+            settings.set("io_timeout", Some(text)).unwrap();
+            assert_eq!(settings.io_timeout, Some(time), "{text}");
+            assert_eq!(settings.to_string(), format!(",io_timeout={text}"));
+        }
     }
 }
