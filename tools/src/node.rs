@@ -59,7 +59,8 @@ pub struct NodeSettings {
     pub dram: Option<String>,
     /// NVMe tier namespace (repeatable): file:PATH[,size=SIZE], nvmf:trtype=tcp,traddr=..,trsvcid=..,subnqn=..,ns=N
     /// (with, for that controller, any of nvme connect's hdr_digest, data_digest, queue_size=N, and in
-    /// seconds keep_alive_tmo, io_timeout, ctrl_loss_tmo, reconnect_delay), or memory:SIZE.
+    /// seconds keep_alive_tmo, ctrl_loss_tmo, reconnect_delay, and io_timeout: the command timeout), or
+    /// memory:SIZE.
     /// [default: file:./strata-data/ns0.img,size=4GiB]
     #[arg(long)]
     pub nvme: Option<Vec<String>>,

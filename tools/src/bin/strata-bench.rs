@@ -29,7 +29,8 @@ Block mode (no subcommand): fio's options and job files, run on Strata's block l
   NVMe-oF host against any NVMe/TCP target (strata-pool target, Linux nvmet, SPDK); trtype=rdma (a build
   with --features rdma) against any NVMe/RDMA target, at an IPv4 address an RDMA device routes to. The
   address may add nvme connect's options for its controller: hdr_digest, data_digest (NVMe/TCP digests),
-  queue_size=N, and in seconds keep_alive_tmo, io_timeout, ctrl_loss_tmo, reconnect_delay.
+  queue_size=N, and in seconds keep_alive_tmo, ctrl_loss_tmo, reconnect_delay, and io_timeout (the
+  command timeout, as nvmf_command_timeout).
   strata-bench JOBFILE.fio [--output-format=json]
 Options before the first --name apply to every job. The exit status is 1 when a job failed or a block
 failed verification.";
