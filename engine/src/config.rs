@@ -6,6 +6,12 @@ use std::time::Duration;
 use strata_nvme::DeviceSpec;
 use strata_proto::{Limits, WritePolicy};
 
+/// How long a busy-polled connection spins with nothing to read before it waits on the reactor: longer
+/// than a client's turn between a reply and its next request (tens of microseconds, a sleeping client's
+/// wake-up included), so a client in a loop is polled throughout, and short enough that a quiet node stops
+/// spinning at once (Seastar's reactor idles after 200 µs of polling).
+pub const DEFAULT_BUSY_POLL_IDLE: Duration = Duration::from_millis(1);
+
 /// The engine's settings (the node binary builds it from flags and TOML; see `strata-node --help`).
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -63,8 +69,13 @@ pub struct EngineConfig {
     /// Busy-poll each executor for this long before sleeping (latency for CPU).
     pub spin_before_park: Option<Duration>,
     /// Busy-poll client sockets with non-blocking system calls instead of waiting on glommio's reactor:
-    /// saves the reactor's wake-up on every frame; the shard's core never sleeps while a connection is open.
+    /// saves the reactor's wake-up on every frame; the shard's core is kept busy while its clients are
+    /// active.
     pub busy_poll: bool,
+    /// With `busy_poll`, a connection that has had nothing to read for this long waits on the reactor
+    /// until its next frame, so a shard whose clients are all quiet sleeps (zero: poll for as long as a
+    /// connection is open).
+    pub busy_poll_idle: Duration,
     /// Offer clients on the node's host the shared-memory path: each shard listens on an abstract Unix
     /// socket named after the node's address, which its HELLO names to a client that offers the path.
     pub shared_memory: bool,
@@ -116,6 +127,7 @@ impl Default for EngineConfig {
             metrics: Some(SocketAddr::from(([127, 0, 0, 1], 9600))),
             spin_before_park: None,
             busy_poll: false,
+            busy_poll_idle: DEFAULT_BUSY_POLL_IDLE,
             shared_memory: true,
             rdma_device: None,
             faults: None,

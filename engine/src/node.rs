@@ -584,6 +584,8 @@ fn spawn_shard(
     builder
         .spawn(move || async move {
             let ShardStart { shard, shared, metrics, peers, ready } = start;
+            let idle = &shared.config.busy_poll_idle;
+            strata_nvme::tcp::stream::park_idle_polled_sockets_after((!idle.is_zero()).then_some(*idle));
             let server = match build_shard(shard, &shared, metrics, peers).await {
                 Ok((server, started)) => {
                     let _ = ready.send((shard, Ok(started)));

@@ -119,9 +119,15 @@ pub struct NodeSettings {
     pub nvme_queue_depth: Option<usize>,
     /// Busy-poll client sockets (non-blocking system calls) and read file tiers on a ring the shard polls,
     /// instead of the reactor: lower latency per frame, and the setting for a node whose gets hit its NVMe
-    /// tier at depth (docs/BENCHMARKS.md); a shard's core never sleeps while a client is connected.
+    /// tier at depth (docs/BENCHMARKS.md); a shard's core is kept busy while its clients are active
+    /// (see --busy-poll-idle).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub busy_poll: Option<bool>,
+    /// With --busy-poll, a connection with nothing to read for this long waits on the reactor until its
+    /// next request, so a shard whose clients are all quiet sleeps; 0 polls for as long as a client is
+    /// connected (SPDK style). [default: 1ms]
+    #[arg(long)]
+    pub busy_poll_idle: Option<String>,
     /// Offer clients on this host the shared-memory path (values copied between the node's DRAM and memory
     /// the client registered, requests over an abstract Unix socket); `--shared-memory false` turns it
     /// off. [default: true]
@@ -205,6 +211,7 @@ impl NodeSettings {
             low_watermark,
             spin_before_park,
             busy_poll,
+            busy_poll_idle,
             shared_memory,
             rdma_device,
             promote_window,
@@ -330,6 +337,9 @@ impl NodeSettings {
             config.spin_before_park = Some(parse_duration(spin)?);
         }
         config.busy_poll = self.busy_poll.unwrap_or(false);
+        if let Some(idle) = &self.busy_poll_idle {
+            config.busy_poll_idle = parse_duration(idle)?;
+        }
         config.shared_memory = self.shared_memory.unwrap_or(true);
         config.rdma_device = self.rdma_device.clone();
         if let Some(window) = &self.promote_window {
@@ -467,6 +477,12 @@ mod tests {
         );
         let bad = NodeSettings { event_cpus: Some("some".into()), dram_only: Some(true), ..NodeSettings::default() };
         assert!(bad.engine_config().is_err());
+        assert_eq!(config.busy_poll_idle, strata_engine::config::DEFAULT_BUSY_POLL_IDLE);
+        let file: NodeSettings =
+            toml::from_str("busy-poll = true\nbusy-poll-idle = \"200us\"\ndram-only = true\n").unwrap();
+        let config = file.engine_config().expect("config");
+        assert!(config.busy_poll);
+        assert_eq!(config.busy_poll_idle, std::time::Duration::from_micros(200));
     }
 
     #[test]

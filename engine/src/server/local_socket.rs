@@ -4,8 +4,9 @@
 //!
 //! A read is tried without blocking first; when nothing is there it waits on the reactor for the socket to
 //! become readable (a `MSG_PEEK` receive of one byte, which consumes nothing) and tries again, or, on a
-//! node that busy-polls its sockets, yields and tries again (`idle_poll`). A busy connection thus costs
-//! one system call per read, an idle one nothing (or a core, busy-polled). A write is a non-blocking send
+//! node that busy-polls its sockets, yields and tries again (`idle_poll`) until the connection has been
+//! quiet for `--busy-poll-idle`, then waits as above. A busy connection thus costs one system call per
+//! read, an idle one nothing. A write is a non-blocking send
 //! first too, and goes through the reactor only for what the socket's buffer did not take. glommio's
 //! stream does not give its descriptor out, so it runs on a duplicate of the one `recvmsg` reads.
 
@@ -57,14 +58,15 @@ impl LocalSocket {
     /// Reads what is there (at least one byte; 0 at end of stream), keeping any descriptors that came with
     /// it.
     pub(crate) async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let mut misses = 0u32;
+        let mut idle = strata_nvme::tcp::stream::IdleWatch::default();
         loop {
             match self.receive(buf) {
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock && self.polled => {
-                    misses += 1;
-                    strata_nvme::tcp::stream::idle_poll(misses).await;
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock && self.polled && !idle.too_long() => {
+                    strata_nvme::tcp::stream::idle_poll(idle.misses).await;
                 }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                    // Polled: quiet for longer than the executor lets a polled socket spin.
+                    let _waiting = self.polled.then(strata_nvme::tcp::stream::reactor_wait);
                     let mut byte = [0u8; 1];
                     if self.stream.peek(&mut byte).await? == 0 {
                         return Ok(0);

@@ -56,13 +56,15 @@ impl Socket {
         match self {
             Socket::Reactor(stream) => stream.read(buf).await,
             Socket::Polled(stream) => {
-                let mut misses = 0u32;
+                let mut idle = IdleWatch::default();
                 loop {
                     match (&*stream).read(buf) {
                         Ok(read) => return Ok(read),
                         Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
-                            misses += 1;
-                            idle_poll(misses).await;
+                            if idle.too_long() {
+                                return read_on_reactor(stream, buf).await;
+                            }
+                            idle_poll(idle.misses).await;
                         }
                         Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
                         Err(error) => return Err(error),
@@ -190,6 +192,59 @@ async fn write_all_polled(stream: &std::net::TcpStream, mut bufs: &mut [io::IoSl
         }
     }
     Ok(())
+}
+
+/// Reads `stream` through glommio's reactor, for a polled socket that has waited longer than
+/// [`park_idle_polled_sockets_after`] allows: the task then waits for input without running, so an
+/// executor whose sockets are all idle parks. A duplicate descriptor, adopted for this one read, is armed
+/// on the reactor's ring and closed after. While it waits it counts as reactor I/O in flight, so that the
+/// executor's busy sockets give the reactor its turns ([`idle_poll`]) and its input is seen at once.
+async fn read_on_reactor(stream: &std::net::TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+    let descriptor = duplicate(stream.as_raw_fd())?;
+    // SAFETY: a fresh descriptor of a connected TCP socket that nothing else owns; glommio closes it.
+    #[allow(unsafe_code)]
+    let mut reactor = unsafe { TcpStream::from_raw_fd(descriptor) };
+    let _waiting = ReactorIo::start();
+    reactor.read(buf).await
+}
+
+/// Marks a wait on this executor's reactor for as long as it lives (see [`read_on_reactor`]).
+pub fn reactor_wait() -> impl Drop {
+    ReactorIo::start()
+}
+
+/// Counts a polled read's misses and says when it has waited longer than this executor lets a polled
+/// socket spin ([`park_idle_polled_sockets_after`]). Reads the clock at the first miss and then once per
+/// [`MISSES_PER_KERNEL_YIELD`] misses.
+#[derive(Default)]
+pub struct IdleWatch {
+    /// Tries that found nothing.
+    pub misses: u32,
+    since: Option<std::time::Instant>,
+}
+
+impl IdleWatch {
+    /// Counts a miss; true once the socket has been idle past the executor's limit.
+    pub fn too_long(&mut self) -> bool {
+        self.misses += 1;
+        let Some(limit) = POLLED_IDLE_LIMIT.with(Cell::get) else {
+            return false;
+        };
+        let since = *self.since.get_or_insert_with(std::time::Instant::now);
+        self.misses.is_multiple_of(MISSES_PER_KERNEL_YIELD) && since.elapsed() >= limit
+    }
+}
+
+thread_local! {
+    static POLLED_IDLE_LIMIT: Cell<Option<std::time::Duration>> = const { Cell::new(None) };
+}
+
+/// Lets this executor's polled sockets that found nothing to read for `limit` wait on the reactor
+/// instead (`None`, the default: they poll for as long as they are open, SPDK style). A polled
+/// connection's client that goes quiet then costs nothing, and an executor whose connections are all
+/// quiet sleeps; its next request pays one reactor wake-up.
+pub fn park_idle_polled_sockets_after(limit: Option<std::time::Duration>) {
+    POLLED_IDLE_LIMIT.with(|cell| cell.set(limit));
 }
 
 /// Polls between this many misses give the core to the kernel once (`sched_yield`).
