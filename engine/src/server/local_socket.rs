@@ -6,9 +6,9 @@
 //! become readable (a `MSG_PEEK` receive of one byte, which consumes nothing) and tries again, or, on a
 //! node that busy-polls its sockets, yields and tries again (`idle_poll`) until the connection has been
 //! quiet for `--busy-poll-idle`, then waits as above. A busy connection thus costs one system call per
-//! read, an idle one nothing. A write is a non-blocking send
-//! first too, and goes through the reactor only for what the socket's buffer did not take. glommio's
-//! stream does not give its descriptor out, so it runs on a duplicate of the one `recvmsg` reads.
+//! read, an idle one nothing. A write is a non-blocking send first too, and goes through the reactor only
+//! for what the socket's buffer did not take. glommio's stream does not give its descriptor out, so it
+//! runs on a duplicate of the one `recvmsg` reads.
 
 use std::collections::VecDeque;
 use std::io;

@@ -33,8 +33,9 @@ pub enum TransportError {
 /// A connected socket, driven one of two ways:
 /// - **reactor**: glommio's `TcpStream`; an idle connection costs nothing, the core sleeps in the kernel;
 /// - **polled** (SPDK style): a non-blocking socket the task retries, yielding to the executor's other
-///   tasks between tries, so the core never sleeps while the connection is open. It saves the reactor's
-///   wake-up on every PDU, which is most of a small I/O's latency, at the price of a busy core.
+///   tasks between tries, so the core does not sleep while the connection is open (or, on an executor
+///   that sets [`park_idle_polled_sockets_after`], until it has been quiet that long). It saves the
+///   reactor's wake-up on every PDU, which is most of a small I/O's latency, at the price of a busy core.
 pub enum Socket {
     /// Through glommio's reactor.
     Reactor(TcpStream),
