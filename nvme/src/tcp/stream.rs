@@ -209,7 +209,7 @@ async fn read_on_reactor(stream: &std::net::TcpStream, buf: &mut [u8]) -> io::Re
     reactor.read(buf).await
 }
 
-/// Marks a wait on this executor's reactor for as long as it lives (see [`read_on_reactor`]).
+/// Marks a wait on this executor's reactor for as long as it lives, as `read_on_reactor` does.
 pub fn reactor_wait() -> impl Drop {
     ReactorIo::start()
 }
